@@ -1,0 +1,32 @@
+//! SPEC §3 and §5: the safetensors archive: which tensors it holds, reading
+//! (memory-mapped, fully validated) and writing.
+
+mod dupcheck;
+mod reader;
+mod spec;
+mod writer;
+
+pub use reader::{read_archive, read_archive_file, RawArchive};
+pub use spec::{cq_parts, engram_table_names, expected_tensors, TensorKind, TensorSpec};
+pub use writer::{write_archive, write_archive_file};
+
+use crate::cq::CqMatrix;
+
+/// One decoded logical tensor of an archive.
+#[derive(Debug, Clone)]
+pub enum Tensor {
+    /// A CQ matrix.
+    Cq(CqMatrix),
+    /// A dense F32 tensor: shape and row-major values.
+    F32 {
+        /// Shape.
+        shape: Vec<usize>,
+        /// Values, `shape.iter().product()` of them.
+        data: Vec<f32>,
+    },
+}
+
+/// Metadata key of the config JSON.
+pub const CONFIG_KEY: &str = "cqlm.config";
+/// Metadata key of the optional Hugging Face `tokenizer.json` text.
+pub const TOKENIZER_KEY: &str = "cqlm.tokenizer";

@@ -1,0 +1,117 @@
+//! `cqlm bench`: prefill and decode throughput, median over repetitions.
+
+use super::{make_engine, peak_rss_bytes, Backend, ModelArgs};
+use anyhow::{bail, Result};
+use cqlm::sample::argmax;
+use std::time::Instant;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Backend; defaults to gpu when an adapter exists, else cpu.
+    #[arg(long, value_enum)]
+    backend: Option<Backend>,
+    /// Prompt length for the prefill measurement.
+    #[arg(long, default_value_t = 128)]
+    prompt_len: usize,
+    /// Generated tokens for the decode measurement (logits every token).
+    #[arg(long, default_value_t = 64)]
+    tokens: usize,
+    /// Repetitions; medians and ranges are reported.
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        0.5 * (v[n / 2 - 1] + v[n / 2])
+    }
+}
+
+pub fn run(a: Args) -> Result<()> {
+    if a.prompt_len == 0 || a.tokens == 0 || a.reps == 0 {
+        bail!("--prompt-len, --tokens and --reps must be at least 1");
+    }
+    let model = a.model.load()?;
+    let vocab = model.config.vocab as u32;
+    let bytes_per_step = model.weight_bytes_per_step();
+    let mut engine = make_engine(model, a.backend)?;
+    // A fixed pseudo-random prompt.
+    let prompt: Vec<u32> = (0..a.prompt_len as u64)
+        .map(|i| ((i.wrapping_mul(2654435761) >> 7) % vocab as u64) as u32)
+        .collect();
+    let (mut prefill, mut decode) = (Vec::new(), Vec::new());
+    for _ in 0..a.reps {
+        engine.reset();
+        let t0 = Instant::now();
+        let mut logits = engine.prefill(&prompt)?;
+        prefill.push(a.prompt_len as f64 / t0.elapsed().as_secs_f64());
+        let t1 = Instant::now();
+        for _ in 0..a.tokens {
+            let next = argmax(&logits);
+            logits = engine
+                .step(next, true)?
+                .map(<[f32]>::to_vec)
+                .unwrap_or_default();
+        }
+        decode.push(a.tokens as f64 / t1.elapsed().as_secs_f64());
+    }
+    let (pmin, pmax) = (
+        prefill.iter().cloned().fold(f64::MAX, f64::min),
+        prefill.iter().cloned().fold(0.0, f64::max),
+    );
+    let (dmin, dmax) = (
+        decode.iter().cloned().fold(f64::MAX, f64::min),
+        decode.iter().cloned().fold(0.0, f64::max),
+    );
+    let p = median(&mut prefill);
+    let d = median(&mut decode);
+    let rss = peak_rss_bytes().unwrap_or(0);
+    if a.json {
+        let v = serde_json::json!({
+            "backend": engine.describe(),
+            "prompt_len": a.prompt_len,
+            "tokens": a.tokens,
+            "reps": a.reps,
+            "prefill_tok_s": p,
+            "prefill_tok_s_min": pmin,
+            "prefill_tok_s_max": pmax,
+            "decode_tok_s": d,
+            "decode_tok_s_min": dmin,
+            "decode_tok_s_max": dmax,
+            "decode_ms_per_token": 1000.0 / d,
+            "weight_bytes_per_step": bytes_per_step,
+            "dispatches_per_token": serde_json::Value::Null,
+            "peak_rss_bytes": rss,
+            "gpu_buffer_bytes": 0,
+        });
+        println!("{v}");
+    } else {
+        println!("backend   {}", engine.describe());
+        println!(
+            "prefill   {p:10.1} tok/s  (median of {}, range {pmin:.1} .. {pmax:.1}; {} tokens, no logits but the last)",
+            a.reps, a.prompt_len
+        );
+        println!(
+            "decode    {d:10.1} tok/s  (median of {}, range {dmin:.1} .. {dmax:.1}; {} tokens, logits every token) = {:.2} ms/token",
+            a.reps,
+            a.tokens,
+            1000.0 / d
+        );
+        println!(
+            "weights   {:.2} MB read per decode step, {:.2} GB/s effective",
+            bytes_per_step as f64 / 1e6,
+            bytes_per_step as f64 * d / 1e9
+        );
+        println!("peak RSS  {:.1} MB", rss as f64 / 1e6);
+    }
+    Ok(())
+}

@@ -1,0 +1,66 @@
+//! `cqlm logits` (SPEC §7): the conformance entry point. Keep its form.
+
+use super::{make_engine, parse_ids, with_path, Backend, Ids};
+use anyhow::Result;
+use cqlm::Model;
+use npyz::WriterBuilder;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Archive to run.
+    #[arg(long, value_name = "PATH")]
+    model: PathBuf,
+    /// Comma-separated token ids, e.g. 3,17,4.
+    #[arg(long, value_name = "IDS", value_parser = parse_ids)]
+    ids: Ids,
+    /// Backend; defaults to gpu when an adapter exists, else cpu.
+    #[arg(long, value_enum)]
+    backend: Option<Backend>,
+    /// Write the logits after every id ([P, vocab]) instead of only the last ([1, vocab]).
+    #[arg(long)]
+    all_positions: bool,
+    /// Output .npy path (written only on success).
+    #[arg(long, value_name = "PATH.npy")]
+    out: PathBuf,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let model = Arc::new(Model::load(&a.model)?);
+    let vocab = model.config.vocab;
+    let mut engine = make_engine(model, a.backend)?;
+    let n = a.ids.0.len();
+    let mut rows: Vec<f32> = Vec::with_capacity(if a.all_positions { n * vocab } else { vocab });
+    for (i, &id) in a.ids.0.iter().enumerate() {
+        let want = a.all_positions || i + 1 == n;
+        if let Some(l) = engine.step(id, want)? {
+            rows.extend_from_slice(l);
+        }
+    }
+    let p = rows.len() / vocab;
+    // Write through a temporary file beside the target so a failure leaves nothing behind.
+    let dir = a
+        .out
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let tmp = with_path(tempfile::NamedTempFile::new_in(dir), &a.out)?;
+    {
+        let mut w = std::io::BufWriter::new(tmp.as_file());
+        let mut npy = with_path(
+            npyz::WriteOptions::<f32>::new()
+                .default_dtype()
+                .shape(&[p as u64, vocab as u64])
+                .writer(&mut w)
+                .begin_nd(),
+            &a.out,
+        )?;
+        with_path(npy.extend(rows.iter().copied()), &a.out)?;
+        with_path(npy.finish(), &a.out)?;
+        with_path(w.flush(), &a.out)?;
+    }
+    with_path(tmp.persist(&a.out).map_err(|e| e.error), &a.out)?;
+    Ok(())
+}

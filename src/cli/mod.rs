@@ -1,0 +1,143 @@
+//! Subcommands of the `cqlm` binary, one file each, and what they share.
+
+mod bench;
+mod generate;
+mod inspect;
+mod logits;
+mod synth;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use cqlm::synth::{plan_for_preset, synth_model};
+use cqlm::{Config, CpuEngine, Engine, Model};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Codebook-quantized language models, token by token, on the GPU or the CPU.
+#[derive(Debug, Parser)]
+#[command(name = "cqlm", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run ids through `step` and write the logits as a float32 .npy (SPEC §7).
+    Logits(logits::Args),
+    /// Print an archive's config, tensor count, bytes per kind and bits/group histogram.
+    Inspect(inspect::Args),
+    /// Write a random but well-conditioned archive for a preset or config.
+    Synth(synth::Args),
+    /// Generate tokens greedily from a prompt of ids.
+    Generate(generate::Args),
+    /// Measure prefill and decode throughput.
+    Bench(bench::Args),
+}
+
+/// Dispatch a parsed command line.
+pub fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Logits(a) => logits::run(a),
+        Command::Inspect(a) => inspect::run(a),
+        Command::Synth(a) => synth::run(a),
+        Command::Generate(a) => generate::run(a),
+        Command::Bench(a) => bench::run(a),
+    }
+}
+
+/// Which engine runs the step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    /// The CPU reference engine.
+    Cpu,
+    /// The wgpu engine.
+    Gpu,
+}
+
+/// Seed of the built-in model used when no `--model` is given.
+pub const BUILTIN_SEED: u64 = 2026;
+
+/// Where the model comes from: an archive, or a preset synthesized in memory.
+#[derive(Debug, clap::Args)]
+pub struct ModelArgs {
+    /// Archive to load (a cqlm safetensors file).
+    #[arg(long, value_name = "PATH", conflicts_with = "preset")]
+    model: Option<PathBuf>,
+    /// Synthesize this preset in memory instead (random weights): tiny, default or large.
+    #[arg(long, value_name = "NAME")]
+    preset: Option<String>,
+    /// Seed for `--preset`.
+    #[arg(long, default_value_t = BUILTIN_SEED)]
+    seed: u64,
+}
+
+impl ModelArgs {
+    /// Load the archive, or synthesize the preset (`default` when neither is given),
+    /// saying on stderr that synthesized weights are random.
+    pub fn load(&self) -> Result<Arc<Model>> {
+        if let Some(path) = &self.model {
+            return Ok(Arc::new(Model::load(path)?));
+        }
+        let name = self.preset.as_deref().unwrap_or("default");
+        let Some(config) = Config::preset(name) else {
+            bail!("unknown preset `{name}` (expected tiny, default or large)");
+        };
+        eprintln!(
+            "note: no --model given: using the `{name}` preset synthesized with seed {} (random weights, the output is meaningless)",
+            self.seed
+        );
+        Ok(Arc::new(synth_model(
+            &config,
+            &plan_for_preset(name),
+            self.seed,
+        )?))
+    }
+}
+
+/// Build an engine for `backend` (`None`: the GPU when an adapter exists, else the CPU).
+pub fn make_engine(model: Arc<Model>, backend: Option<Backend>) -> Result<Box<dyn Engine>> {
+    match backend {
+        Some(Backend::Gpu) => {
+            bail!("the gpu backend is not available in this build yet; use --backend cpu")
+        }
+        Some(Backend::Cpu) | None => Ok(Box::new(CpuEngine::new(model)?)),
+    }
+}
+
+/// A parsed `--ids` value.
+#[derive(Debug, Clone)]
+pub struct Ids(pub Vec<u32>);
+
+/// Parse `--ids`: a non-empty comma-separated list of unsigned decimal integers.
+pub fn parse_ids(s: &str) -> std::result::Result<Ids, String> {
+    if s.is_empty() {
+        return Err("the list of ids is empty".into());
+    }
+    s.split(',')
+        .map(|part| {
+            if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(format!("`{part}` is not an unsigned decimal integer"));
+            }
+            part.parse::<u32>()
+                .map_err(|_| format!("`{part}` does not fit in 32 bits"))
+        })
+        .collect::<std::result::Result<Vec<u32>, String>>()
+        .map(Ids)
+}
+
+/// Peak resident set size of this process in bytes (Linux `VmHWM`), if known.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Context helper: attach the path to I/O errors.
+pub fn with_path<T, E: std::error::Error + Send + Sync + 'static>(
+    r: std::result::Result<T, E>,
+    path: &std::path::Path,
+) -> Result<T> {
+    r.with_context(|| path.display().to_string())
+}

@@ -1,0 +1,478 @@
+//! [`CpuEngine`]: the SPEC §4 token step in plain f32 on the CPU.
+
+use super::prep::PrepCache;
+use crate::config::Config;
+use crate::engine::Engine;
+use crate::engram::{table_rows_for, TokenHistory};
+use crate::error::{Error, Result};
+use crate::kernels::attention::{attend_head, KvHeadView};
+use crate::kernels::kv::{attended_ranges, physical_slot, quantize_int8};
+use crate::kernels::mhc::{post_gates, pre_gates, sinkhorn_route};
+use crate::kernels::mlp::hadamard_mlp;
+use crate::kernels::norm::{rms_unit_into, zcrms_in_place, zcrms_into};
+use crate::kernels::rope::{apply_rope, rope_table};
+use crate::kernels::{sigmoid, silu};
+use crate::weights::Model;
+use std::sync::Arc;
+
+/// Receives named intermediate tensors of a step (for parity tools and tests).
+/// `layer` is `None` for tensors outside the layer loop. Names: `x0`, `engram.e`,
+/// `engram.value.{s}`, `engram.key.{s}`, and per layer `u`, `block_in`, `q`, `k`, `v`
+/// (after ZCRMS and RoPE for q/k), `attn_o` (gated head outputs), `after_attn`,
+/// `mlp_out`, `update`, `route` (16 values), `lanes` (4·hidden, after the layer),
+/// and `logits`.
+pub trait Probe {
+    /// Called with each tensor as soon as it is final.
+    fn tensor(&mut self, name: &str, layer: Option<usize>, data: &[f32]);
+}
+
+/// Incremental state: everything a step reads from earlier steps.
+#[derive(Debug)]
+struct State {
+    history: TokenHistory,
+    /// `[layers, kv_heads, sink+window, head_dim]` key codes.
+    k_codes: Vec<i8>,
+    /// Same layout as `k_codes`.
+    v_codes: Vec<i8>,
+    /// `[layers, kv_heads, sink+window]`.
+    k_scale: Vec<f32>,
+    /// Same layout as `k_scale`.
+    v_scale: Vec<f32>,
+    /// Per engram site: `[ring, hidden]` raw value projections.
+    rings: Vec<Vec<f32>>,
+}
+
+/// Per-step work buffers, allocated once.
+#[derive(Debug, Default)]
+struct Scratch {
+    lanes: Vec<f32>,
+    next_lanes: Vec<f32>,
+    xhat: Vec<f32>,
+    u: Vec<f32>,
+    b: Vec<f32>,
+    a: Vec<f32>,
+    tmp: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    g: Vec<f32>,
+    o: Vec<f32>,
+    attn: Vec<f32>,
+    after: Vec<f32>,
+    out: Vec<f32>,
+    z: Vec<f32>,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    scores: Vec<f32>,
+    slots: Vec<usize>,
+    codes: Vec<i8>,
+    e: Vec<f32>,
+    m: Vec<f32>,
+    table_idx: Vec<usize>,
+    site_key: Vec<Vec<f32>>,
+    site_value: Vec<Vec<f32>>,
+    p: [f32; 24],
+    prep: PrepCache,
+}
+
+/// The CPU reference engine. Weights are shared through an [`Arc`], so many
+/// engines (sessions) can run one loaded model.
+#[derive(Debug)]
+pub struct CpuEngine {
+    model: Arc<Model>,
+    table_rows: Vec<usize>,
+    pos: u64,
+    state: State,
+    s: Scratch,
+    logits: Vec<f32>,
+}
+
+fn alloc<T: Clone + Default>(what: &str, n: usize) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| Error::Alloc {
+        what: what.to_string(),
+        bytes: (n as u64).saturating_mul(std::mem::size_of::<T>() as u64),
+    })?;
+    v.resize(n, T::default());
+    Ok(v)
+}
+
+impl CpuEngine {
+    /// A fresh engine (position 0) for `model`.
+    ///
+    /// # Errors
+    /// [`Error::Alloc`] if the KV cache or scratch buffers can't be allocated.
+    pub fn new(model: Arc<Model>) -> Result<CpuEngine> {
+        let c = &model.config;
+        let rows = c.cache_rows();
+        let cells = c
+            .layers
+            .checked_mul(c.kv_heads)
+            .and_then(|n| n.checked_mul(rows))
+            .ok_or_else(|| Error::Alloc {
+                what: "KV cache".into(),
+                bytes: u64::MAX,
+            })?;
+        let codes = cells.checked_mul(c.head_dim).ok_or_else(|| Error::Alloc {
+            what: "KV cache".into(),
+            bytes: u64::MAX,
+        })?;
+        let (rings, table_rows, e_dim, sites) = match (&c.engram, &model.weights.engram) {
+            (Some(e), Some(w)) => (
+                (0..e.sites.len())
+                    .map(|_| alloc("engram ring", e.ring() * c.hidden))
+                    .collect::<Result<Vec<_>>>()?,
+                w.tables.iter().map(|t| t.rows()).collect(),
+                e.e_dim(),
+                e.sites.len(),
+            ),
+            _ => (Vec::new(), Vec::new(), 0, 0),
+        };
+        let state = State {
+            history: TokenHistory::default(),
+            k_codes: alloc("KV cache keys", codes)?,
+            v_codes: alloc("KV cache values", codes)?,
+            k_scale: alloc("KV cache key scales", cells)?,
+            v_scale: alloc("KV cache value scales", cells)?,
+            rings,
+        };
+        let h = c.hidden;
+        let s = Scratch {
+            lanes: alloc("lanes", 4 * h)?,
+            next_lanes: alloc("lanes", 4 * h)?,
+            xhat: alloc("lanes", 4 * h)?,
+            u: vec![0.0; h],
+            b: vec![0.0; h],
+            a: vec![0.0; h],
+            tmp: vec![0.0; h],
+            q: vec![0.0; c.q_dim()],
+            k: vec![0.0; c.kv_dim()],
+            v: vec![0.0; c.kv_dim()],
+            g: vec![0.0; c.q_dim()],
+            o: vec![0.0; c.q_dim()],
+            attn: vec![0.0; h],
+            after: vec![0.0; h],
+            out: vec![0.0; h],
+            z: alloc("MLP scratch", c.hadamard_dim)?,
+            cos: vec![0.0; c.head_dim / 2],
+            sin: vec![0.0; c.head_dim / 2],
+            scores: alloc("attention scores", rows)?,
+            slots: Vec::with_capacity(rows),
+            codes: vec![0; c.head_dim],
+            e: vec![0.0; e_dim],
+            m: vec![0.0; h],
+            table_idx: Vec::with_capacity(table_rows.len()),
+            site_key: vec![vec![0.0; h]; sites],
+            site_value: vec![vec![0.0; h]; sites],
+            p: [0.0; 24],
+            prep: PrepCache::default(),
+        };
+        let logits = alloc("logits", c.vocab)?;
+        Ok(CpuEngine {
+            model,
+            table_rows,
+            pos: 0,
+            state,
+            s,
+            logits,
+        })
+    }
+
+    /// The model this engine runs.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// [`Engine::step`] that also hands every intermediate tensor to `probe`.
+    ///
+    /// # Errors
+    /// [`Error::TokenOutOfRange`] if `token >= vocab`; the state is then unchanged.
+    pub fn step_probed(
+        &mut self,
+        token: u32,
+        want_logits: bool,
+        mut probe: Option<&mut dyn Probe>,
+    ) -> Result<Option<&[f32]>> {
+        let model = Arc::clone(&self.model);
+        let c = &model.config;
+        if token as usize >= c.vocab {
+            return Err(Error::TokenOutOfRange {
+                token,
+                vocab: c.vocab,
+            });
+        }
+        let t = self.pos;
+        let h = c.hidden;
+        let w = &model.weights;
+        let s = &mut self.s;
+        let st = &mut self.state;
+        st.history.push(token);
+
+        // 4.1 Embedding.
+        w.embed
+            .dequantize_row_into(token as usize, &mut s.lanes[..h]);
+        let scale = (h as f32).sqrt();
+        for v in &mut s.lanes[..h] {
+            *v *= scale;
+        }
+        emit(&mut probe, "x0", None, &s.lanes[..h]);
+        let (first, rest) = s.lanes.split_at_mut(h);
+        for lane in rest.chunks_exact_mut(h) {
+            lane.copy_from_slice(first);
+        }
+
+        // 4.2 Engram.
+        if let (Some(ec), Some(ew)) = (&c.engram, &w.engram) {
+            table_rows_for(&st.history, ec, &self.table_rows, &mut s.table_idx);
+            for (k, (table, &row)) in ew.tables.iter().zip(&s.table_idx).enumerate() {
+                table.dequantize_row_into(row, &mut s.e[k * ec.dim..(k + 1) * ec.dim]);
+            }
+            emit(&mut probe, "engram.e", None, &s.e);
+            let ring = ec.ring();
+            s.prep.clear();
+            for (i, site) in ew.sites.iter().enumerate() {
+                let slot = (t % ring as u64) as usize;
+                let vrow = &mut st.rings[i][slot * h..(slot + 1) * h];
+                site.wv
+                    .matvec_rows_prepared(s.prep.get(&s.e, &site.wv), 0, vrow);
+                site.wk
+                    .matvec_rows_prepared(s.prep.get(&s.e, &site.wk), 0, &mut s.site_key[i]);
+                s.m.fill(0.0);
+                for j in 0..ec.taps {
+                    let back = (j * ec.dilation) as u64;
+                    if back > t {
+                        break;
+                    }
+                    let r = ((t - back) % ring as u64) as usize;
+                    let past = &st.rings[i][r * h..(r + 1) * h];
+                    let conv = &site.conv[j * h..(j + 1) * h];
+                    for ((m, cv), pv) in s.m.iter_mut().zip(conv).zip(past) {
+                        *m += cv * pv;
+                    }
+                }
+                let v = &st.rings[i][slot * h..(slot + 1) * h];
+                for ((val, vv), m) in s.site_value[i].iter_mut().zip(v).zip(&s.m) {
+                    *val = vv + silu(*m);
+                }
+                if probe.is_some() {
+                    emit(
+                        &mut probe,
+                        &format!("engram.key.{}", site.layer),
+                        None,
+                        &s.site_key[i],
+                    );
+                    emit(
+                        &mut probe,
+                        &format!("engram.value.{}", site.layer),
+                        None,
+                        &s.site_value[i],
+                    );
+                }
+            }
+        }
+
+        // RoPE table of this position, shared by all layers.
+        rope_table(t, c.rope_theta, c.head_dim, &mut s.cos, &mut s.sin);
+        let slot = physical_slot(t, c.sink, c.window);
+        s.slots.clear();
+        for range in attended_ranges(t, c.sink, c.window) {
+            s.slots
+                .extend(range.map(|p| physical_slot(p, c.sink, c.window)));
+        }
+        let hd = c.head_dim;
+        let rows = c.cache_rows();
+        let inv_sqrt_h = 1.0 / (h as f32).sqrt();
+
+        for (l, lw) in w.layers.iter().enumerate() {
+            let lo = Some(l);
+            // 1–3: mHC pre-mix.
+            rms_unit_into(&s.lanes, &mut s.xhat);
+            s.prep.clear();
+            let m = &w.mhc;
+            let (pp, rest) = s.p.split_at_mut(4);
+            let (pq, pr) = rest.split_at_mut(4);
+            m.phi_pre
+                .matvec_rows_prepared(s.prep.get(&s.xhat, &m.phi_pre), 4 * l, pp);
+            m.phi_post
+                .matvec_rows_prepared(s.prep.get(&s.xhat, &m.phi_post), 4 * l, pq);
+            m.phi_res
+                .matvec_rows_prepared(s.prep.get(&s.xhat, &m.phi_res), 16 * l, pr);
+            let hpre = pre_gates(l, m.a_pre[l], pp, &m.b_pre[4 * l..4 * l + 4]);
+            s.u.fill(0.0);
+            for (i, lane) in s.lanes.chunks_exact(h).enumerate() {
+                for (u, x) in s.u.iter_mut().zip(lane) {
+                    *u += hpre[i] * x;
+                }
+            }
+            emit(&mut probe, "u", lo, &s.u);
+
+            // 4: engram gate.
+            s.b.copy_from_slice(&s.u);
+            if let Some(ew) = &w.engram {
+                if let Some(i) = ew.sites.iter().position(|x| x.layer == l) {
+                    let site = &ew.sites[i];
+                    zcrms_into(&s.u, &site.norm_u, &mut s.a);
+                    zcrms_into(&s.site_key[i], &site.norm_k, &mut s.tmp);
+                    let dot: f32 = s.a.iter().zip(&s.tmp).map(|(x, y)| x * y).sum();
+                    let alpha = sigmoid(dot * inv_sqrt_h);
+                    for (b, v) in s.b.iter_mut().zip(&s.site_value[i]) {
+                        *b += alpha * v;
+                    }
+                }
+            }
+            emit(&mut probe, "block_in", lo, &s.b);
+
+            // 5: attention.
+            zcrms_into(&s.b, &lw.attn_norm, &mut s.a);
+            s.prep.clear();
+            lw.wq
+                .matvec_rows_prepared(s.prep.get(&s.a, &lw.wq), 0, &mut s.q);
+            lw.wk
+                .matvec_rows_prepared(s.prep.get(&s.a, &lw.wk), 0, &mut s.k);
+            lw.wv
+                .matvec_rows_prepared(s.prep.get(&s.a, &lw.wv), 0, &mut s.v);
+            lw.wg
+                .matvec_rows_prepared(s.prep.get(&s.a, &lw.wg), 0, &mut s.g);
+            for qh in s.q.chunks_exact_mut(hd) {
+                zcrms_in_place(qh, &lw.q_norm);
+                apply_rope(qh, &s.cos, &s.sin);
+            }
+            for kh in s.k.chunks_exact_mut(hd) {
+                zcrms_in_place(kh, &lw.k_norm);
+                apply_rope(kh, &s.cos, &s.sin);
+            }
+            emit(&mut probe, "q", lo, &s.q);
+            emit(&mut probe, "k", lo, &s.k);
+            emit(&mut probe, "v", lo, &s.v);
+            for j in 0..c.kv_heads {
+                let cell = (l * c.kv_heads + j) * rows + slot;
+                let kh = &s.k[j * hd..(j + 1) * hd];
+                st.k_scale[cell] = quantize_int8(kh, &mut s.codes);
+                st.k_codes[cell * hd..(cell + 1) * hd].copy_from_slice(&s.codes);
+                let vh = &s.v[j * hd..(j + 1) * hd];
+                st.v_scale[cell] = quantize_int8(vh, &mut s.codes);
+                st.v_codes[cell * hd..(cell + 1) * hd].copy_from_slice(&s.codes);
+            }
+            for hq in 0..c.heads {
+                let j = c.group_of_head(hq);
+                let base = (l * c.kv_heads + j) * rows;
+                let view = KvHeadView {
+                    k: &st.k_codes[base * hd..(base + rows) * hd],
+                    v: &st.v_codes[base * hd..(base + rows) * hd],
+                    k_scale: &st.k_scale[base..base + rows],
+                    v_scale: &st.v_scale[base..base + rows],
+                };
+                let oh = &mut s.o[hq * hd..(hq + 1) * hd];
+                attend_head(
+                    &s.q[hq * hd..(hq + 1) * hd],
+                    &view,
+                    &s.slots,
+                    &mut s.scores,
+                    oh,
+                );
+                for (o, g) in oh.iter_mut().zip(&s.g[hq * hd..(hq + 1) * hd]) {
+                    *o *= sigmoid(*g);
+                }
+            }
+            emit(&mut probe, "attn_o", lo, &s.o);
+            s.prep.clear();
+            lw.wo
+                .matvec_rows_prepared(s.prep.get(&s.o, &lw.wo), 0, &mut s.attn);
+            zcrms_in_place(&mut s.attn, &lw.attn_post_norm);
+            for ((a, b), x) in s.after.iter_mut().zip(&s.b).zip(&s.attn) {
+                *a = b + lw.attn_out_scale * x;
+            }
+            emit(&mut probe, "after_attn", lo, &s.after);
+
+            // 6: Hadamard MLP.
+            hadamard_mlp(
+                &s.after,
+                &lw.mlp_norm,
+                &lw.mlp_d1,
+                &lw.mlp_d2,
+                &lw.mlp_d3,
+                &mut s.z,
+                &mut s.out,
+            );
+            emit(&mut probe, "mlp_out", lo, &s.out);
+
+            // 7: update = out − u.
+            for (o, u) in s.out.iter_mut().zip(&s.u) {
+                *o -= u;
+            }
+            emit(&mut probe, "update", lo, &s.out);
+
+            // 8–9: routing.
+            let hpost = post_gates(l, m.a_post[l], pq, &m.b_post[4 * l..4 * l + 4]);
+            let route = sinkhorn_route(
+                m.a_res[l],
+                pr,
+                &m.b_res[16 * l..16 * l + 16],
+                c.sinkhorn_iters,
+            );
+            if probe.is_some() {
+                let flat: Vec<f32> = route.iter().flatten().copied().collect();
+                emit(&mut probe, "route", lo, &flat);
+            }
+            for (i, nl) in s.next_lanes.chunks_exact_mut(h).enumerate() {
+                for (col, dst) in nl.iter_mut().enumerate() {
+                    let mut acc = 0.0f32;
+                    for j in 0..4 {
+                        acc += route[i][j] * s.lanes[j * h + col];
+                    }
+                    *dst = acc + hpost[i] * s.out[col];
+                }
+            }
+            std::mem::swap(&mut s.lanes, &mut s.next_lanes);
+            emit(&mut probe, "lanes", lo, &s.lanes);
+        }
+        self.pos += 1;
+
+        if !want_logits {
+            return Ok(None);
+        }
+        // 4.4 Logits.
+        for (col, dst) in s.a.iter_mut().enumerate() {
+            let l = &s.lanes;
+            *dst = (l[col] + l[h + col] + l[2 * h + col] + l[3 * h + col]) / 4.0;
+        }
+        zcrms_in_place(&mut s.a, &w.final_norm);
+        s.prep.clear();
+        w.embed
+            .matvec_rows_prepared(s.prep.get(&s.a, &w.embed), 0, &mut self.logits);
+        emit(&mut probe, "logits", None, &self.logits);
+        Ok(Some(&self.logits))
+    }
+}
+
+fn emit(probe: &mut Option<&mut dyn Probe>, name: &str, layer: Option<usize>, data: &[f32]) {
+    if let Some(p) = probe.as_deref_mut() {
+        p.tensor(name, layer, data);
+    }
+}
+
+impl Engine for CpuEngine {
+    fn config(&self) -> &Config {
+        &self.model.config
+    }
+
+    fn step(&mut self, token: u32, want_logits: bool) -> Result<Option<&[f32]>> {
+        self.step_probed(token, want_logits, None)
+    }
+
+    fn reset(&mut self) {
+        self.pos = 0;
+        self.state.history.clear();
+        // Stale cache rows and ring rows are never read before being rewritten:
+        // attention reads only slots of positions <= t, and the ring only rows
+        // of positions >= 0, both written earlier in the same run.
+    }
+
+    fn position(&self) -> u64 {
+        self.pos
+    }
+
+    fn describe(&self) -> String {
+        format!("cpu ({} threads)", rayon::current_num_threads())
+    }
+}

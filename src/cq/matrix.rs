@@ -1,0 +1,427 @@
+//! SPEC §2: the codebook-quantized matrix and its CPU kernels (prepare, matvec, row gather).
+
+use super::fwht::nfwht;
+use crate::error::{Error, Result};
+use half::f16;
+use rayon::prelude::*;
+
+/// Byte lookup tables of SEED §3: one packed byte yields 4 (2-bit) or 2 (4-bit) levels.
+#[derive(Debug, Clone)]
+enum Lut {
+    None,
+    Two(Box<[[f32; 4]; 256]>),
+    Four(Box<[[f32; 2]; 256]>),
+}
+
+/// A codebook-quantized matrix (SPEC §2): `rows × cols` logical weights stored as
+/// `bits`-bit codebook indices in groups of `group` Hadamard-rotated columns, one
+/// f16 norm per (row, group).
+///
+/// Invariants (checked by [`CqMatrix::new`]): `bits ∈ {1,2,4,8}`, `group` a power of
+/// two `>= 32`, `cols <= groups·group < cols + group`, and the buffers have the
+/// matching lengths.
+#[derive(Debug, Clone)]
+pub struct CqMatrix {
+    rows: usize,
+    cols: usize,
+    bits: u32,
+    group: usize,
+    groups: usize,
+    codebook: Vec<f32>,
+    norms: Vec<f32>,
+    packed: Vec<u8>,
+    lut: Lut,
+}
+
+/// Packed rows at or above this many bytes in one call are split across threads.
+const PARALLEL_BYTES: usize = 1 << 18;
+
+impl CqMatrix {
+    /// Build a matrix from its three stored tensors and its role's `cols`.
+    ///
+    /// * `codebook`: `2^bits` levels, `bits ∈ {1,2,4,8}`.
+    /// * `norms`: `[rows, groups]` row-major, `groups >= 1`.
+    /// * `packed`: `[rows, row_bytes]` row-major with `row_bytes = groups·group·bits/8`.
+    ///
+    /// # Errors
+    /// A message saying which rule of SPEC §2 is broken.
+    pub fn new(
+        cols: usize,
+        codebook: Vec<f32>,
+        norms: Vec<f16>,
+        norms_shape: [usize; 2],
+        packed: Vec<u8>,
+        packed_shape: [usize; 2],
+    ) -> std::result::Result<CqMatrix, String> {
+        let [rows, groups] = norms_shape;
+        let bits = match codebook.len() {
+            2 => 1u32,
+            4 => 2,
+            16 => 4,
+            256 => 8,
+            n => {
+                return Err(format!(
+                    "codebook has {n} entries, expected 2, 4, 16 or 256"
+                ))
+            }
+        };
+        if groups == 0 {
+            return Err("norms have 0 groups".into());
+        }
+        if packed_shape[0] != rows {
+            return Err(format!(
+                "packed has {} rows but norms have {rows}",
+                packed_shape[0]
+            ));
+        }
+        if norms.len() != rows * groups || packed.len() != rows * packed_shape[1] {
+            return Err("buffer lengths do not match the shapes".into());
+        }
+        let bits_per_row = packed_shape[1]
+            .checked_mul(8)
+            .ok_or("packed row width overflows")?;
+        let denom = bits as usize * groups;
+        if bits_per_row % denom != 0 {
+            return Err(format!(
+                "packed row of {} bytes is not a whole number of {groups} groups of {bits}-bit indices",
+                packed_shape[1]
+            ));
+        }
+        let group = bits_per_row / denom;
+        if group < 32 || !group.is_power_of_two() {
+            return Err(format!("group {group} is not a power of two >= 32"));
+        }
+        let padded = groups * group;
+        if !(cols <= padded && padded < cols + group) {
+            return Err(format!(
+                "padded width {groups}·{group} = {padded} does not fit cols {cols} (need cols <= padded < cols + group)"
+            ));
+        }
+        let norms: Vec<f32> = norms.into_iter().map(f32::from).collect();
+        Ok(Self::from_parts(
+            rows, cols, bits, group, groups, codebook, norms, packed,
+        ))
+    }
+
+    /// Assemble from already-validated parts (norms must be exact f16 values).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn from_parts(
+        rows: usize,
+        cols: usize,
+        bits: u32,
+        group: usize,
+        groups: usize,
+        codebook: Vec<f32>,
+        norms: Vec<f32>,
+        packed: Vec<u8>,
+    ) -> CqMatrix {
+        let lut = match bits {
+            2 => {
+                let mut t = Box::new([[0.0f32; 4]; 256]);
+                for (b, e) in t.iter_mut().enumerate() {
+                    for (k, v) in e.iter_mut().enumerate() {
+                        *v = codebook[(b >> (2 * k)) & 3];
+                    }
+                }
+                Lut::Two(t)
+            }
+            4 => {
+                let mut t = Box::new([[0.0f32; 2]; 256]);
+                for (b, e) in t.iter_mut().enumerate() {
+                    e[0] = codebook[b & 15];
+                    e[1] = codebook[b >> 4];
+                }
+                Lut::Four(t)
+            }
+            _ => Lut::None,
+        };
+        CqMatrix {
+            rows,
+            cols,
+            bits,
+            group,
+            groups,
+            codebook,
+            norms,
+            packed,
+            lut,
+        }
+    }
+
+    /// Output rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+    /// Logical input columns.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+    /// Bits per index: 1, 2, 4 or 8.
+    pub fn bits(&self) -> u32 {
+        self.bits
+    }
+    /// Columns per group (power of two >= 32).
+    pub fn group(&self) -> usize {
+        self.group
+    }
+    /// Groups per row.
+    pub fn groups(&self) -> usize {
+        self.groups
+    }
+    /// `groups · group`: the prepared input length.
+    pub fn padded(&self) -> usize {
+        self.groups * self.group
+    }
+    /// Bytes of one packed row: `padded · bits / 8`.
+    pub fn row_bytes(&self) -> usize {
+        self.padded() * self.bits as usize / 8
+    }
+    /// The `2^bits` codebook levels.
+    pub fn codebook(&self) -> &[f32] {
+        &self.codebook
+    }
+    /// Norms `[rows, groups]`, widened from f16 (exactly).
+    pub fn norms(&self) -> &[f32] {
+        &self.norms
+    }
+    /// Norms `[rows, groups]` as stored (f16).
+    pub fn norms_f16(&self) -> Vec<f16> {
+        self.norms.iter().map(|&v| f16::from_f32(v)).collect()
+    }
+    /// Packed indices `[rows, row_bytes]`, LSB first.
+    pub fn packed(&self) -> &[u8] {
+        &self.packed
+    }
+    /// Bytes of all three tensors as stored in an archive.
+    pub fn stored_bytes(&self) -> usize {
+        self.packed.len() + self.norms.len() * 2 + self.codebook.len() * 4
+    }
+
+    /// Codebook index of column `c` (`c < padded`) in row `r`, straight from SPEC §2.
+    pub fn index(&self, r: usize, c: usize) -> usize {
+        let bit = c * self.bits as usize;
+        let byte = self.packed[r * self.row_bytes() + (bit >> 3)];
+        ((byte >> (bit & 7)) as usize) & ((1usize << self.bits) - 1)
+    }
+
+    /// `prepare(x)` into `out` (length `padded`): zero-pad, then `nfwht` on every group.
+    ///
+    /// # Panics
+    /// If `x.len() != cols` or `out.len() != padded`.
+    pub fn prepare_into(&self, x: &[f32], out: &mut [f32]) {
+        assert_eq!(x.len(), self.cols, "prepare: input length");
+        prepare_into(x, self.group, out);
+    }
+
+    /// Rows `first .. first + out.len()` of `P · x` for an input already prepared for
+    /// this matrix's group (`prep.len() == padded`).
+    ///
+    /// # Panics
+    /// If `prep.len() != padded` or the rows run past `rows`.
+    pub fn matvec_rows_prepared(&self, prep: &[f32], first: usize, out: &mut [f32]) {
+        assert_eq!(prep.len(), self.padded(), "matvec: prepared input length");
+        assert!(first + out.len() <= self.rows, "matvec: rows out of range");
+        let rb = self.row_bytes();
+        if out.len() * rb >= PARALLEL_BYTES {
+            let chunk = (PARALLEL_BYTES / 4 / rb).max(16);
+            out.par_chunks_mut(chunk).enumerate().for_each(|(i, o)| {
+                self.rows_into(prep, first + i * chunk, o);
+            });
+        } else {
+            self.rows_into(prep, first, out);
+        }
+    }
+
+    fn rows_into(&self, prep: &[f32], first: usize, out: &mut [f32]) {
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = self.row_dot(first + i, prep);
+        }
+    }
+
+    /// `Σ_k norms[r,k] · Σ_{c in group k} q[r,c] · prep[c]` with the specialised inner loops.
+    fn row_dot(&self, r: usize, prep: &[f32]) -> f32 {
+        let rb = self.row_bytes();
+        let gb = self.group * self.bits as usize / 8;
+        let row = &self.packed[r * rb..(r + 1) * rb];
+        let norms = &self.norms[r * self.groups..(r + 1) * self.groups];
+        let mut sum = 0.0f32;
+        for ((bytes, x), &n) in row
+            .chunks_exact(gb)
+            .zip(prep.chunks_exact(self.group))
+            .zip(norms)
+        {
+            let d = match &self.lut {
+                Lut::Four(t) => dot4(t, bytes, x),
+                Lut::Two(t) => dot2(t, bytes, x),
+                Lut::None => dot_generic(&self.codebook, self.bits, bytes, x),
+            };
+            sum += n * d;
+        }
+        sum
+    }
+
+    /// The scalar reference inner loop for any bit width (used for 1 and 8 bits,
+    /// and by tests to check the LUT paths).
+    #[doc(hidden)]
+    pub fn row_dot_generic(&self, r: usize, prep: &[f32]) -> f32 {
+        let rb = self.row_bytes();
+        let gb = self.group * self.bits as usize / 8;
+        let row = &self.packed[r * rb..(r + 1) * rb];
+        let mut sum = 0.0f32;
+        for (k, (bytes, x)) in row
+            .chunks_exact(gb)
+            .zip(prep.chunks_exact(self.group))
+            .enumerate()
+        {
+            sum +=
+                self.norms[r * self.groups + k] * dot_generic(&self.codebook, self.bits, bytes, x);
+        }
+        sum
+    }
+
+    /// `dequantize_row(P, r)` into `out` (length `cols`): per group
+    /// `norms[r,k] · nfwht(q[r, group k])`, padding columns dropped.
+    ///
+    /// # Panics
+    /// If `r >= rows` or `out.len() != cols`.
+    pub fn dequantize_row_into(&self, r: usize, out: &mut [f32]) {
+        assert!(r < self.rows, "dequantize_row: row out of range");
+        assert_eq!(out.len(), self.cols, "dequantize_row: output length");
+        let mut tmp = vec![0.0f32; self.group];
+        for k in 0..self.groups {
+            let n = self.norms[r * self.groups + k];
+            for (c, t) in tmp.iter_mut().enumerate() {
+                *t = n * self.codebook[self.index(r, k * self.group + c)];
+            }
+            nfwht(&mut tmp);
+            let start = k * self.group;
+            if start >= self.cols {
+                break;
+            }
+            let end = (start + self.group).min(self.cols);
+            out[start..end].copy_from_slice(&tmp[..end - start]);
+        }
+    }
+}
+
+/// `prepare(x)` for a given group into `out` (length = padded, a multiple of `group`):
+/// copy `x`, zero the tail, `nfwht` every group.
+///
+/// # Panics
+/// If `out` is shorter than `x` or not a multiple of `group`.
+pub fn prepare_into(x: &[f32], group: usize, out: &mut [f32]) {
+    assert!(
+        x.len() <= out.len() && out.len() % group == 0,
+        "prepare: bad lengths"
+    );
+    out[..x.len()].copy_from_slice(x);
+    out[x.len()..].fill(0.0);
+    for g in out.chunks_exact_mut(group) {
+        nfwht(g);
+    }
+}
+
+#[inline]
+fn dot4(t: &[[f32; 2]; 256], bytes: &[u8], x: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    for (b4, x8) in bytes.chunks_exact(4).zip(x.chunks_exact(8)) {
+        for j in 0..4 {
+            let l = &t[b4[j] as usize];
+            acc[2 * j] += l[0] * x8[2 * j];
+            acc[2 * j + 1] += l[1] * x8[2 * j + 1];
+        }
+    }
+    acc.iter().sum()
+}
+
+#[inline]
+fn dot2(t: &[[f32; 4]; 256], bytes: &[u8], x: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    for (b2, x8) in bytes.chunks_exact(2).zip(x.chunks_exact(8)) {
+        let l0 = &t[b2[0] as usize];
+        let l1 = &t[b2[1] as usize];
+        for k in 0..4 {
+            acc[k] += l0[k] * x8[k];
+            acc[4 + k] += l1[k] * x8[4 + k];
+        }
+    }
+    acc.iter().sum()
+}
+
+#[inline]
+fn dot_generic(codebook: &[f32], bits: u32, bytes: &[u8], x: &[f32]) -> f32 {
+    let mask = (1usize << bits) - 1;
+    let mut acc = 0.0f32;
+    for (c, &xv) in x.iter().enumerate() {
+        let bit = c * bits as usize;
+        let idx = (bytes[bit >> 3] as usize >> (bit & 7)) & mask;
+        acc += codebook[idx] * xv;
+    }
+    acc
+}
+
+/// `cq_matvec(P, x)`: all rows of `P · x` (SPEC §2).
+///
+/// # Errors
+/// [`Error::InvalidArgument`] if `x.len() != P.cols`.
+pub fn cq_matvec(p: &CqMatrix, x: &[f32]) -> Result<Vec<f32>> {
+    cq_matvec_rows(p, x, 0, p.rows())
+}
+
+/// `cq_matvec_rows(P, x, first, count)`: rows `first .. first + count` of `P · x`.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] if `x.len() != P.cols` or the rows are out of range.
+pub fn cq_matvec_rows(p: &CqMatrix, x: &[f32], first: usize, count: usize) -> Result<Vec<f32>> {
+    if x.len() != p.cols() {
+        return Err(Error::InvalidArgument(format!(
+            "cq_matvec: input has {} values, the matrix has {} columns",
+            x.len(),
+            p.cols()
+        )));
+    }
+    if first.checked_add(count).is_none_or(|e| e > p.rows()) {
+        return Err(Error::InvalidArgument(format!(
+            "cq_matvec_rows: rows {first}+{count} exceed {}",
+            p.rows()
+        )));
+    }
+    let mut prep = vec![0.0; p.padded()];
+    p.prepare_into(x, &mut prep);
+    let mut out = vec![0.0; count];
+    p.matvec_rows_prepared(&prep, first, &mut out);
+    Ok(out)
+}
+
+/// `dequantize_row(P, r)`: the dense row `W[r, 0..cols]`.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] if `r >= rows`.
+pub fn dequantize_row(p: &CqMatrix, r: usize) -> Result<Vec<f32>> {
+    if r >= p.rows() {
+        return Err(Error::InvalidArgument(format!(
+            "dequantize_row: row {r} is not < {}",
+            p.rows()
+        )));
+    }
+    let mut out = vec![0.0; p.cols()];
+    p.dequantize_row_into(r, &mut out);
+    Ok(out)
+}
+
+/// `prepare(x)` for a matrix: `x` zero-padded to `padded`, `nfwht` on every group.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] if `x.len() != P.cols`.
+pub fn prepare(p: &CqMatrix, x: &[f32]) -> Result<Vec<f32>> {
+    if x.len() != p.cols() {
+        return Err(Error::InvalidArgument(format!(
+            "prepare: input has {} values, the matrix has {} columns",
+            x.len(),
+            p.cols()
+        )));
+    }
+    let mut out = vec![0.0; p.padded()];
+    prepare_into(x, p.group(), &mut out);
+    Ok(out)
+}

@@ -1,0 +1,42 @@
+//! The backend-independent interface of a token-stepping engine.
+
+use crate::config::Config;
+use crate::error::Result;
+
+/// A model instance with its incremental state (KV cache, engram rings, history).
+pub trait Engine: Send {
+    /// The model's config.
+    fn config(&self) -> &Config;
+
+    /// Append `token` at the next logical position and, when `want_logits`, return
+    /// the `[vocab]` logits for the token after it (SPEC §4).
+    ///
+    /// # Errors
+    /// [`crate::Error::TokenOutOfRange`] if `token >= vocab`; the state is then unchanged.
+    fn step(&mut self, token: u32, want_logits: bool) -> Result<Option<&[f32]>>;
+
+    /// Forget all tokens: the next step is at position 0.
+    fn reset(&mut self);
+
+    /// Number of tokens processed since the last reset.
+    fn position(&self) -> u64;
+
+    /// A short name of the backend and device, e.g. `cpu (2 threads)`.
+    fn describe(&self) -> String;
+
+    /// Step every id of `ids` in order and return the logits after the last one
+    /// (earlier ids run without logits). An empty `ids` returns an empty vector.
+    ///
+    /// # Errors
+    /// The first failing step's error; ids before it stay processed.
+    fn prefill(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
+        let mut out = Vec::new();
+        for (i, &id) in ids.iter().enumerate() {
+            let last = i + 1 == ids.len();
+            if let Some(l) = self.step(id, last)? {
+                out = l.to_vec();
+            }
+        }
+        Ok(out)
+    }
+}

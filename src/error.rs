@@ -1,0 +1,120 @@
+//! Typed errors of the library. The CLI turns each into one `error: …` line.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong in `cqlm`.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A file could not be opened, mapped, read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file involved.
+        path: PathBuf,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An archive breaks SPEC §1–§5. `source` names the file (or `<memory>`).
+    #[error("{archive}: {kind}")]
+    Archive {
+        /// The archive's path, or a name such as `<synth>` for an in-memory archive.
+        archive: String,
+        /// What is wrong with it.
+        kind: ArchiveError,
+    },
+    /// A config (outside an archive) breaks SPEC §1.
+    #[error("config: {0}")]
+    Config(#[from] ConfigError),
+    /// A token id is not below the model's vocabulary size; the state is unchanged.
+    #[error("token {token} is out of range: the vocabulary has {vocab} tokens")]
+    TokenOutOfRange {
+        /// The offending id.
+        token: u32,
+        /// The model's vocabulary size.
+        vocab: usize,
+    },
+    /// A buffer (KV cache, ring, …) could not be allocated.
+    #[error("cannot allocate {what}: {bytes} bytes")]
+    Alloc {
+        /// Which buffer.
+        what: String,
+        /// Its size in bytes (saturated at `u64::MAX`).
+        bytes: u64,
+    },
+    /// An argument of a library call breaks its documented contract.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+}
+
+/// A config field that breaks SPEC §1.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("field `{field}`: {reason}")]
+pub struct ConfigError {
+    /// Dotted path of the field, e.g. `engram.orders` (or `<json>` for a syntax error).
+    pub field: String,
+    /// Why it is rejected.
+    pub reason: String,
+}
+
+impl ConfigError {
+    pub(crate) fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Why an archive is rejected. Every variant names the tensor or field at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ArchiveError {
+    /// The file is shorter than its header says, or its data section does not match the offsets.
+    #[error("truncated or inconsistent file: {0}")]
+    Truncated(String),
+    /// The safetensors container itself is malformed (header, JSON, offsets).
+    #[error("not a valid safetensors file: {0}")]
+    Format(String),
+    /// `__metadata__` has no `cqlm.config`.
+    #[error("metadata key `cqlm.config` is missing")]
+    MissingConfig,
+    /// `cqlm.config` breaks SPEC §1.
+    #[error("cqlm.config {0}")]
+    Config(ConfigError),
+    /// A tensor that SPEC §3 requires is absent.
+    #[error("missing tensor `{0}`")]
+    MissingTensor(String),
+    /// A tensor that SPEC §3 does not define is present.
+    #[error("unknown tensor `{0}`")]
+    UnknownTensor(String),
+    /// A tensor has the wrong dtype.
+    #[error("tensor `{name}` has dtype {found}, expected {expected}")]
+    WrongDtype {
+        /// Tensor name.
+        name: String,
+        /// Required dtype.
+        expected: String,
+        /// Dtype in the file.
+        found: String,
+    },
+    /// A tensor has the wrong shape.
+    #[error("tensor `{name}` has shape {found:?}, expected {expected}")]
+    WrongShape {
+        /// Tensor name.
+        name: String,
+        /// Required shape, in words.
+        expected: String,
+        /// Shape in the file.
+        found: Vec<usize>,
+    },
+    /// A CQ matrix breaks SPEC §2 (codebook size, group geometry, padding).
+    #[error("CQ matrix `{name}`: {reason}")]
+    BadCq {
+        /// Matrix name (without the `.packed`/`.norms`/`.codebook` suffix).
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// Result alias of the library.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

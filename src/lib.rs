@@ -1,0 +1,41 @@
+//! # cqlm
+//!
+//! Token-by-token inference of small codebook-quantized (CQ) language models.
+//! `../shared/SPEC.md` (shipped beside the repository) defines every number:
+//!
+//! * [`config`]: the model config (SPEC §1) and presets;
+//! * [`cq`]: CQ matrices, the Hadamard transform, CPU matvec and the quantizer (SPEC §2);
+//! * [`archive`]: the safetensors archive, read (memory-mapped, validated) and written (SPEC §3, §5);
+//! * [`weights`]: the typed [`Model`];
+//! * [`kernels`]: the CPU reference kernels of the token step (SPEC §4);
+//! * [`cpu`]: [`CpuEngine`], the reference step;
+//! * [`engine`]: the [`Engine`] trait every backend implements;
+//! * [`synth`]: random well-conditioned archives for tests and benchmarks.
+//!
+//! ```no_run
+//! use cqlm::{Config, CpuEngine, Engine, synth};
+//! use std::sync::Arc;
+//! let model = synth::synth_model(&Config::preset_tiny(), &synth::BitsPlan::mixed(), 7)?;
+//! let mut engine = CpuEngine::new(Arc::new(model))?;
+//! let logits = engine.prefill(&[1, 42, 7])?;
+//! println!("next token: {}", cqlm::sample::argmax(&logits));
+//! # Ok::<(), cqlm::Error>(())
+//! ```
+
+pub mod archive;
+pub mod config;
+pub mod cpu;
+pub mod cq;
+pub mod engine;
+pub mod engram;
+pub mod error;
+pub mod kernels;
+pub mod sample;
+pub mod synth;
+pub mod weights;
+
+pub use config::{Config, EngramConfig};
+pub use cpu::CpuEngine;
+pub use engine::Engine;
+pub use error::{ArchiveError, ConfigError, Error, Result};
+pub use weights::Model;
