@@ -1,1 +1,30 @@
-fn main() {}
+//! Criterion benchmarks of the CPU CQ matvec at 2 and 4 bits (group 128) on the
+//! shapes of the `default` preset's attention (512×512) and vocabulary (32000×512).
+
+use cqlm::cq::prepare;
+use cqlm::synth::random_cq;
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use std::hint::black_box;
+
+fn matvec(c: &mut Criterion) {
+    let mut g = c.benchmark_group("cq_matvec");
+    for (rows, cols) in [(512usize, 512usize), (32000, 512)] {
+        for bits in [2u32, 4] {
+            let mut rng = ChaCha8Rng::seed_from_u64(1);
+            let m = random_cq(&mut rng, rows, cols, bits, 128, 1.0 / (cols as f32).sqrt());
+            let x: Vec<f32> = (0..cols).map(|i| (i as f32 * 0.37).sin()).collect();
+            let prep = prepare(&m, &x).expect("input length");
+            let mut out = vec![0.0f32; rows];
+            g.throughput(Throughput::Bytes(m.stored_bytes() as u64));
+            g.bench_function(format!("{rows}x{cols}/{bits}bit"), |b| {
+                b.iter(|| m.matvec_rows_prepared(black_box(&prep), 0, black_box(&mut out)))
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, matvec);
+criterion_main!(benches);

@@ -109,6 +109,83 @@ fn in_range(field: &str, v: usize, lo: usize, hi: usize) -> Result<(), ConfigErr
     Ok(())
 }
 
+const ENGRAM_FIELDS: [&str; 6] = ["sites", "orders", "hash_heads", "dim", "taps", "dilation"];
+
+/// How a config field must be written in JSON.
+enum JsonKind {
+    /// A non-negative JSON integer no larger than this.
+    Uint(u64),
+    /// An array of non-negative JSON integers.
+    UintArray,
+    /// A JSON string.
+    Str,
+    /// A JSON number.
+    Number,
+    /// `null` or an object.
+    Engram,
+}
+
+fn kind_of(field: &str) -> JsonKind {
+    match field {
+        "format" => JsonKind::Str,
+        "rope_theta" => JsonKind::Number,
+        "engram" => JsonKind::Engram,
+        "sites" | "orders" => JsonKind::UintArray,
+        "version" | "bos" | "eos" => JsonKind::Uint(u32::MAX.into()),
+        _ => JsonKind::Uint(usize::MAX as u64),
+    }
+}
+
+fn check_kind(name: &str, kind: JsonKind, v: &serde_json::Value) -> Result<(), ConfigError> {
+    let uint = |v: &serde_json::Value, max: u64| v.as_u64().is_some_and(|n| n <= max);
+    let (ok, want) = match kind {
+        JsonKind::Uint(max) => (uint(v, max), format!("an integer in 0..={max}")),
+        JsonKind::UintArray => (
+            v.as_array()
+                .is_some_and(|a| a.iter().all(|x| uint(x, usize::MAX as u64))),
+            "an array of non-negative integers".to_string(),
+        ),
+        JsonKind::Str => (v.is_string(), "a string".to_string()),
+        JsonKind::Number => (v.is_number(), "a number".to_string()),
+        JsonKind::Engram => (
+            v.is_null() || v.is_object(),
+            "null or an object".to_string(),
+        ),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::new(name, format!("{v} is not {want}")))
+    }
+}
+
+/// SPEC §1's JSON-level rules, naming the field: no unknown field, every field
+/// present, and each of the JSON type its rule needs (integers as JSON integers).
+fn check_fields(obj: &serde_json::Map<String, serde_json::Value>) -> Result<(), ConfigError> {
+    let check =
+        |obj: &serde_json::Map<String, serde_json::Value>, fields: &[&str], prefix: &str| {
+            if let Some(k) = obj.keys().find(|k| !fields.contains(&k.as_str())) {
+                return Err(ConfigError::new(
+                    format!("{prefix}{k}"),
+                    "is not a config field",
+                ));
+            }
+            for &field in fields {
+                let name = format!("{prefix}{field}");
+                match obj.get(field) {
+                    None => return Err(ConfigError::new(name, "is required")),
+                    Some(v) => check_kind(&name, kind_of(field), v)?,
+                }
+            }
+            Ok(())
+        };
+    check(obj, &FIELDS, "")?;
+    if let Some(serde_json::Value::Object(e)) = obj.get("engram") {
+        check(e, &ENGRAM_FIELDS, "engram.")?;
+    }
+    Ok(())
+}
+
 impl Config {
     /// Parse and validate a config from its JSON text (SPEC §1): every field is
     /// required (`engram` may be `null`), integers must be JSON integers and
@@ -119,21 +196,14 @@ impl Config {
     pub fn from_json(text: &str) -> Result<Config, ConfigError> {
         let value: serde_json::Value =
             serde_json::from_str(text).map_err(|e| ConfigError::new("<json>", e.to_string()))?;
+        // serde_json maps keep the last of repeated keys; SPEC §5 forbids them in the
+        // header, and a config with a repeated field is just as ambiguous.
+        serde_json::from_str::<crate::archive::dupcheck::NoDuplicateKeys>(text)
+            .map_err(|e| ConfigError::new("<json>", e.to_string()))?;
         let obj = value
             .as_object()
             .ok_or_else(|| ConfigError::new("<json>", "the config is not a JSON object"))?;
-        for field in FIELDS {
-            if !obj.contains_key(field) {
-                return Err(ConfigError::new(field, "is required"));
-            }
-        }
-        if let Some(serde_json::Value::Object(e)) = obj.get("engram") {
-            for field in ["sites", "orders", "hash_heads", "dim", "taps", "dilation"] {
-                if !e.contains_key(field) {
-                    return Err(ConfigError::new(format!("engram.{field}"), "is required"));
-                }
-            }
-        }
+        check_fields(obj)?;
         let config: Config = serde_json::from_value(value).map_err(|e| {
             let msg = e.to_string();
             // serde names unknown fields and type errors in its message; keep it whole.

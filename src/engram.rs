@@ -12,16 +12,16 @@ pub const PAD_TOKEN: u32 = 0xFFFF_FFFF;
 /// Largest n-gram order of SPEC §1: the history keeps this many tokens.
 pub const MAX_ORDER: usize = 64;
 
+/// FNV-1a 64 over `bytes`.
+pub fn fnv1a64_bytes(bytes: impl IntoIterator<Item = u8>) -> u64 {
+    bytes
+        .into_iter()
+        .fold(FNV_OFFSET, |h, b| (h ^ b as u64).wrapping_mul(FNV_PRIME))
+}
+
 /// FNV-1a 64 over the little-endian bytes of `words`.
 pub fn fnv1a64_words(words: impl IntoIterator<Item = u32>) -> u64 {
-    let mut h = FNV_OFFSET;
-    for w in words {
-        for b in w.to_le_bytes() {
-            h ^= b as u64;
-            h = h.wrapping_mul(FNV_PRIME);
-        }
-    }
-    h
+    fnv1a64_bytes(words.into_iter().flat_map(u32::to_le_bytes))
 }
 
 /// The last [`MAX_ORDER`] tokens and the count of all tokens seen.

@@ -8,7 +8,27 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    let args = cli::Cli::parse();
+    let args = match cli::Cli::try_parse() {
+        Ok(args) => args,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            // One line, as SPEC §7 asks of every failure; `--help` has the rest.
+            let text = e.render().to_string();
+            let msg: Vec<&str> = text
+                .lines()
+                .map(str::trim)
+                .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+                .filter(|l| !l.is_empty())
+                .collect();
+            let msg = msg.join(" ");
+            eprintln!("error: {}", msg.strip_prefix("error: ").unwrap_or(&msg));
+            return ExitCode::from(2);
+        }
+    };
     match cli::run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

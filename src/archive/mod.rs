@@ -1,7 +1,7 @@
 //! SPEC §3 and §5: the safetensors archive: which tensors it holds, reading
 //! (memory-mapped, fully validated) and writing.
 
-mod dupcheck;
+pub(crate) mod dupcheck;
 mod reader;
 mod spec;
 mod writer;

@@ -417,8 +417,8 @@ impl CpuEngine {
             for (i, nl) in s.next_lanes.chunks_exact_mut(h).enumerate() {
                 for (col, dst) in nl.iter_mut().enumerate() {
                     let mut acc = 0.0f32;
-                    for j in 0..4 {
-                        acc += route[i][j] * s.lanes[j * h + col];
+                    for (j, r) in route[i].iter().enumerate() {
+                        acc += r * s.lanes[j * h + col];
                     }
                     *dst = acc + hpost[i] * s.out[col];
                 }

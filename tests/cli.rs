@@ -1,0 +1,691 @@
+//! The `cqlm` binary: SPEC §7 (`logits`) and the other subcommands, run as a
+//! user would, in a temporary folder.
+
+use cqlm::archive::read_archive_file;
+use cqlm::archive::Tensor;
+use cqlm::sample::argmax;
+use cqlm::synth::{plan_for_preset, synth_model};
+use cqlm::{Config, CpuEngine, Engine, Model};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Arc;
+
+fn cqlm(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cqlm"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run cqlm")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn assert_ok(out: &Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what}: exit {:?}\nstdout: {}\nstderr: {}",
+        out.status,
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert!(!text(&out.stderr).contains("panicked"), "{what}");
+}
+
+/// `cqlm synth --preset tiny --seed SEED --out NAME` in `dir`.
+fn synth(dir: &Path, seed: u64, name: &str) -> PathBuf {
+    let out = cqlm(
+        dir,
+        &[
+            "synth",
+            "--preset",
+            "tiny",
+            "--seed",
+            &seed.to_string(),
+            "--out",
+            name,
+        ],
+    );
+    assert_ok(&out, "synth");
+    dir.join(name)
+}
+
+/// A minimal .npy reader: checks a little-endian float32 C-order array and returns (shape, values).
+fn read_npy(path: &Path) -> (Vec<usize>, Vec<f32>) {
+    let b = std::fs::read(path).unwrap();
+    assert_eq!(&b[..6], b"\x93NUMPY", "magic");
+    let major = b[6];
+    let (hlen, start) = match major {
+        1 => (u16::from_le_bytes([b[8], b[9]]) as usize, 10),
+        2 | 3 => (
+            u32::from_le_bytes(b[8..12].try_into().unwrap()) as usize,
+            12,
+        ),
+        v => panic!("unknown .npy version {v}"),
+    };
+    let header = std::str::from_utf8(&b[start..start + hlen]).unwrap();
+    assert_eq!(
+        (start + hlen) % 16,
+        0,
+        "data is not 16-byte aligned: {header}"
+    );
+    assert!(header.contains("'descr': '<f4'"), "{header}");
+    assert!(header.contains("'fortran_order': False"), "{header}");
+    let s = header.find("'shape': (").expect("shape") + "'shape': (".len();
+    let e = s + header[s..].find(')').unwrap();
+    let shape: Vec<usize> = header[s..e]
+        .split(',')
+        .map(str::trim)
+        .filter(|x| !x.is_empty())
+        .map(|x| x.parse().unwrap())
+        .collect();
+    let data = &b[start + hlen..];
+    let n: usize = shape.iter().product();
+    assert_eq!(data.len(), n * 4, "data length for shape {shape:?}");
+    let values = data
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    (shape, values)
+}
+
+/// Logits after every id of `ids`, from the library's CPU engine.
+fn reference_logits(model: &Path, ids: &[u32]) -> Vec<Vec<f32>> {
+    let m = Model::load(model).unwrap();
+    let mut e = CpuEngine::new(Arc::new(m)).unwrap();
+    ids.iter()
+        .map(|&id| e.step(id, true).unwrap().unwrap().to_vec())
+        .collect()
+}
+
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+fn listing(dir: &Path) -> BTreeSet<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+// ---------------------------------------------------------------------------
+
+#[test]
+fn synth_is_deterministic_per_seed() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = std::fs::read(synth(dir.path(), 3, "a.cqlm")).unwrap();
+    let b = std::fs::read(synth(dir.path(), 3, "b.cqlm")).unwrap();
+    let c = std::fs::read(synth(dir.path(), 4, "c.cqlm")).unwrap();
+    assert!(!a.is_empty());
+    assert!(a == b, "the same seed gave different bytes");
+    assert!(a != c, "different seeds gave the same bytes");
+    assert_eq!(a.len(), c.len());
+    // The archive is the tiny preset and loads.
+    let m = Model::load(&dir.path().join("a.cqlm")).unwrap();
+    assert_eq!(m.config, Config::preset_tiny());
+}
+
+#[test]
+fn synth_rejects_a_bad_config_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut v = serde_json::to_value(Config::preset_tiny()).unwrap();
+    v["head_dim"] = serde_json::json!(15);
+    std::fs::write(dir.path().join("bad.json"), v.to_string()).unwrap();
+    let before = listing(dir.path());
+    let out = cqlm(
+        dir.path(),
+        &["synth", "--config", "bad.json", "--out", "x.cqlm"],
+    );
+    assert_one_line_error(&out, "synth --config bad.json");
+    assert!(
+        text(&out.stderr).contains("head_dim"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(listing(dir.path()), before);
+}
+
+#[test]
+fn logits_last_position_matches_the_library() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth(dir.path(), 3, "m.cqlm");
+    let vocab = Config::preset_tiny().vocab;
+    let ids = [1u32, 2, 3];
+    let reference = reference_logits(&model, &ids);
+
+    // Default backend: shape [1, vocab].
+    let out = cqlm(
+        dir.path(),
+        &[
+            "logits", "--model", "m.cqlm", "--ids", "1,2,3", "--out", "y.npy",
+        ],
+    );
+    assert_ok(&out, "logits");
+    let (shape, values) = read_npy(&dir.path().join("y.npy"));
+    assert_eq!(shape, vec![1, vocab]);
+    assert!(values.iter().all(|v| v.is_finite()));
+
+    // CPU backend: bit for bit the library's CPU engine.
+    let out = cqlm(
+        dir.path(),
+        &[
+            "logits",
+            "--model",
+            "m.cqlm",
+            "--ids",
+            "1,2,3",
+            "--backend",
+            "cpu",
+            "--out",
+            "cpu.npy",
+        ],
+    );
+    assert_ok(&out, "logits --backend cpu");
+    let (shape, cpu) = read_npy(&dir.path().join("cpu.npy"));
+    assert_eq!(shape, vec![1, vocab]);
+    assert!(
+        same_bits(&cpu, &reference[2]),
+        "logits differ from CpuEngine"
+    );
+    // The last id matters.
+    assert!(!same_bits(&cpu, &reference[1]));
+}
+
+#[test]
+fn logits_all_positions() {
+    let dir = tempfile::tempdir().unwrap();
+    synth(dir.path(), 5, "m.cqlm");
+    let vocab = Config::preset_tiny().vocab;
+    let ids = [7u32, 0, 255];
+    let reference = reference_logits(&dir.path().join("m.cqlm"), &ids);
+    let run = |extra: &[&str], out: &str| {
+        let mut args = vec![
+            "logits",
+            "--model",
+            "m.cqlm",
+            "--ids",
+            "7,0,255",
+            "--backend",
+            "cpu",
+            "--out",
+            out,
+        ];
+        args.extend_from_slice(extra);
+        assert_ok(&cqlm(dir.path(), &args), out);
+        read_npy(&dir.path().join(out))
+    };
+    let (shape, all) = run(&["--all-positions"], "all.npy");
+    assert_eq!(shape, vec![3, vocab]);
+    let (shape1, last) = run(&[], "last.npy");
+    assert_eq!(shape1, vec![1, vocab]);
+    assert!(
+        same_bits(&all[2 * vocab..], &last),
+        "row 2 != single-position output"
+    );
+    for (i, r) in reference.iter().enumerate() {
+        assert!(same_bits(&all[i * vocab..(i + 1) * vocab], r), "row {i}");
+    }
+    // The rows are not all the same.
+    assert!(!same_bits(&all[..vocab], &all[vocab..2 * vocab]));
+}
+
+#[test]
+fn logits_writes_to_exactly_the_given_path() {
+    let dir = tempfile::tempdir().unwrap();
+    synth(dir.path(), 3, "m.cqlm");
+    std::fs::create_dir(dir.path().join("sub")).unwrap();
+    let before = listing(&dir.path().join("sub"));
+    assert!(before.is_empty());
+    // A name without the .npy suffix is written as given.
+    let out = cqlm(
+        dir.path(),
+        &[
+            "logits",
+            "--model",
+            "m.cqlm",
+            "--ids",
+            "9",
+            "--backend",
+            "cpu",
+            "--out",
+            "sub/out.bin",
+        ],
+    );
+    assert_ok(&out, "logits sub/out.bin");
+    assert_eq!(
+        listing(&dir.path().join("sub")),
+        BTreeSet::from(["out.bin".to_string()])
+    );
+    let (shape, _) = read_npy(&dir.path().join("sub/out.bin"));
+    assert_eq!(shape, vec![1, Config::preset_tiny().vocab]);
+    // Overwrites an existing file.
+    let out = cqlm(
+        dir.path(),
+        &[
+            "logits",
+            "--model",
+            "m.cqlm",
+            "--ids",
+            "9,9",
+            "--all-positions",
+            "--backend",
+            "cpu",
+            "--out",
+            "sub/out.bin",
+        ],
+    );
+    assert_ok(&out, "logits overwrite");
+    let (shape, _) = read_npy(&dir.path().join("sub/out.bin"));
+    assert_eq!(shape, vec![2, Config::preset_tiny().vocab]);
+}
+
+// ---------------------------------------------------------------------------
+// Error cases (SPEC §7): non-zero exit, one `error:` line, no panic, no file.
+
+fn assert_error_prefix(out: &Output, what: &str) -> String {
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{what}: exited 0; stderr: {err}");
+    assert!(err.starts_with("error:"), "{what}: stderr: {err}");
+    assert!(!err.contains("panicked"), "{what}: stderr: {err}");
+    // Argument errors from clap are folded into one line too.
+    assert_eq!(err.lines().count(), 1, "{what}: stderr: {err}");
+    assert!(
+        out.stdout.is_empty(),
+        "{what}: stdout: {}",
+        text(&out.stdout)
+    );
+    err
+}
+
+fn assert_one_line_error(out: &Output, what: &str) -> String {
+    let err = assert_error_prefix(out, what);
+    assert_eq!(err.lines().count(), 1, "{what}: stderr: {err}");
+    assert!(err.ends_with('\n'), "{what}");
+    err
+}
+
+/// Run `logits` with `args` (plus `--out y.npy`) and check it fails without writing anything.
+fn logits_fails(dir: &Path, args: &[&str], one_line: bool) -> String {
+    let before = listing(dir);
+    let mut full = vec!["logits"];
+    full.extend_from_slice(args);
+    full.extend_from_slice(&["--out", "y.npy"]);
+    let out = cqlm(dir, &full);
+    let what = format!("{full:?}");
+    let err = if one_line {
+        assert_one_line_error(&out, &what)
+    } else {
+        assert_error_prefix(&out, &what)
+    };
+    assert_eq!(listing(dir), before, "{what}: files changed");
+    assert!(!dir.join("y.npy").exists());
+    err
+}
+
+#[test]
+fn logits_token_out_of_range() {
+    let dir = tempfile::tempdir().unwrap();
+    synth(dir.path(), 3, "m.cqlm");
+    let vocab = Config::preset_tiny().vocab;
+    for ids in [
+        format!("{vocab}"),
+        format!("1,2,{vocab}"),
+        format!("{},5", vocab + 1000),
+    ] {
+        let err = logits_fails(
+            dir.path(),
+            &["--model", "m.cqlm", "--ids", &ids, "--backend", "cpu"],
+            true,
+        );
+        assert!(err.contains(&vocab.to_string()), "{err}");
+    }
+    // Also with --all-positions and the default backend.
+    logits_fails(
+        dir.path(),
+        &[
+            "--model",
+            "m.cqlm",
+            "--ids",
+            &format!("3,{vocab}"),
+            "--all-positions",
+        ],
+        true,
+    );
+    // The largest valid id is fine.
+    let out = cqlm(
+        dir.path(),
+        &[
+            "logits",
+            "--model",
+            "m.cqlm",
+            "--ids",
+            &(vocab - 1).to_string(),
+            "--out",
+            "ok.npy",
+        ],
+    );
+    assert_ok(&out, "id vocab-1");
+}
+
+#[test]
+fn logits_nonexistent_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = logits_fails(dir.path(), &["--model", "missing.cqlm", "--ids", "1"], true);
+    assert!(err.contains("missing.cqlm"), "{err}");
+}
+
+#[test]
+fn logits_model_is_a_directory_or_empty() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("d.cqlm")).unwrap();
+    let err = logits_fails(dir.path(), &["--model", "d.cqlm", "--ids", "1"], true);
+    assert!(err.contains("d.cqlm"), "{err}");
+    std::fs::write(dir.path().join("empty.cqlm"), b"").unwrap();
+    let err = logits_fails(dir.path(), &["--model", "empty.cqlm", "--ids", "1"], true);
+    assert!(err.contains("empty.cqlm"), "{err}");
+}
+
+#[test]
+fn logits_corrupt_archive() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth(dir.path(), 3, "m.cqlm");
+    let bytes = std::fs::read(&model).unwrap();
+    // Truncated.
+    std::fs::write(dir.path().join("cut.cqlm"), &bytes[..bytes.len() - 100]).unwrap();
+    let err = logits_fails(dir.path(), &["--model", "cut.cqlm", "--ids", "1,2"], true);
+    assert!(err.contains("cut.cqlm"), "{err}");
+    // Header length prefix garbled.
+    let mut garbled = bytes.clone();
+    garbled[7] = 0x7f;
+    std::fs::write(dir.path().join("garbled.cqlm"), &garbled).unwrap();
+    let err = logits_fails(dir.path(), &["--model", "garbled.cqlm", "--ids", "1"], true);
+    assert!(err.contains("garbled.cqlm"), "{err}");
+    // A tensor missing: the message names it.
+    let mut t = cqlm::synth::synth_tensors(&Config::preset_tiny(), &plan_for_preset("tiny"), 3);
+    t.remove("layers.2.wv");
+    cqlm::archive::write_archive_file(
+        &dir.path().join("missing.cqlm"),
+        &Config::preset_tiny(),
+        None,
+        &t,
+    )
+    .unwrap();
+    let err = logits_fails(dir.path(), &["--model", "missing.cqlm", "--ids", "1"], true);
+    assert!(err.contains("layers.2.wv"), "{err}");
+}
+
+#[test]
+fn logits_bad_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    synth(dir.path(), 3, "m.cqlm");
+    for ids in [
+        "",
+        "1,,2",
+        ",1",
+        "1,",
+        "1 ,2",
+        "+1",
+        "0x10",
+        "1.0",
+        "99999999999",
+        "4294967296",
+        "abc",
+    ] {
+        logits_fails(dir.path(), &["--model", "m.cqlm", "--ids", ids], false);
+        let eq = format!("--ids={ids}");
+        logits_fails(dir.path(), &["--model", "m.cqlm", &eq], false);
+    }
+    // A negative id, as a separate argument and attached.
+    logits_fails(dir.path(), &["--model", "m.cqlm", "--ids", "-1"], false);
+    logits_fails(dir.path(), &["--model", "m.cqlm", "--ids=-1"], false);
+    logits_fails(dir.path(), &["--model", "m.cqlm", "--ids=1,-2"], false);
+    // Missing --ids altogether.
+    logits_fails(dir.path(), &["--model", "m.cqlm"], false);
+}
+
+#[test]
+fn logits_output_in_missing_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    synth(dir.path(), 3, "m.cqlm");
+    let before = listing(dir.path());
+    let out = cqlm(
+        dir.path(),
+        &[
+            "logits",
+            "--model",
+            "m.cqlm",
+            "--ids",
+            "1,2",
+            "--out",
+            "nodir/y.npy",
+        ],
+    );
+    let err = assert_one_line_error(&out, "nodir/y.npy");
+    assert!(err.contains("nodir"), "{err}");
+    assert_eq!(listing(dir.path()), before);
+    assert!(!dir.path().join("nodir").exists());
+}
+
+#[test]
+fn logits_output_path_is_a_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    synth(dir.path(), 3, "m.cqlm");
+    std::fs::create_dir(dir.path().join("out.npy")).unwrap();
+    let before = listing(dir.path());
+    let out = cqlm(
+        dir.path(),
+        &[
+            "logits", "--model", "m.cqlm", "--ids", "1", "--out", "out.npy",
+        ],
+    );
+    assert_one_line_error(&out, "--out is a directory");
+    assert_eq!(listing(dir.path()), before);
+    assert!(listing(&dir.path().join("out.npy")).is_empty());
+}
+
+// ---------------------------------------------------------------------------
+// inspect, generate, bench.
+
+#[test]
+fn inspect_prints_vocab_and_histogram() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth(dir.path(), 3, "m.cqlm");
+    let out = cqlm(dir.path(), &["inspect", "m.cqlm"]);
+    assert_ok(&out, "inspect");
+    let stdout = text(&out.stdout);
+    let c = Config::preset_tiny();
+    assert!(stdout.contains(&format!("vocab {}", c.vocab)), "{stdout}");
+    // The (bits, group) histogram, computed here from the archive.
+    let raw = read_archive_file(&model).unwrap();
+    let mut hist: BTreeMap<(u32, usize), usize> = BTreeMap::new();
+    for t in raw.tensors.values() {
+        if let Tensor::Cq(m) = t {
+            *hist.entry((m.bits(), m.group())).or_default() += 1;
+        }
+    }
+    assert!(hist.len() >= 4, "the mixed plan uses every bit width");
+    for ((bits, group), n) in &hist {
+        let want = [bits.to_string(), group.to_string(), n.to_string()];
+        let found = stdout.lines().any(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            w.len() >= 3 && w[..3] == want
+        });
+        assert!(found, "no histogram row {want:?} in\n{stdout}");
+    }
+}
+
+#[test]
+fn inspect_rejects_a_broken_archive() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("x.cqlm"), b"\x08\0\0\0\0\0\0\0{}      ").unwrap();
+    let out = cqlm(dir.path(), &["inspect", "x.cqlm"]);
+    let err = assert_one_line_error(&out, "inspect broken");
+    assert!(
+        err.contains("x.cqlm") && err.contains("cqlm.config"),
+        "{err}"
+    );
+}
+
+#[test]
+fn generate_greedy_from_preset() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = cqlm(
+        dir.path(),
+        &[
+            "generate",
+            "--preset",
+            "tiny",
+            "--seed",
+            "11",
+            "--ids",
+            "1,2",
+            "--max-tokens",
+            "5",
+            "--backend",
+            "cpu",
+        ],
+    );
+    assert_ok(&out, "generate");
+    let c = Config::preset_tiny();
+    let ids: Vec<u32> = text(&out.stdout)
+        .split_whitespace()
+        .map(|s| s.parse().expect("an id"))
+        .collect();
+    assert!(!ids.is_empty() && ids.len() <= 5, "{ids:?}");
+    assert!(ids.iter().all(|&i| (i as usize) < c.vocab));
+    assert!(ids.len() == 5 || *ids.last().unwrap() == c.eos, "{ids:?}");
+    assert!(ids[..ids.len() - 1].iter().all(|&i| i != c.eos), "{ids:?}");
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("random weights"), "{stderr}");
+
+    // The same greedy loop through the library.
+    let model = synth_model(&c, &plan_for_preset("tiny"), 11).unwrap();
+    let mut e = CpuEngine::new(Arc::new(model)).unwrap();
+    let mut logits = e.prefill(&[1, 2]).unwrap();
+    let mut want = Vec::new();
+    while want.len() < 5 {
+        let next = argmax(&logits);
+        want.push(next);
+        if next == c.eos {
+            break;
+        }
+        logits = e.step(next, true).unwrap().unwrap().to_vec();
+    }
+    assert_eq!(ids, want);
+}
+
+#[test]
+fn generate_from_archive_and_bad_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    synth(dir.path(), 3, "m.cqlm");
+    let out = cqlm(
+        dir.path(),
+        &[
+            "generate",
+            "--model",
+            "m.cqlm",
+            "--ids",
+            "4",
+            "--max-tokens",
+            "3",
+            "--backend",
+            "cpu",
+        ],
+    );
+    assert_ok(&out, "generate --model");
+    assert!(!text(&out.stderr).contains("random weights"));
+    let n = text(&out.stdout).split_whitespace().count();
+    assert!((1..=3).contains(&n));
+
+    let out = cqlm(
+        dir.path(),
+        &[
+            "generate",
+            "--model",
+            "m.cqlm",
+            "--ids",
+            "256",
+            "--backend",
+            "cpu",
+        ],
+    );
+    assert_error_prefix(&out, "generate id 256");
+    let err = text(&out.stderr);
+    assert!(err.contains("256") && !err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn bench_json_has_the_documented_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = cqlm(
+        dir.path(),
+        &[
+            "bench",
+            "--preset",
+            "tiny",
+            "--backend",
+            "cpu",
+            "--prompt-len",
+            "8",
+            "--tokens",
+            "4",
+            "--reps",
+            "1",
+            "--json",
+        ],
+    );
+    assert_ok(&out, "bench");
+    let stdout = text(&out.stdout);
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
+    let o = v.as_object().expect("an object");
+    for key in [
+        "decode_tok_s",
+        "prefill_tok_s",
+        "dispatches_per_token",
+        "peak_rss_bytes",
+        "gpu_buffer_bytes",
+    ] {
+        assert!(o.contains_key(key), "missing {key} in {stdout}");
+    }
+    for key in ["decode_tok_s", "prefill_tok_s"] {
+        let x = o[key].as_f64().expect(key);
+        assert!(x.is_finite() && x > 0.0, "{key} = {x}");
+    }
+    assert!(o["peak_rss_bytes"].as_u64().expect("peak_rss_bytes") > 0);
+    assert!(o["gpu_buffer_bytes"].is_u64());
+    let d = &o["dispatches_per_token"];
+    assert!(d.is_null() || d.is_u64() || d.is_f64(), "{d}");
+}
+
+#[test]
+fn bench_rejects_zero_reps() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = cqlm(
+        dir.path(),
+        &[
+            "bench",
+            "--preset",
+            "tiny",
+            "--backend",
+            "cpu",
+            "--reps",
+            "0",
+        ],
+    );
+    assert_one_line_error(&out, "bench --reps 0");
+}
+
+#[test]
+fn unknown_preset_is_one_error_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = cqlm(
+        dir.path(),
+        &["synth", "--preset", "huge", "--out", "x.cqlm"],
+    );
+    assert_one_line_error(&out, "synth --preset huge");
+    assert!(!dir.path().join("x.cqlm").exists());
+}

@@ -1,0 +1,6 @@
+//! Helpers shared by the integration tests (`mod common;`).
+//!
+//! Not every test binary uses every helper.
+#![allow(dead_code)]
+
+pub mod naive;
