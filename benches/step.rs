@@ -1,4 +1,5 @@
-//! Criterion benchmark of one full CPU decode step (with logits) on the `default` preset.
+//! Criterion benchmark of one full CPU step on the `default` preset, with logits
+//! (decode) and without (prefill).
 
 use cqlm::synth::{synth_model, BitsPlan};
 use cqlm::{Config, CpuEngine, Engine};
@@ -8,34 +9,27 @@ use std::sync::Arc;
 fn step(c: &mut Criterion) {
     let model = synth_model(&Config::preset_default(), &BitsPlan::standard(), 1).expect("synth");
     let mut engine = CpuEngine::new(Arc::new(model)).expect("engine");
-    // Warm the cache to a typical depth.
+    // Warm the cache to a typical depth; stay inside the window so every sample costs the same.
     let prompt: Vec<u32> = (0..64).map(|i| (i * 977 % 32000) as u32).collect();
     engine.prefill(&prompt).expect("prefill");
     let mut g = c.benchmark_group("step");
     g.sample_size(50);
-    g.bench_function("default/decode_with_logits", |b| {
+    for (name, want_logits) in [
+        ("default/decode_with_logits", true),
+        ("default/prefill_step_no_logits", false),
+    ] {
         let mut tok = 5u32;
-        b.iter(|| {
-            // Stay inside the window so every sample costs the same.
-            if engine.position() > 200 {
-                engine.reset();
-                engine.prefill(&prompt).expect("prefill");
-            }
-            tok = (tok * 31 + 7) % 32000;
-            engine.step(tok, true).expect("step").map(|l| l[0])
-        })
-    });
-    g.bench_function("default/prefill_step_no_logits", |b| {
-        let mut tok = 5u32;
-        b.iter(|| {
-            if engine.position() > 200 {
-                engine.reset();
-                engine.prefill(&prompt).expect("prefill");
-            }
-            tok = (tok * 31 + 7) % 32000;
-            engine.step(tok, false).expect("step").is_none()
-        })
-    });
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                if engine.position() > 200 {
+                    engine.reset();
+                    engine.prefill(&prompt).expect("prefill");
+                }
+                tok = (tok * 31 + 7) % 32000;
+                engine.step(tok, want_logits).expect("step").map(|l| l[0])
+            })
+        });
+    }
     g.finish();
 }
 
