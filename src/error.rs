@@ -41,6 +41,9 @@ pub enum Error {
         /// Its size in bytes (saturated at `u64::MAX`).
         bytes: u64,
     },
+    /// The GPU backend failed: no adapter, a missing limit, a lost device.
+    #[error("gpu: {0}")]
+    Gpu(String),
     /// An argument of a library call breaks its documented contract.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

@@ -29,6 +29,7 @@ pub mod cq;
 pub mod engine;
 pub mod engram;
 pub mod error;
+pub mod gpu;
 pub mod kernels;
 pub mod sample;
 pub mod synth;

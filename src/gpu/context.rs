@@ -1,0 +1,182 @@
+//! Instance, adapter and device setup (`pollster` blocks on wgpu's futures).
+
+use crate::error::{Error, Result};
+use std::sync::Arc;
+
+/// Options for choosing a GPU.
+#[derive(Debug, Clone, Default)]
+pub struct GpuOptions {
+    /// Pick the first adapter whose name contains this (case-insensitive);
+    /// `None` falls back to the `CQLM_ADAPTER` environment variable, then to
+    /// wgpu's high-performance choice.
+    pub adapter: Option<String>,
+}
+
+/// What the device can do, as far as cqlm's kernels care.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Subgroup operations are enabled (and not switched off by `CQLM_NO_SUBGROUPS=1`).
+    pub subgroups: bool,
+    /// Timestamp queries inside compute passes are enabled.
+    pub timestamps: bool,
+    /// Largest storage binding in bytes.
+    pub max_storage_binding: u64,
+    /// Largest buffer in bytes.
+    pub max_buffer: u64,
+    /// Bytes of workgroup memory per workgroup.
+    pub max_workgroup_storage: u32,
+    /// Largest workgroup count per dispatch dimension.
+    pub max_workgroups_per_dim: u32,
+    /// Alignment of uniform-buffer binding offsets.
+    pub uniform_align: u32,
+}
+
+/// A device and its queue, shared by the engines on it.
+#[derive(Debug, Clone)]
+pub struct GpuContext {
+    /// The wgpu device.
+    pub device: wgpu::Device,
+    /// Its queue.
+    pub queue: wgpu::Queue,
+    /// The adapter's description.
+    pub info: wgpu::AdapterInfo,
+    /// Enabled capabilities.
+    pub caps: Capabilities,
+}
+
+/// Whether an environment switch like `CQLM_NO_SUBGROUPS` is set to a true value.
+pub fn env_flag(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+fn instance() -> wgpu::Instance {
+    wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env())
+}
+
+/// Every adapter wgpu can see, in enumeration order.
+pub fn list_adapters() -> Vec<wgpu::AdapterInfo> {
+    let inst = instance();
+    pollster::block_on(inst.enumerate_adapters(wgpu::Backends::all()))
+        .iter()
+        .map(|a| a.get_info())
+        .collect()
+}
+
+/// The adapter's type in words.
+pub fn device_type_name(t: wgpu::DeviceType) -> &'static str {
+    match t {
+        wgpu::DeviceType::DiscreteGpu => "discrete GPU",
+        wgpu::DeviceType::IntegratedGpu => "integrated GPU",
+        wgpu::DeviceType::VirtualGpu => "virtual GPU",
+        wgpu::DeviceType::Cpu => "CPU (software)",
+        wgpu::DeviceType::Other => "other",
+    }
+}
+
+impl GpuContext {
+    /// Open a device on the chosen adapter with the limits cqlm needs
+    /// (`needed_storage_binding` bytes for the largest storage binding).
+    ///
+    /// # Errors
+    /// [`Error::Gpu`] when no adapter exists, none matches the filter, or the
+    /// adapter can't meet a needed limit (named in the message).
+    pub fn new(opts: &GpuOptions, needed_storage_binding: u64) -> Result<Arc<GpuContext>> {
+        let inst = instance();
+        let filter = opts
+            .adapter
+            .clone()
+            .or_else(|| std::env::var("CQLM_ADAPTER").ok().filter(|s| !s.is_empty()));
+        let adapter = match &filter {
+            Some(name) => {
+                let all = pollster::block_on(inst.enumerate_adapters(wgpu::Backends::all()));
+                let want = name.to_lowercase();
+                let names: Vec<String> = all.iter().map(|a| a.get_info().name).collect();
+                all.into_iter()
+                    .find(|a| a.get_info().name.to_lowercase().contains(&want))
+                    .ok_or_else(|| {
+                        Error::Gpu(format!(
+                            "no GPU adapter matches `{name}` (available: {})",
+                            if names.is_empty() { "none".to_string() } else { names.join(", ") }
+                        ))
+                    })?
+            }
+            None => pollster::block_on(inst.request_adapter(&wgpu::RequestAdapterOptions {
+                power_preference: wgpu::PowerPreference::HighPerformance,
+                force_fallback_adapter: false,
+                compatible_surface: None,
+                ..Default::default()
+            }))
+            .map_err(|e| Error::Gpu(format!("no GPU adapter found: {e}")))?,
+        };
+        let info = adapter.get_info();
+        let have = adapter.limits();
+        let feats = adapter.features();
+        if have.max_storage_buffer_binding_size < needed_storage_binding.min(128 << 20) {
+            return Err(Error::Gpu(format!(
+                "adapter `{}`: max_storage_buffer_binding_size is {} bytes, cqlm needs {}",
+                info.name,
+                have.max_storage_buffer_binding_size,
+                needed_storage_binding.min(128 << 20)
+            )));
+        }
+        if have.max_storage_buffers_per_shader_stage < 8 {
+            return Err(Error::Gpu(format!(
+                "adapter `{}`: max_storage_buffers_per_shader_stage is {}, cqlm needs 8",
+                info.name, have.max_storage_buffers_per_shader_stage
+            )));
+        }
+        let mut required_features = wgpu::Features::empty();
+        let subgroups = feats.contains(wgpu::Features::SUBGROUP) && !env_flag("CQLM_NO_SUBGROUPS");
+        if subgroups {
+            required_features |= wgpu::Features::SUBGROUP;
+        }
+        let ts = wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+        let timestamps = feats.contains(ts) && !env_flag("CQLM_NO_TIMESTAMPS");
+        if timestamps {
+            required_features |= ts;
+        }
+        // Ask for what the adapter has of the limits that matter; everything else stays default.
+        let required_limits = wgpu::Limits {
+            max_storage_buffer_binding_size: have.max_storage_buffer_binding_size,
+            max_buffer_size: have.max_buffer_size,
+            max_storage_buffers_per_shader_stage: have.max_storage_buffers_per_shader_stage,
+            max_compute_workgroup_storage_size: have.max_compute_workgroup_storage_size,
+            ..wgpu::Limits::default()
+        };
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("cqlm"),
+            required_features,
+            required_limits: required_limits.clone(),
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        }))
+        .map_err(|e| Error::Gpu(format!("adapter `{}`: cannot open a device: {e}", info.name)))?;
+        let caps = Capabilities {
+            subgroups,
+            timestamps,
+            max_storage_binding: required_limits.max_storage_buffer_binding_size,
+            max_buffer: required_limits.max_buffer_size,
+            max_workgroup_storage: required_limits.max_compute_workgroup_storage_size,
+            max_workgroups_per_dim: required_limits.max_compute_workgroups_per_dimension,
+            uniform_align: required_limits.min_uniform_buffer_offset_alignment,
+        };
+        log::info!("GPU: {} ({:?}), {:?}", info.name, info.backend, caps);
+        Ok(Arc::new(GpuContext {
+            device,
+            queue,
+            info,
+            caps,
+        }))
+    }
+
+    /// `name (backend, type)` of the adapter.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} ({:?}, {})",
+            self.info.name,
+            self.info.backend,
+            device_type_name(self.info.device_type)
+        )
+    }
+}

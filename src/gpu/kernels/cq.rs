@@ -1,0 +1,293 @@
+//! GPU twins of the CQ kernels of [`crate::cq`]: `prepare`, multi-part `matvec`
+//! and row `gather` (shaders/cq.wgsl).
+
+use crate::error::{Error, Result};
+use crate::gpu::arena::{CqPart, GpuCq};
+use crate::gpu::{grid, Dispatch, GpuContext, Kernel};
+use bytemuck::{Pod, Zeroable};
+
+/// The WGSL source of the family.
+pub const SOURCE: &str = include_str!("../../../shaders/cq.wgsl");
+/// Largest group the shared-memory FWHT of `prepare`/`gather` handles.
+pub const MAX_GROUP: usize = 4096;
+
+/// Mirror of WGSL `PrepareParams`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable, PartialEq)]
+pub struct PrepareParams {
+    /// Logical input length.
+    pub n: u32,
+    /// Group width.
+    pub group: u32,
+    /// 0 copy, 1 rms_unit, 2 zcrms(w), 3 zcrms(mean of 4 lanes, w).
+    pub mode: u32,
+    /// First input element.
+    pub src_off: u32,
+    /// First gain element (modes 2, 3).
+    pub w_off: u32,
+    /// Lane stride (mode 3).
+    pub lane_stride: u32,
+    /// First output element.
+    pub dst_off: u32,
+    /// Padding.
+    pub _pad: u32,
+}
+
+/// Mirror of WGSL `MatvecParams`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable, PartialEq)]
+pub struct MatvecParams {
+    /// Parts in this dispatch (1..=4).
+    pub n_parts: u32,
+    /// Words per (row, group).
+    pub group_words: u32,
+    /// Words per row.
+    pub row_words: u32,
+    /// Rows of all parts.
+    pub total_rows: u32,
+    /// First prepared input element.
+    pub x_off: u32,
+    /// Workgroups per grid row.
+    pub grid_x: u32,
+    /// Padding.
+    pub _pad: [u32; 2],
+    /// `[packed_off, norms_off, cb_off, row_first, rows, out_off, 0, 0]` per part.
+    pub parts: [[u32; 8]; 4],
+}
+
+/// Mirror of WGSL `GatherParams`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable, PartialEq)]
+pub struct GatherParams {
+    /// Word offset of packed row 0.
+    pub packed_off: u32,
+    /// f16 offset of norm (0, 0).
+    pub norms_off: u32,
+    /// Word offset of the codebook.
+    pub cb_off: u32,
+    /// Words per row.
+    pub row_words: u32,
+    /// Group width.
+    pub group: u32,
+    /// Groups per row.
+    pub groups: u32,
+    /// Logical columns.
+    pub cols: u32,
+    /// Bits per index.
+    pub bits: u32,
+    /// The row index is `idx[idx_at]`.
+    pub idx_at: u32,
+    /// First output element.
+    pub out_off: u32,
+    /// Copies written.
+    pub copies: u32,
+    /// Distance between copies.
+    pub copy_stride: u32,
+    /// Factor applied after the transform.
+    pub scale: f32,
+    /// Padding.
+    pub _pad: [u32; 3],
+}
+
+/// What `prepare` computes before the transform.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrepareMode {
+    /// The input as is.
+    Copy = 0,
+    /// `rms_unit(x)`.
+    RmsUnit = 1,
+    /// `zcrms(x, w)`.
+    Zcrms = 2,
+    /// `zcrms((l0 + l1 + l2 + l3) / 4, w)` over 4 lanes `lane_stride` apart.
+    MeanLanesZcrms = 3,
+}
+
+/// The compiled pipelines of the family.
+#[derive(Debug, Clone)]
+pub struct CqKernels {
+    prepare: Kernel,
+    /// Matvec pipelines for bits 1, 2, 4, 8.
+    matvec: [Kernel; 4],
+    gather: Kernel,
+}
+
+fn bits_slot(bits: u32) -> usize {
+    match bits {
+        1 => 0,
+        2 => 1,
+        4 => 2,
+        _ => 3,
+    }
+}
+
+impl CqKernels {
+    /// Compile every entry point (one matvec pipeline per bit width).
+    pub fn new(ctx: &GpuContext) -> CqKernels {
+        let mv = |bits: u32, name| Kernel::new(ctx, SOURCE, name, "matvec", 4, &[("BITS", bits as f64)]);
+        CqKernels {
+            prepare: Kernel::new(ctx, SOURCE, "prepare", "prepare", 0, &[]),
+            matvec: [
+                mv(1, "matvec1"),
+                mv(2, "matvec2"),
+                mv(4, "matvec4"),
+                mv(8, "matvec8"),
+            ],
+            gather: Kernel::new(ctx, SOURCE, "gather", "gather", 8, &[]),
+        }
+    }
+
+    /// `dst[dst_off ..] = prepare(input)` for `n` inputs and `group`, with `mode`'s pre-op.
+    #[allow(clippy::too_many_arguments)]
+    pub fn prepare(
+        &self,
+        ctx: &GpuContext,
+        mode: PrepareMode,
+        n: usize,
+        group: usize,
+        src: (&wgpu::Buffer, usize),
+        lane_stride: usize,
+        w: (&wgpu::Buffer, usize),
+        dst: (&wgpu::Buffer, usize),
+    ) -> Result<Dispatch> {
+        if group > MAX_GROUP {
+            return Err(Error::Gpu(format!("group {group} exceeds the GPU limit of {MAX_GROUP}")));
+        }
+        let p = PrepareParams {
+            n: n as u32,
+            group: group as u32,
+            mode: mode as u32,
+            src_off: src.1 as u32,
+            w_off: w.1 as u32,
+            lane_stride: lane_stride as u32,
+            dst_off: dst.1 as u32,
+            _pad: 0,
+        };
+        let params = ctx.uniform_init("prepare params", bytemuck::bytes_of(&p));
+        let groups = n.div_ceil(group) as u32;
+        Ok(Dispatch::new(
+            ctx,
+            &self.prepare,
+            &[&params, src.0, w.0, dst.0],
+            grid(groups, ctx.caps.max_workgroups_per_dim),
+        ))
+    }
+
+    /// Matvec dispatches for `items` = (matrix, first row, rows, output offset), all
+    /// reading the same prepared input `x` (at `x_off`) and writing `out`. Row parts
+    /// that share an arena, bits and group are fused four at a time.
+    pub fn matvec(
+        &self,
+        ctx: &GpuContext,
+        arenas: &[wgpu::Buffer],
+        items: &[(&GpuCq, usize, usize, usize)],
+        x: (&wgpu::Buffer, usize),
+        out: &wgpu::Buffer,
+    ) -> Vec<Dispatch> {
+        // Flatten to parts with their output offsets.
+        let mut flat: Vec<(&GpuCq, CqPart, usize, usize, usize)> = Vec::new();
+        for &(m, first, count, out_off) in items {
+            for (part, lo, n) in m.parts_for(first, count) {
+                flat.push((m, part, lo - part.first_row, n, out_off + (lo - first)));
+            }
+        }
+        let mut out_d = Vec::new();
+        let mut i = 0;
+        while i < flat.len() {
+            let (m0, p0, ..) = flat[i];
+            let mut j = i + 1;
+            while j < flat.len()
+                && j - i < 4
+                && flat[j].1.arena == p0.arena
+                && flat[j].0.bits == m0.bits
+                && flat[j].0.group == m0.group
+                && flat[j].0.groups == m0.groups
+            {
+                j += 1;
+            }
+            let mut params = MatvecParams {
+                n_parts: (j - i) as u32,
+                group_words: m0.group_words() as u32,
+                row_words: m0.row_words() as u32,
+                total_rows: 0,
+                x_off: x.1 as u32,
+                grid_x: 0,
+                _pad: [0; 2],
+                parts: [[0; 8]; 4],
+            };
+            for (k, &(_, p, row_in_part, n, out_off)) in flat[i..j].iter().enumerate() {
+                params.parts[k] = [
+                    p.packed_off,
+                    p.norms_off,
+                    p.cb_off,
+                    row_in_part as u32,
+                    n as u32,
+                    out_off as u32,
+                    0,
+                    0,
+                ];
+                params.total_rows += n as u32;
+            }
+            let g = grid(params.total_rows.div_ceil(4), ctx.caps.max_workgroups_per_dim);
+            params.grid_x = g[0];
+            let ub = ctx.uniform_init("matvec params", bytemuck::bytes_of(&params));
+            out_d.push(Dispatch::new(
+                ctx,
+                &self.matvec[bits_slot(m0.bits)],
+                &[&ub, &arenas[p0.arena], x.0, out],
+                g,
+            ));
+            i = j;
+        }
+        out_d
+    }
+
+    /// Gather row `idx[idx_at]` of `m` (dequantized, times `scale`) into `out` at
+    /// `out_off`, `copies` times `copy_stride` apart. Matrices split into several
+    /// arenas are not supported here (tables and embeddings must fit one binding).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gather(
+        &self,
+        ctx: &GpuContext,
+        arenas: &[wgpu::Buffer],
+        m: &GpuCq,
+        idx: (&wgpu::Buffer, usize),
+        scale: f32,
+        out: (&wgpu::Buffer, usize),
+        copies: usize,
+        copy_stride: usize,
+    ) -> Result<Dispatch> {
+        if m.group > MAX_GROUP {
+            return Err(Error::Gpu(format!("group {} exceeds the GPU limit of {MAX_GROUP}", m.group)));
+        }
+        let [p] = m.parts.as_slice() else {
+            return Err(Error::Gpu(format!(
+                "a gathered matrix of {} rows is split over {} storage bindings; row gather needs one",
+                m.rows,
+                m.parts.len()
+            )));
+        };
+        let params = GatherParams {
+            packed_off: p.packed_off,
+            norms_off: p.norms_off,
+            cb_off: p.cb_off,
+            row_words: m.row_words() as u32,
+            group: m.group as u32,
+            groups: m.groups as u32,
+            cols: m.cols as u32,
+            bits: m.bits,
+            idx_at: idx.1 as u32,
+            out_off: out.1 as u32,
+            copies: copies as u32,
+            copy_stride: copy_stride as u32,
+            scale,
+            _pad: [0; 3],
+        };
+        let ub = ctx.uniform_init("gather params", bytemuck::bytes_of(&params));
+        Ok(Dispatch::new(
+            ctx,
+            &self.gather,
+            &[&ub, &arenas[p.arena], idx.0, out.0],
+            grid(m.groups as u32, ctx.caps.max_workgroups_per_dim),
+        ))
+    }
+}

@@ -1,0 +1,10 @@
+//! The wgpu backend: device setup, upload, WGSL kernels and the one-encoder token step.
+
+pub mod arena;
+mod context;
+pub mod kernels;
+pub mod step;
+mod util;
+
+pub use context::{device_type_name, env_flag, list_adapters, Capabilities, GpuContext, GpuOptions};
+pub use util::{grid, run_dispatches, Dispatch, Kernel, STORAGE};

@@ -1,0 +1,69 @@
+//! The per-step input buffer: the only data the host writes for a token step.
+//!
+//! Layout (u32 words): `[0]` token, `[1]` logical position `t`, `[2]` physical KV
+//! slot of `t`, `[3]` number of engram tables, then `head_dim/2` RoPE cosines and
+//! `head_dim/2` sines (f32 bit patterns, computed in f64 on the host, SPEC §4.3),
+//! then one row index per engram table (gather order).
+
+use crate::config::Config;
+use crate::kernels::kv::physical_slot;
+use crate::kernels::rope::rope_table;
+
+/// Word offsets inside the step buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepLayout {
+    /// `head_dim / 2`.
+    pub half: usize,
+    /// Engram tables (0 without engram).
+    pub tables: usize,
+}
+
+impl StepLayout {
+    /// The layout for a config.
+    pub fn new(c: &Config) -> StepLayout {
+        StepLayout {
+            half: c.head_dim / 2,
+            tables: c.engram.as_ref().map_or(0, |e| e.tables()),
+        }
+    }
+    /// Word of the token.
+    pub const TOKEN: usize = 0;
+    /// Word of the logical position `t`.
+    pub const POS: usize = 1;
+    /// Word of the physical KV slot.
+    pub const SLOT: usize = 2;
+    /// First RoPE cosine.
+    pub fn cos_at(&self) -> usize {
+        4
+    }
+    /// First RoPE sine.
+    pub fn sin_at(&self) -> usize {
+        4 + self.half
+    }
+    /// First engram row index.
+    pub fn rows_at(&self) -> usize {
+        4 + 2 * self.half
+    }
+    /// Total words.
+    pub fn words(&self) -> usize {
+        4 + 2 * self.half + self.tables
+    }
+
+    /// Fill `out` (length [`StepLayout::words`]) for `token` at position `t`.
+    pub fn fill(&self, c: &Config, token: u32, t: u64, table_rows: &[usize], out: &mut [u32]) {
+        out[Self::TOKEN] = token;
+        out[Self::POS] = t as u32;
+        out[Self::SLOT] = physical_slot(t, c.sink, c.window) as u32;
+        out[3] = self.tables as u32;
+        let mut cos = vec![0.0f32; self.half];
+        let mut sin = vec![0.0f32; self.half];
+        rope_table(t, c.rope_theta, c.head_dim, &mut cos, &mut sin);
+        for i in 0..self.half {
+            out[self.cos_at() + i] = cos[i].to_bits();
+            out[self.sin_at() + i] = sin[i].to_bits();
+        }
+        for (k, &r) in table_rows.iter().enumerate() {
+            out[self.rows_at() + k] = r as u32;
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! Buffer creation, readback and the compute-kernel wrapper shared by every GPU kernel family.
+
+use super::context::GpuContext;
+use crate::error::{Error, Result};
+use wgpu::util::DeviceExt;
+
+/// Usage of storage buffers: read/write in shaders, copy in and out.
+pub const STORAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
+    .union(wgpu::BufferUsages::COPY_DST)
+    .union(wgpu::BufferUsages::COPY_SRC);
+
+impl GpuContext {
+    /// A storage buffer holding `data` (at least 4 bytes, so empty inputs still bind).
+    pub fn storage_init(&self, label: &str, data: &[u8]) -> wgpu::Buffer {
+        let mut bytes = data.to_vec();
+        bytes.resize(data.len().max(4).div_ceil(4) * 4, 0);
+        self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents: &bytes,
+            usage: STORAGE,
+        })
+    }
+
+    /// A zero-filled storage buffer of `bytes` bytes (rounded up to 4, at least 4).
+    ///
+    /// # Errors
+    /// [`Error::Gpu`] if it exceeds the device's buffer size limit.
+    pub fn storage_zeroed(&self, label: &str, bytes: u64) -> Result<wgpu::Buffer> {
+        let size = bytes.max(4).div_ceil(4) * 4;
+        if size > self.caps.max_buffer {
+            return Err(Error::Gpu(format!(
+                "buffer `{label}` needs {size} bytes, the device allows {}",
+                self.caps.max_buffer
+            )));
+        }
+        Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: STORAGE,
+            mapped_at_creation: false,
+        }))
+    }
+
+    /// A uniform buffer holding `data`.
+    pub fn uniform_init(&self, label: &str, data: &[u8]) -> wgpu::Buffer {
+        self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents: data,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        })
+    }
+
+    /// Block until the queue is idle, turning a lost device into an error.
+    ///
+    /// # Errors
+    /// [`Error::Gpu`] if polling fails (device lost, timeout).
+    pub fn wait_idle(&self) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map(|_| ())
+            .map_err(|e| Error::Gpu(format!("waiting for the GPU failed: {e}")))
+    }
+
+    /// Copy `bytes` bytes of `buf` from `offset` back to the host (one staging buffer, `map_async`).
+    ///
+    /// # Errors
+    /// [`Error::Gpu`] if mapping fails or the device is lost.
+    pub fn read_bytes(&self, buf: &wgpu::Buffer, offset: u64, bytes: u64) -> Result<Vec<u8>> {
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("cqlm readback"),
+            size: bytes.max(4).div_ceil(4) * 4,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(buf, offset, &staging, 0, bytes.div_ceil(4) * 4);
+        self.queue.submit([enc.finish()]);
+        self.map_read(&staging, bytes)
+    }
+
+    /// Map a `MAP_READ` buffer, copy out its first `bytes` bytes and unmap it.
+    ///
+    /// # Errors
+    /// [`Error::Gpu`] if mapping fails or the device is lost.
+    pub fn map_read(&self, staging: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
+        let (tx, rx) = futures_intrusive::channel::shared::oneshot_channel();
+        staging.map_async(wgpu::MapMode::Read, ..bytes.max(4).div_ceil(4) * 4, move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait_idle()?;
+        match pollster::block_on(rx.receive()) {
+            Some(Ok(())) => {}
+            Some(Err(e)) => return Err(Error::Gpu(format!("cannot map the readback buffer: {e}"))),
+            None => return Err(Error::Gpu("the readback was dropped (device lost?)".into())),
+        }
+        let out = staging
+            .get_mapped_range(..)
+            .map_err(|e| Error::Gpu(format!("cannot read the readback buffer: {e:?}")))?[..bytes as usize]
+            .to_vec();
+        staging.unmap();
+        Ok(out)
+    }
+
+    /// Read `n` f32 values of `buf` starting at element `first`.
+    ///
+    /// # Errors
+    /// As [`GpuContext::read_bytes`].
+    pub fn read_f32(&self, buf: &wgpu::Buffer, first: u64, n: usize) -> Result<Vec<f32>> {
+        let b = self.read_bytes(buf, first * 4, n as u64 * 4)?;
+        Ok(bytemuck::pod_collect_to_vec(&b))
+    }
+}
+
+/// One compute entry point with its auto-derived bind group layout (group 0).
+#[derive(Debug, Clone)]
+pub struct Kernel {
+    /// The pipeline.
+    pub pipeline: wgpu::ComputePipeline,
+    /// Its bind group layout (group 0).
+    pub layout: wgpu::BindGroupLayout,
+    /// Entry point name, for labels and profiles.
+    pub name: &'static str,
+    /// First binding number of the entry point (entry points of one file use disjoint ranges).
+    pub base: u32,
+}
+
+impl Kernel {
+    /// Compile `entry` of the WGSL `source` (bindings from `base` on) with
+    /// pipeline-overridable `constants`.
+    pub fn new(
+        ctx: &GpuContext,
+        source: &str,
+        name: &'static str,
+        entry: &str,
+        base: u32,
+        constants: &[(&str, f64)],
+    ) -> Kernel {
+        let module = ctx.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(name),
+            source: wgpu::ShaderSource::Wgsl(source.into()),
+        });
+        let pipeline = ctx.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(name),
+            layout: None,
+            module: &module,
+            entry_point: Some(entry),
+            compilation_options: wgpu::PipelineCompilationOptions {
+                constants,
+                zero_initialize_workgroup_memory: false,
+            },
+            cache: None,
+        });
+        let layout = pipeline.get_bind_group_layout(0);
+        Kernel {
+            pipeline,
+            layout,
+            name,
+            base,
+        }
+    }
+
+    /// A bind group of whole buffers, bound at bindings `base..base + buffers.len()` in order.
+    pub fn bind(&self, ctx: &GpuContext, buffers: &[&wgpu::Buffer]) -> wgpu::BindGroup {
+        let entries: Vec<wgpu::BindGroupEntry> = buffers
+            .iter()
+            .enumerate()
+            .map(|(i, b)| wgpu::BindGroupEntry {
+                binding: self.base + i as u32,
+                resource: b.as_entire_binding(),
+            })
+            .collect();
+        ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(self.name),
+            layout: &self.layout,
+            entries: &entries,
+        })
+    }
+}
+
+/// A recorded dispatch: kernel, bind group and workgroup counts, replayed every step.
+#[derive(Debug, Clone)]
+pub struct Dispatch {
+    /// Which kernel (for profiling labels).
+    pub name: &'static str,
+    /// The pipeline.
+    pub pipeline: wgpu::ComputePipeline,
+    /// Its bindings.
+    pub bind_group: wgpu::BindGroup,
+    /// Workgroups in x, y, z.
+    pub groups: [u32; 3],
+}
+
+impl Dispatch {
+    /// Build a dispatch from a kernel and its buffers.
+    pub fn new(ctx: &GpuContext, k: &Kernel, buffers: &[&wgpu::Buffer], groups: [u32; 3]) -> Dispatch {
+        Dispatch {
+            name: k.name,
+            pipeline: k.pipeline.clone(),
+            bind_group: k.bind(ctx, buffers),
+            groups,
+        }
+    }
+
+    /// Record into a compute pass.
+    pub fn record(&self, pass: &mut wgpu::ComputePass<'_>) {
+        pass.set_pipeline(&self.pipeline);
+        pass.set_bind_group(0, &self.bind_group, &[]);
+        pass.dispatch_workgroups(self.groups[0], self.groups[1], self.groups[2]);
+    }
+}
+
+/// Run dispatches in one encoder and one submit, then wait (used by tests and one-off work).
+///
+/// # Errors
+/// [`Error::Gpu`] if the device is lost.
+pub fn run_dispatches(ctx: &GpuContext, dispatches: &[Dispatch]) -> Result<()> {
+    let mut enc = ctx.device.create_command_encoder(&Default::default());
+    {
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("cqlm"),
+            timestamp_writes: None,
+        });
+        for d in dispatches {
+            d.record(&mut pass);
+        }
+    }
+    ctx.queue.submit([enc.finish()]);
+    ctx.wait_idle()
+}
+
+/// Split `n` workgroups into an `[x, y, 1]` grid with `x <= max_per_dim`.
+pub fn grid(n: u32, max_per_dim: u32) -> [u32; 3] {
+    if n <= max_per_dim {
+        [n.max(1), 1, 1]
+    } else {
+        [max_per_dim, n.div_ceil(max_per_dim), 1]
+    }
+}

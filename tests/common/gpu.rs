@@ -1,0 +1,35 @@
+//! Opening the test GPU: skip only when no adapter exists and `CQLM_REQUIRE_GPU` is unset.
+
+use cqlm::gpu::{GpuContext, GpuOptions};
+use std::sync::Arc;
+
+/// The shared test device, or `None` (test skipped) when no adapter exists and
+/// `CQLM_REQUIRE_GPU` is unset. With `CQLM_REQUIRE_GPU=1` a missing adapter panics.
+pub fn gpu() -> Option<Arc<GpuContext>> {
+    match GpuContext::new(&GpuOptions::default(), 1 << 20) {
+        Ok(ctx) => Some(ctx),
+        Err(e) => {
+            let required = std::env::var("CQLM_REQUIRE_GPU").is_ok_and(|v| !v.is_empty() && v != "0");
+            assert!(!required, "CQLM_REQUIRE_GPU is set but no GPU is usable: {e}");
+            eprintln!("skipping GPU test: {e}");
+            None
+        }
+    }
+}
+
+/// A storage buffer of `n` f32 NaNs, so unwritten outputs are caught.
+pub fn poisoned(ctx: &GpuContext, n: usize) -> wgpu::Buffer {
+    let v = vec![f32::NAN; n];
+    ctx.storage_init("poisoned output", bytemuck::cast_slice(&v))
+}
+
+/// Relative L2 error `‖a − b‖ / ‖b‖` in f64 (NaN anywhere gives +inf).
+pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    if a.iter().chain(b).any(|v| !v.is_finite()) {
+        return f64::INFINITY;
+    }
+    let num: f64 = a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (num / den.max(1e-300)).sqrt()
+}

@@ -1,0 +1,168 @@
+//! GPU CQ kernels (shaders/cq.wgsl) against the CPU reference on fresh random
+//! inputs, outputs poisoned with NaN before each run.
+
+mod common;
+
+use common::gpu::{gpu, poisoned, rel_l2};
+use cqlm::cq::{prepare_into, CqMatrix};
+use cqlm::gpu::arena::ArenaBuilder;
+use cqlm::gpu::kernels::cq::{CqKernels, PrepareMode};
+use cqlm::gpu::run_dispatches;
+use cqlm::kernels::norm::{rms_unit_into, zcrms_into};
+use cqlm::synth::random_cq;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+fn random_vec(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
+}
+
+#[test]
+fn prepare_matches_cpu_in_every_mode() {
+    let Some(ctx) = gpu() else { return };
+    let k = CqKernels::new(&ctx);
+    let mut rng = ChaCha8Rng::seed_from_u64(21);
+    for group in [32usize, 64, 128, 256] {
+        for n in [group * 2 + 5, group - 3, 3 * group] {
+            let lanes = random_vec(&mut rng, 4 * n);
+            let w = random_vec(&mut rng, n);
+            let padded = n.div_ceil(group) * group;
+            for mode in [PrepareMode::Copy, PrepareMode::RmsUnit, PrepareMode::Zcrms, PrepareMode::MeanLanesZcrms] {
+                let mut pre = vec![0.0f32; n];
+                match mode {
+                    PrepareMode::Copy => pre.copy_from_slice(&lanes[n..2 * n]),
+                    PrepareMode::RmsUnit => rms_unit_into(&lanes[n..2 * n], &mut pre),
+                    PrepareMode::Zcrms => zcrms_into(&lanes[n..2 * n], &w, &mut pre),
+                    PrepareMode::MeanLanesZcrms => {
+                        let mean: Vec<f32> = (0..n)
+                            .map(|i| (lanes[i] + lanes[n + i] + lanes[2 * n + i] + lanes[3 * n + i]) / 4.0)
+                            .collect();
+                        zcrms_into(&mean, &w, &mut pre);
+                    }
+                }
+                let mut want = vec![0.0f32; padded];
+                prepare_into(&pre, group, &mut want);
+                let src = ctx.storage_init("lanes", bytemuck::cast_slice(&lanes));
+                let wb = ctx.storage_init("w", bytemuck::cast_slice(&w));
+                let dst = poisoned(&ctx, padded + 8);
+                let src_off = if mode == PrepareMode::MeanLanesZcrms { 0 } else { n };
+                let d = k
+                    .prepare(&ctx, mode, n, group, (&src, src_off), n, (&wb, 0), (&dst, 8))
+                    .unwrap();
+                run_dispatches(&ctx, &[d]).unwrap();
+                let got = ctx.read_f32(&dst, 8, padded).unwrap();
+                let e = rel_l2(&got, &want);
+                assert!(e <= 1e-5, "prepare {mode:?} group {group} n {n}: {e}");
+            }
+        }
+    }
+}
+
+#[test]
+fn matvec_matches_cpu_for_every_bits_and_group_with_fused_parts() {
+    let Some(ctx) = gpu() else { return };
+    let k = CqKernels::new(&ctx);
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    for bits in [1u32, 2, 4, 8] {
+        for group in [32usize, 64, 128, 256] {
+            let cols = group * 2 + 9;
+            // Three matrices of one geometry (fused into one dispatch) and one of another group.
+            let ms: Vec<CqMatrix> = [13usize, 7, 21]
+                .iter()
+                .map(|&rows| random_cq(&mut rng, rows, cols, bits, group, 0.3))
+                .collect();
+            let other = random_cq(&mut rng, 5, cols, bits, if group == 32 { 64 } else { 32 }, 0.3);
+            let mut ab = ArenaBuilder::new(64 << 20);
+            let gms: Vec<_> = ms.iter().map(|m| ab.push_cq(m).unwrap()).collect();
+            let gother = ab.push_cq(&other).unwrap();
+            let arenas: Vec<wgpu::Buffer> =
+                ab.arenas.iter().map(|a| ctx.storage_init("arena", bytemuck::cast_slice(a))).collect();
+            let x = random_vec(&mut rng, cols);
+            let mut prep = vec![0.0f32; ms[0].padded()];
+            ms[0].prepare_into(&x, &mut prep);
+            let mut prep_o = vec![0.0f32; other.padded()];
+            other.prepare_into(&x, &mut prep_o);
+            let xb = ctx.storage_init("x", bytemuck::cast_slice(&[prep.clone(), prep_o].concat()));
+            // Rows: all of m0, rows 2..6 of m1, all of m2; out offsets leave gaps.
+            let items = [(&gms[0], 0, 13, 0), (&gms[1], 2, 4, 20), (&gms[2], 0, 21, 30)];
+            let out = poisoned(&ctx, 64);
+            let mut ds = k.matvec(&ctx, &arenas, &items, (&xb, 0), &out);
+            assert_eq!(ds.len(), 1, "parts of one geometry fuse into one dispatch");
+            ds.extend(k.matvec(&ctx, &arenas, &[(&gother, 0, 5, 56)], (&xb, prep.len()), &out));
+            run_dispatches(&ctx, &ds).unwrap();
+            let got = ctx.read_f32(&out, 0, 64).unwrap();
+            let check = |m: &CqMatrix, p: &[f32], first: usize, n: usize, at: usize, what: &str| {
+                let mut want = vec![0.0f32; n];
+                m.matvec_rows_prepared(p, first, &mut want);
+                let e = rel_l2(&got[at..at + n], &want);
+                assert!(e <= 1e-5, "matvec bits {bits} group {group} {what}: {e}");
+            };
+            check(&ms[0], &prep, 0, 13, 0, "m0");
+            check(&ms[1], &prep, 2, 4, 20, "m1 rows 2..6");
+            check(&ms[2], &prep, 0, 21, 30, "m2");
+            check(&other, &x_prep(&other, &x), 0, 5, 56, "other group");
+            assert!(got[13..20].iter().all(|v| v.is_nan()), "gap written");
+        }
+    }
+}
+
+fn x_prep(m: &CqMatrix, x: &[f32]) -> Vec<f32> {
+    let mut p = vec![0.0f32; m.padded()];
+    m.prepare_into(x, &mut p);
+    p
+}
+
+#[test]
+fn matvec_splits_a_matrix_over_several_arenas() {
+    let Some(ctx) = gpu() else { return };
+    let k = CqKernels::new(&ctx);
+    let mut rng = ChaCha8Rng::seed_from_u64(8);
+    let m = random_cq(&mut rng, 300, 200, 4, 64, 0.2);
+    // Arenas of 8 KiB: about 60 rows each.
+    let mut ab = ArenaBuilder::new(8 << 10);
+    let g = ab.push_cq(&m).unwrap();
+    assert!(g.parts.len() > 3, "expected a split, got {} parts", g.parts.len());
+    let arenas: Vec<wgpu::Buffer> =
+        ab.arenas.iter().map(|a| ctx.storage_init("arena", bytemuck::cast_slice(a))).collect();
+    let x = random_vec(&mut rng, 200);
+    let prep = x_prep(&m, &x);
+    let xb = ctx.storage_init("x", bytemuck::cast_slice(&prep));
+    let out = poisoned(&ctx, 300);
+    let ds = k.matvec(&ctx, &arenas, &[(&g, 0, 300, 0)], (&xb, 0), &out);
+    run_dispatches(&ctx, &ds).unwrap();
+    let got = ctx.read_f32(&out, 0, 300).unwrap();
+    let mut want = vec![0.0f32; 300];
+    m.matvec_rows_prepared(&prep, 0, &mut want);
+    assert!(rel_l2(&got, &want) <= 1e-5);
+}
+
+#[test]
+fn gather_matches_dequantize_row_for_every_bits() {
+    let Some(ctx) = gpu() else { return };
+    let k = CqKernels::new(&ctx);
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    for bits in [1u32, 2, 4, 8] {
+        for (group, cols) in [(32usize, 24usize), (64, 150), (128, 128), (256, 300)] {
+            let m = random_cq(&mut rng, 37, cols, bits, group, 0.5);
+            let mut ab = ArenaBuilder::new(64 << 20);
+            let g = ab.push_cq(&m).unwrap();
+            let arenas: Vec<wgpu::Buffer> =
+                ab.arenas.iter().map(|a| ctx.storage_init("arena", bytemuck::cast_slice(a))).collect();
+            let row = rng.random_range(0..37u32);
+            let idx = ctx.storage_init("idx", bytemuck::cast_slice(&[7u32, row]));
+            let stride = cols + 3;
+            let out = poisoned(&ctx, 4 * stride);
+            let d = k.gather(&ctx, &arenas, &g, (&idx, 1), 2.5, (&out, 0), 4, stride).unwrap();
+            run_dispatches(&ctx, &[d]).unwrap();
+            let got = ctx.read_f32(&out, 0, 4 * stride).unwrap();
+            let mut want = vec![0.0f32; cols];
+            m.dequantize_row_into(row as usize, &mut want);
+            want.iter_mut().for_each(|v| *v *= 2.5);
+            for copy in 0..4 {
+                let e = rel_l2(&got[copy * stride..copy * stride + cols], &want);
+                assert!(e <= 1e-5, "gather bits {bits} group {group} copy {copy}: {e}");
+                assert!(got[copy * stride + cols..(copy + 1) * stride].iter().all(|v| v.is_nan()));
+            }
+        }
+    }
+}
