@@ -24,6 +24,16 @@ pub trait Engine: Send {
     /// A short name of the backend and device, e.g. `cpu (2 threads)`.
     fn describe(&self) -> String;
 
+    /// GPU dispatches recorded per token with logits (`None` for backends without dispatches).
+    fn dispatches_per_token(&self) -> Option<usize> {
+        None
+    }
+
+    /// Bytes of device buffers held by this engine (0 for the CPU).
+    fn device_bytes(&self) -> u64 {
+        0
+    }
+
     /// Step every id of `ids` in order and return the logits after the last one
     /// (earlier ids run without logits). An empty `ids` returns an empty vector.
     ///

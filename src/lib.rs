@@ -39,4 +39,5 @@ pub use config::{Config, EngramConfig};
 pub use cpu::CpuEngine;
 pub use engine::Engine;
 pub use error::{ArchiveError, ConfigError, Error, Result};
+pub use gpu::GpuEngine;
 pub use weights::Model;

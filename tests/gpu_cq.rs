@@ -27,7 +27,12 @@ fn prepare_matches_cpu_in_every_mode() {
             let lanes = random_vec(&mut rng, 4 * n);
             let w = random_vec(&mut rng, n);
             let padded = n.div_ceil(group) * group;
-            for mode in [PrepareMode::Copy, PrepareMode::RmsUnit, PrepareMode::Zcrms, PrepareMode::MeanLanesZcrms] {
+            for mode in [
+                PrepareMode::Copy,
+                PrepareMode::RmsUnit,
+                PrepareMode::Zcrms,
+                PrepareMode::MeanLanesZcrms,
+            ] {
                 let mut pre = vec![0.0f32; n];
                 match mode {
                     PrepareMode::Copy => pre.copy_from_slice(&lanes[n..2 * n]),
@@ -35,7 +40,10 @@ fn prepare_matches_cpu_in_every_mode() {
                     PrepareMode::Zcrms => zcrms_into(&lanes[n..2 * n], &w, &mut pre),
                     PrepareMode::MeanLanesZcrms => {
                         let mean: Vec<f32> = (0..n)
-                            .map(|i| (lanes[i] + lanes[n + i] + lanes[2 * n + i] + lanes[3 * n + i]) / 4.0)
+                            .map(|i| {
+                                (lanes[i] + lanes[n + i] + lanes[2 * n + i] + lanes[3 * n + i])
+                                    / 4.0
+                            })
                             .collect();
                         zcrms_into(&mean, &w, &mut pre);
                     }
@@ -45,9 +53,22 @@ fn prepare_matches_cpu_in_every_mode() {
                 let src = ctx.storage_init("lanes", bytemuck::cast_slice(&lanes));
                 let wb = ctx.storage_init("w", bytemuck::cast_slice(&w));
                 let dst = poisoned(&ctx, padded + 8);
-                let src_off = if mode == PrepareMode::MeanLanesZcrms { 0 } else { n };
+                let src_off = if mode == PrepareMode::MeanLanesZcrms {
+                    0
+                } else {
+                    n
+                };
                 let d = k
-                    .prepare(&ctx, mode, n, group, (&src, src_off), n, (&wb, 0), (&dst, 8))
+                    .prepare(
+                        &ctx,
+                        mode,
+                        n,
+                        group,
+                        (&src, src_off),
+                        n,
+                        (&wb, 0),
+                        (&dst, 8),
+                    )
                     .unwrap();
                 run_dispatches(&ctx, &[d]).unwrap();
                 let got = ctx.read_f32(&dst, 8, padded).unwrap();
@@ -71,12 +92,22 @@ fn matvec_matches_cpu_for_every_bits_and_group_with_fused_parts() {
                 .iter()
                 .map(|&rows| random_cq(&mut rng, rows, cols, bits, group, 0.3))
                 .collect();
-            let other = random_cq(&mut rng, 5, cols, bits, if group == 32 { 64 } else { 32 }, 0.3);
+            let other = random_cq(
+                &mut rng,
+                5,
+                cols,
+                bits,
+                if group == 32 { 64 } else { 32 },
+                0.3,
+            );
             let mut ab = ArenaBuilder::new(64 << 20);
             let gms: Vec<_> = ms.iter().map(|m| ab.push_cq(m).unwrap()).collect();
             let gother = ab.push_cq(&other).unwrap();
-            let arenas: Vec<wgpu::Buffer> =
-                ab.arenas.iter().map(|a| ctx.storage_init("arena", bytemuck::cast_slice(a))).collect();
+            let arenas: Vec<wgpu::Buffer> = ab
+                .arenas
+                .iter()
+                .map(|a| ctx.storage_init("arena", bytemuck::cast_slice(a)))
+                .collect();
             let x = random_vec(&mut rng, cols);
             let mut prep = vec![0.0f32; ms[0].padded()];
             ms[0].prepare_into(&x, &mut prep);
@@ -84,11 +115,21 @@ fn matvec_matches_cpu_for_every_bits_and_group_with_fused_parts() {
             other.prepare_into(&x, &mut prep_o);
             let xb = ctx.storage_init("x", bytemuck::cast_slice(&[prep.clone(), prep_o].concat()));
             // Rows: all of m0, rows 2..6 of m1, all of m2; out offsets leave gaps.
-            let items = [(&gms[0], 0, 13, 0), (&gms[1], 2, 4, 20), (&gms[2], 0, 21, 30)];
+            let items = [
+                (&gms[0], 0, 13, 0),
+                (&gms[1], 2, 4, 20),
+                (&gms[2], 0, 21, 30),
+            ];
             let out = poisoned(&ctx, 64);
             let mut ds = k.matvec(&ctx, &arenas, &items, (&xb, 0), &out);
             assert_eq!(ds.len(), 1, "parts of one geometry fuse into one dispatch");
-            ds.extend(k.matvec(&ctx, &arenas, &[(&gother, 0, 5, 56)], (&xb, prep.len()), &out));
+            ds.extend(k.matvec(
+                &ctx,
+                &arenas,
+                &[(&gother, 0, 5, 56)],
+                (&xb, prep.len()),
+                &out,
+            ));
             run_dispatches(&ctx, &ds).unwrap();
             let got = ctx.read_f32(&out, 0, 64).unwrap();
             let check = |m: &CqMatrix, p: &[f32], first: usize, n: usize, at: usize, what: &str| {
@@ -121,9 +162,16 @@ fn matvec_splits_a_matrix_over_several_arenas() {
     // Arenas of 8 KiB: about 60 rows each.
     let mut ab = ArenaBuilder::new(8 << 10);
     let g = ab.push_cq(&m).unwrap();
-    assert!(g.parts.len() > 3, "expected a split, got {} parts", g.parts.len());
-    let arenas: Vec<wgpu::Buffer> =
-        ab.arenas.iter().map(|a| ctx.storage_init("arena", bytemuck::cast_slice(a))).collect();
+    assert!(
+        g.parts.len() > 3,
+        "expected a split, got {} parts",
+        g.parts.len()
+    );
+    let arenas: Vec<wgpu::Buffer> = ab
+        .arenas
+        .iter()
+        .map(|a| ctx.storage_init("arena", bytemuck::cast_slice(a)))
+        .collect();
     let x = random_vec(&mut rng, 200);
     let prep = x_prep(&m, &x);
     let xb = ctx.storage_init("x", bytemuck::cast_slice(&prep));
@@ -146,13 +194,18 @@ fn gather_matches_dequantize_row_for_every_bits() {
             let m = random_cq(&mut rng, 37, cols, bits, group, 0.5);
             let mut ab = ArenaBuilder::new(64 << 20);
             let g = ab.push_cq(&m).unwrap();
-            let arenas: Vec<wgpu::Buffer> =
-                ab.arenas.iter().map(|a| ctx.storage_init("arena", bytemuck::cast_slice(a))).collect();
+            let arenas: Vec<wgpu::Buffer> = ab
+                .arenas
+                .iter()
+                .map(|a| ctx.storage_init("arena", bytemuck::cast_slice(a)))
+                .collect();
             let row = rng.random_range(0..37u32);
             let idx = ctx.storage_init("idx", bytemuck::cast_slice(&[7u32, row]));
             let stride = cols + 3;
             let out = poisoned(&ctx, 4 * stride);
-            let d = k.gather(&ctx, &arenas, &g, (&idx, 1), 2.5, (&out, 0), 4, stride).unwrap();
+            let d = k
+                .gather(&ctx, &arenas, &g, (&idx, 1), 2.5, (&out, 0), 4, stride)
+                .unwrap();
             run_dispatches(&ctx, &[d]).unwrap();
             let got = ctx.read_f32(&out, 0, 4 * stride).unwrap();
             let mut want = vec![0.0f32; cols];
@@ -160,8 +213,13 @@ fn gather_matches_dequantize_row_for_every_bits() {
             want.iter_mut().for_each(|v| *v *= 2.5);
             for copy in 0..4 {
                 let e = rel_l2(&got[copy * stride..copy * stride + cols], &want);
-                assert!(e <= 1e-5, "gather bits {bits} group {group} copy {copy}: {e}");
-                assert!(got[copy * stride + cols..(copy + 1) * stride].iter().all(|v| v.is_nan()));
+                assert!(
+                    e <= 1e-5,
+                    "gather bits {bits} group {group} copy {copy}: {e}"
+                );
+                assert!(got[copy * stride + cols..(copy + 1) * stride]
+                    .iter()
+                    .all(|v| v.is_nan()));
             }
         }
     }

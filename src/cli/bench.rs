@@ -1,6 +1,6 @@
 //! `cqlm bench`: prefill and decode throughput, median over repetitions.
 
-use super::{make_engine, peak_rss_bytes, Backend, ModelArgs};
+use super::{make_engine, peak_rss_bytes, BackendArgs, ModelArgs};
 use anyhow::{bail, Result};
 use cqlm::sample::argmax;
 use std::time::Instant;
@@ -9,9 +9,8 @@ use std::time::Instant;
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
-    /// Backend; defaults to gpu when an adapter exists, else cpu.
-    #[arg(long, value_enum)]
-    backend: Option<Backend>,
+    #[command(flatten)]
+    backend: BackendArgs,
     /// Prompt length for the prefill measurement.
     #[arg(long, default_value_t = 128)]
     prompt_len: usize,
@@ -43,7 +42,7 @@ pub fn run(a: Args) -> Result<()> {
     let model = a.model.load()?;
     let vocab = model.config.vocab as u32;
     let bytes_per_step = model.weight_bytes_per_step();
-    let mut engine = make_engine(model, a.backend)?;
+    let mut engine = make_engine(model, &a.backend, true)?;
     // A fixed pseudo-random prompt.
     let prompt: Vec<u32> = (0..a.prompt_len as u64)
         .map(|i| ((i.wrapping_mul(2654435761) >> 7) % vocab as u64) as u32)
@@ -89,9 +88,9 @@ pub fn run(a: Args) -> Result<()> {
             "decode_tok_s_max": dmax,
             "decode_ms_per_token": 1000.0 / d,
             "weight_bytes_per_step": bytes_per_step,
-            "dispatches_per_token": serde_json::Value::Null,
+            "dispatches_per_token": engine.dispatches_per_token(),
             "peak_rss_bytes": rss,
-            "gpu_buffer_bytes": 0,
+            "gpu_buffer_bytes": engine.device_bytes(),
         });
         println!("{v}");
     } else {
@@ -112,6 +111,12 @@ pub fn run(a: Args) -> Result<()> {
             bytes_per_step as f64 * d / 1e9
         );
         println!("peak RSS  {:.1} MB", rss as f64 / 1e6);
+        if let Some(d) = engine.dispatches_per_token() {
+            println!(
+                "gpu       {d} dispatches per token, {:.1} MB of device buffers",
+                engine.device_bytes() as f64 / 1e6
+            );
+        }
     }
     Ok(())
 }

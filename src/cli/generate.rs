@@ -1,6 +1,6 @@
 //! `cqlm generate`: greedy generation from token ids.
 
-use super::{make_engine, parse_ids, Backend, Ids, ModelArgs};
+use super::{make_engine, parse_ids, BackendArgs, Ids, ModelArgs};
 use anyhow::Result;
 use cqlm::sample::argmax;
 use std::io::Write;
@@ -16,16 +16,15 @@ pub struct Args {
     /// Tokens to generate.
     #[arg(long, default_value_t = 32)]
     max_tokens: usize,
-    /// Backend; defaults to gpu when an adapter exists, else cpu.
-    #[arg(long, value_enum)]
-    backend: Option<Backend>,
+    #[command(flatten)]
+    backend: BackendArgs,
 }
 
 pub fn run(a: Args) -> Result<()> {
     let model = a.model.load()?;
     let c = model.config.clone();
     let ids = a.ids.map(|i| i.0).unwrap_or_else(|| vec![c.bos]);
-    let mut engine = make_engine(model, a.backend)?;
+    let mut engine = make_engine(model, &a.backend, true)?;
     let t0 = Instant::now();
     let mut logits = engine.prefill(&ids)?;
     let prefill_s = t0.elapsed().as_secs_f64();

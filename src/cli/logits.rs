@@ -1,6 +1,6 @@
 //! `cqlm logits` (SPEC §7): the conformance entry point. Keep its form.
 
-use super::{make_engine, parse_ids, with_path, Backend, Ids};
+use super::{make_engine, parse_ids, with_path, BackendArgs, Ids};
 use anyhow::Result;
 use cqlm::Model;
 use npyz::WriterBuilder;
@@ -16,9 +16,8 @@ pub struct Args {
     /// Comma-separated token ids, e.g. 3,17,4.
     #[arg(long, value_name = "IDS", value_parser = parse_ids)]
     ids: Ids,
-    /// Backend; defaults to gpu when an adapter exists, else cpu.
-    #[arg(long, value_enum)]
-    backend: Option<Backend>,
+    #[command(flatten)]
+    backend: BackendArgs,
     /// Write the logits after every id ([P, vocab]) instead of only the last ([1, vocab]).
     #[arg(long)]
     all_positions: bool,
@@ -30,7 +29,7 @@ pub struct Args {
 pub fn run(a: Args) -> Result<()> {
     let model = Arc::new(Model::load(&a.model)?);
     let vocab = model.config.vocab;
-    let mut engine = make_engine(model, a.backend)?;
+    let mut engine = make_engine(model, &a.backend, false)?;
     let n = a.ids.0.len();
     let mut rows: Vec<f32> = Vec::with_capacity(if a.all_positions { n * vocab } else { vocab });
     for (i, &id) in a.ids.0.iter().enumerate() {

@@ -1,6 +1,7 @@
 //! Subcommands of the `cqlm` binary, one file each, and what they share.
 
 mod bench;
+mod devices;
 mod generate;
 mod inspect;
 mod logits;
@@ -9,7 +10,7 @@ mod synth;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use cqlm::synth::{plan_for_preset, synth_model};
-use cqlm::{Config, CpuEngine, Engine, Model};
+use cqlm::{Config, CpuEngine, Engine, GpuEngine, Model};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -33,6 +34,8 @@ enum Command {
     Generate(generate::Args),
     /// Measure prefill and decode throughput.
     Bench(bench::Args),
+    /// List the GPU adapters wgpu can see.
+    Devices,
 }
 
 /// Dispatch a parsed command line.
@@ -43,6 +46,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Synth(a) => synth::run(a),
         Command::Generate(a) => generate::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Devices => devices::run(),
     }
 }
 
@@ -95,13 +99,38 @@ impl ModelArgs {
     }
 }
 
-/// Build an engine for `backend` (`None`: the GPU when an adapter exists, else the CPU).
-pub fn make_engine(model: Arc<Model>, backend: Option<Backend>) -> Result<Box<dyn Engine>> {
-    match backend {
-        Some(Backend::Gpu) => {
-            bail!("the gpu backend is not available in this build yet; use --backend cpu")
-        }
-        Some(Backend::Cpu) | None => Ok(Box::new(CpuEngine::new(model)?)),
+/// Backend choice shared by the commands that run a model.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BackendArgs {
+    /// Backend; defaults to gpu when an adapter exists, else cpu (with a notice).
+    #[arg(long, value_enum)]
+    pub backend: Option<Backend>,
+    /// GPU adapter whose name contains this (case-insensitive); default: `CQLM_ADAPTER`, then the best one.
+    #[arg(long, value_name = "NAME")]
+    pub adapter: Option<String>,
+}
+
+/// Build an engine for `backend` (`None`: the GPU when an adapter exists, else the
+/// CPU, saying so on stderr when `notice`; `logits` keeps stderr for its one error line).
+pub fn make_engine(model: Arc<Model>, b: &BackendArgs, notice: bool) -> Result<Box<dyn Engine>> {
+    let opts = cqlm::gpu::GpuOptions {
+        adapter: b.adapter.clone(),
+    };
+    match b.backend {
+        Some(Backend::Gpu) => Ok(Box::new(GpuEngine::new(model, &opts)?)),
+        Some(Backend::Cpu) => Ok(Box::new(CpuEngine::new(model)?)),
+        None => match GpuEngine::new(Arc::clone(&model), &opts) {
+            Ok(e) => Ok(Box::new(e)),
+            Err(cqlm::Error::Gpu(msg)) => {
+                if notice {
+                    eprintln!("note: using the cpu backend ({msg})");
+                } else {
+                    log::info!("using the cpu backend ({msg})");
+                }
+                Ok(Box::new(CpuEngine::new(model)?))
+            }
+            Err(e) => Err(e.into()),
+        },
     }
 }
 

@@ -125,7 +125,11 @@ impl ArenaBuilder {
             arena.extend(m.codebook().iter().map(|x| x.to_bits()));
             let packed_off = arena.len() as u32;
             let bytes = &m.packed()[first * m.row_bytes()..(first + rows) * m.row_bytes()];
-            arena.extend(bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])));
+            arena.extend(
+                bytes
+                    .chunks_exact(4)
+                    .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            );
             let norms_off = arena.len() as u32 * 2;
             let ns = &norms[first * m.groups()..(first + rows) * m.groups()];
             arena.extend(ns.chunks(2).map(|p| {

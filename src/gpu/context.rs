@@ -32,7 +32,7 @@ pub struct Capabilities {
 }
 
 /// A device and its queue, shared by the engines on it.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct GpuContext {
     /// The wgpu device.
     pub device: wgpu::Device,
@@ -42,6 +42,9 @@ pub struct GpuContext {
     pub info: wgpu::AdapterInfo,
     /// Enabled capabilities.
     pub caps: Capabilities,
+    /// The first wgpu error not caught by an error scope (validation, out of memory,
+    /// device loss), kept here instead of wgpu's default panic.
+    errors: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 /// Whether an environment switch like `CQLM_NO_SUBGROUPS` is set to a true value.
@@ -96,7 +99,11 @@ impl GpuContext {
                     .ok_or_else(|| {
                         Error::Gpu(format!(
                             "no GPU adapter matches `{name}` (available: {})",
-                            if names.is_empty() { "none".to_string() } else { names.join(", ") }
+                            if names.is_empty() {
+                                "none".to_string()
+                            } else {
+                                names.join(", ")
+                            }
                         ))
                     })?
             }
@@ -151,7 +158,12 @@ impl GpuContext {
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         }))
-        .map_err(|e| Error::Gpu(format!("adapter `{}`: cannot open a device: {e}", info.name)))?;
+        .map_err(|e| {
+            Error::Gpu(format!(
+                "adapter `{}`: cannot open a device: {e}",
+                info.name
+            ))
+        })?;
         let caps = Capabilities {
             subgroups,
             timestamps,
@@ -162,12 +174,32 @@ impl GpuContext {
             uniform_align: required_limits.min_uniform_buffer_offset_alignment,
         };
         log::info!("GPU: {} ({:?}), {:?}", info.name, info.backend, caps);
+        let errors = Arc::new(std::sync::Mutex::new(None));
+        let sink = Arc::clone(&errors);
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            log::error!("wgpu: {e}");
+            if let Ok(mut slot) = sink.lock() {
+                slot.get_or_insert_with(|| e.to_string().replace('\n', " "));
+            }
+        }));
         Ok(Arc::new(GpuContext {
             device,
             queue,
             info,
             caps,
+            errors,
         }))
+    }
+
+    /// The first uncaptured wgpu error so far, if any, as an [`Error::Gpu`].
+    ///
+    /// # Errors
+    /// [`Error::Gpu`] with wgpu's message once any error has happened on this device.
+    pub fn check_errors(&self) -> Result<()> {
+        match self.errors.lock().ok().and_then(|s| s.clone()) {
+            Some(msg) => Err(Error::Gpu(msg)),
+            None => Ok(()),
+        }
     }
 
     /// `name (backend, type)` of the adapter.

@@ -2,9 +2,14 @@
 
 pub mod arena;
 mod context;
+mod engine;
 pub mod kernels;
+pub mod shader_check;
 pub mod step;
 mod util;
 
-pub use context::{device_type_name, env_flag, list_adapters, Capabilities, GpuContext, GpuOptions};
+pub use context::{
+    device_type_name, env_flag, list_adapters, Capabilities, GpuContext, GpuOptions,
+};
+pub use engine::GpuEngine;
 pub use util::{grid, run_dispatches, Dispatch, Kernel, STORAGE};

@@ -14,11 +14,12 @@ impl GpuContext {
     pub fn storage_init(&self, label: &str, data: &[u8]) -> wgpu::Buffer {
         let mut bytes = data.to_vec();
         bytes.resize(data.len().max(4).div_ceil(4) * 4, 0);
-        self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some(label),
-            contents: &bytes,
-            usage: STORAGE,
-        })
+        self.device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(label),
+                contents: &bytes,
+                usage: STORAGE,
+            })
     }
 
     /// A zero-filled storage buffer of `bytes` bytes (rounded up to 4, at least 4).
@@ -27,10 +28,10 @@ impl GpuContext {
     /// [`Error::Gpu`] if it exceeds the device's buffer size limit.
     pub fn storage_zeroed(&self, label: &str, bytes: u64) -> Result<wgpu::Buffer> {
         let size = bytes.max(4).div_ceil(4) * 4;
-        if size > self.caps.max_buffer {
+        let limit = self.caps.max_buffer.min(self.caps.max_storage_binding);
+        if size > limit {
             return Err(Error::Gpu(format!(
-                "buffer `{label}` needs {size} bytes, the device allows {}",
-                self.caps.max_buffer
+                "buffer `{label}` needs {size} bytes, over the device's storage binding limit of {limit} bytes"
             )));
         }
         Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
@@ -43,11 +44,12 @@ impl GpuContext {
 
     /// A uniform buffer holding `data`.
     pub fn uniform_init(&self, label: &str, data: &[u8]) -> wgpu::Buffer {
-        self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some(label),
-            contents: data,
-            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-        })
+        self.device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(label),
+                contents: data,
+                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            })
     }
 
     /// Block until the queue is idle, turning a lost device into an error.
@@ -57,8 +59,8 @@ impl GpuContext {
     pub fn wait_idle(&self) -> Result<()> {
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
-            .map(|_| ())
-            .map_err(|e| Error::Gpu(format!("waiting for the GPU failed: {e}")))
+            .map_err(|e| Error::Gpu(format!("waiting for the GPU failed: {e}")))?;
+        self.check_errors()
     }
 
     /// Copy `bytes` bytes of `buf` from `offset` back to the host (one staging buffer, `map_async`).
@@ -83,8 +85,20 @@ impl GpuContext {
     /// # Errors
     /// [`Error::Gpu`] if mapping fails or the device is lost.
     pub fn map_read(&self, staging: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; bytes as usize];
+        self.map_read_into(staging, &mut out)?;
+        Ok(out)
+    }
+
+    /// Map a `MAP_READ` buffer and copy its first `out.len()` bytes into `out`
+    /// (no allocation), then unmap it.
+    ///
+    /// # Errors
+    /// [`Error::Gpu`] if mapping fails or the device is lost.
+    pub fn map_read_into(&self, staging: &wgpu::Buffer, out: &mut [u8]) -> Result<()> {
         let (tx, rx) = futures_intrusive::channel::shared::oneshot_channel();
-        staging.map_async(wgpu::MapMode::Read, ..bytes.max(4).div_ceil(4) * 4, move |r| {
+        let len = (out.len() as u64).max(4).div_ceil(4) * 4;
+        staging.map_async(wgpu::MapMode::Read, ..len, move |r| {
             let _ = tx.send(r);
         });
         self.wait_idle()?;
@@ -93,12 +107,14 @@ impl GpuContext {
             Some(Err(e)) => return Err(Error::Gpu(format!("cannot map the readback buffer: {e}"))),
             None => return Err(Error::Gpu("the readback was dropped (device lost?)".into())),
         }
-        let out = staging
-            .get_mapped_range(..)
-            .map_err(|e| Error::Gpu(format!("cannot read the readback buffer: {e:?}")))?[..bytes as usize]
-            .to_vec();
+        {
+            let view = staging
+                .get_mapped_range(..len)
+                .map_err(|e| Error::Gpu(format!("cannot read the readback buffer: {e:?}")))?;
+            out.copy_from_slice(&view[..out.len()]);
+        }
         staging.unmap();
-        Ok(out)
+        Ok(())
     }
 
     /// Read `n` f32 values of `buf` starting at element `first`.
@@ -135,21 +151,25 @@ impl Kernel {
         base: u32,
         constants: &[(&str, f64)],
     ) -> Kernel {
-        let module = ctx.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(name),
-            source: wgpu::ShaderSource::Wgsl(source.into()),
-        });
-        let pipeline = ctx.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(name),
-            layout: None,
-            module: &module,
-            entry_point: Some(entry),
-            compilation_options: wgpu::PipelineCompilationOptions {
-                constants,
-                zero_initialize_workgroup_memory: false,
-            },
-            cache: None,
-        });
+        let module = ctx
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(name),
+                source: wgpu::ShaderSource::Wgsl(source.into()),
+            });
+        let pipeline = ctx
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(name),
+                layout: None,
+                module: &module,
+                entry_point: Some(entry),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants,
+                    zero_initialize_workgroup_memory: false,
+                },
+                cache: None,
+            });
         let layout = pipeline.get_bind_group_layout(0);
         Kernel {
             pipeline,
@@ -192,7 +212,12 @@ pub struct Dispatch {
 
 impl Dispatch {
     /// Build a dispatch from a kernel and its buffers.
-    pub fn new(ctx: &GpuContext, k: &Kernel, buffers: &[&wgpu::Buffer], groups: [u32; 3]) -> Dispatch {
+    pub fn new(
+        ctx: &GpuContext,
+        k: &Kernel,
+        buffers: &[&wgpu::Buffer],
+        groups: [u32; 3],
+    ) -> Dispatch {
         Dispatch {
             name: k.name,
             pipeline: k.pipeline.clone(),

@@ -9,8 +9,12 @@ pub fn gpu() -> Option<Arc<GpuContext>> {
     match GpuContext::new(&GpuOptions::default(), 1 << 20) {
         Ok(ctx) => Some(ctx),
         Err(e) => {
-            let required = std::env::var("CQLM_REQUIRE_GPU").is_ok_and(|v| !v.is_empty() && v != "0");
-            assert!(!required, "CQLM_REQUIRE_GPU is set but no GPU is usable: {e}");
+            let required =
+                std::env::var("CQLM_REQUIRE_GPU").is_ok_and(|v| !v.is_empty() && v != "0");
+            assert!(
+                !required,
+                "CQLM_REQUIRE_GPU is set but no GPU is usable: {e}"
+            );
             eprintln!("skipping GPU test: {e}");
             None
         }
@@ -29,7 +33,11 @@ pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     if a.iter().chain(b).any(|v| !v.is_finite()) {
         return f64::INFINITY;
     }
-    let num: f64 = a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).powi(2)).sum();
+    let num: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
+        .sum();
     let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
     (num / den.max(1e-300)).sqrt()
 }

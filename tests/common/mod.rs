@@ -3,5 +3,5 @@
 //! Not every test binary uses every helper.
 #![allow(dead_code)]
 
-pub mod naive;
 pub mod gpu;
+pub mod naive;

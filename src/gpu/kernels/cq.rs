@@ -123,7 +123,8 @@ fn bits_slot(bits: u32) -> usize {
 impl CqKernels {
     /// Compile every entry point (one matvec pipeline per bit width).
     pub fn new(ctx: &GpuContext) -> CqKernels {
-        let mv = |bits: u32, name| Kernel::new(ctx, SOURCE, name, "matvec", 4, &[("BITS", bits as f64)]);
+        let mv =
+            |bits: u32, name| Kernel::new(ctx, SOURCE, name, "matvec", 4, &[("BITS", bits as f64)]);
         CqKernels {
             prepare: Kernel::new(ctx, SOURCE, "prepare", "prepare", 0, &[]),
             matvec: [
@@ -150,7 +151,9 @@ impl CqKernels {
         dst: (&wgpu::Buffer, usize),
     ) -> Result<Dispatch> {
         if group > MAX_GROUP {
-            return Err(Error::Gpu(format!("group {group} exceeds the GPU limit of {MAX_GROUP}")));
+            return Err(Error::Gpu(format!(
+                "group {group} exceeds the GPU limit of {MAX_GROUP}"
+            )));
         }
         let p = PrepareParams {
             n: n as u32,
@@ -190,18 +193,24 @@ impl CqKernels {
                 flat.push((m, part, lo - part.first_row, n, out_off + (lo - first)));
             }
         }
+        // Parts of one geometry (arena, bits, group, groups) are fused, four at a
+        // time, whatever their order in `items`; a stable sort keeps the first
+        // appearance order of geometries.
+        let key = |m: &GpuCq, p: &CqPart| (p.arena, m.bits, m.group, m.groups);
+        let mut order: Vec<(usize, u32, usize, usize)> = Vec::new();
+        for (m, p, ..) in &flat {
+            let k = key(m, p);
+            if !order.contains(&k) {
+                order.push(k);
+            }
+        }
+        flat.sort_by_key(|(m, p, ..)| order.iter().position(|k| *k == key(m, p)));
         let mut out_d = Vec::new();
         let mut i = 0;
         while i < flat.len() {
             let (m0, p0, ..) = flat[i];
             let mut j = i + 1;
-            while j < flat.len()
-                && j - i < 4
-                && flat[j].1.arena == p0.arena
-                && flat[j].0.bits == m0.bits
-                && flat[j].0.group == m0.group
-                && flat[j].0.groups == m0.groups
-            {
+            while j < flat.len() && j - i < 4 && key(flat[j].0, &flat[j].1) == key(m0, &p0) {
                 j += 1;
             }
             let mut params = MatvecParams {
@@ -227,7 +236,10 @@ impl CqKernels {
                 ];
                 params.total_rows += n as u32;
             }
-            let g = grid(params.total_rows.div_ceil(4), ctx.caps.max_workgroups_per_dim);
+            let g = grid(
+                params.total_rows.div_ceil(4),
+                ctx.caps.max_workgroups_per_dim,
+            );
             params.grid_x = g[0];
             let ub = ctx.uniform_init("matvec params", bytemuck::bytes_of(&params));
             out_d.push(Dispatch::new(
@@ -257,7 +269,10 @@ impl CqKernels {
         copy_stride: usize,
     ) -> Result<Dispatch> {
         if m.group > MAX_GROUP {
-            return Err(Error::Gpu(format!("group {} exceeds the GPU limit of {MAX_GROUP}", m.group)));
+            return Err(Error::Gpu(format!(
+                "group {} exceeds the GPU limit of {MAX_GROUP}",
+                m.group
+            )));
         }
         let [p] = m.parts.as_slice() else {
             return Err(Error::Gpu(format!(
@@ -289,5 +304,23 @@ impl CqKernels {
             &[&ub, &arenas[p.arena], idx.0, out.0],
             grid(m.groups as u32, ctx.caps.max_workgroups_per_dim),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::shader_check::{validate_wgsl, wgsl_struct_size};
+
+    #[test]
+    fn shader_validates_and_params_match_wgsl() {
+        let m = validate_wgsl(SOURCE).expect("cq.wgsl validates");
+        for (name, size) in [
+            ("PrepareParams", std::mem::size_of::<PrepareParams>()),
+            ("MatvecParams", std::mem::size_of::<MatvecParams>()),
+            ("GatherParams", std::mem::size_of::<GatherParams>()),
+        ] {
+            assert_eq!(wgsl_struct_size(&m, name), Some(size as u32), "{name}");
+        }
     }
 }

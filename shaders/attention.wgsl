@@ -1,0 +1,329 @@
+// attention.wgsl: per-head Q/K normalisation, RoPE, int8 KV store and attention
+// over the int8 KV cache (SPEC §4.3 step 5).
+//
+// `act` is one f32 buffer holding q, k, v, g and o at the element offsets of the
+// params; heads are contiguous `head_dim` slices. `step` is the per-step u32
+// buffer (gpu::step::StepLayout): step[1] = logical position t, step[2] = its
+// physical slot, RoPE cosines at cos_at and sines at sin_at (f32 bit patterns).
+// The cache holds, per (layer, kv_head, row), `words = ceil(head_dim/4)` u32 words
+// of codes (code i in byte i%4 of word i/4, little-endian, two's complement,
+// padding bytes zero) and one f32 scale; rows = sink + window.
+// Arithmetic follows the CPU reference (kernels::{norm, rope, kv, attention})
+// operation by operation; head_dim is even and at most 1024.
+//
+// Entry points and bindings (group 0), both workgroup 64:
+//   qk_store  bindings 0..7  dispatch (heads + kv_heads, 1, 1):
+//             workgroup w < heads: q head w <- RoPE(zcrms(q_w, q_norm)) in place;
+//             w >= heads: KV head j = w - heads: k_j <- RoPE(zcrms(k_j, k_norm)) in
+//             place, then k_j and v_j (v not normalised) are quantized to int8
+//             (scale = max(1e-12, max|x|)/127, code = clamp(round(x/scale), ±127),
+//             WGSL round() being round-half-to-even) and stored at cache row
+//             (layer, j, step[2]). The RMS sum uses the CPU's 8 partial sums.
+//   attend    bindings 8..15 dispatch (heads, 1, 1):
+//             query head h, KV head j = h / (heads/kv_heads), over the positions
+//             S = [0, min(sink, t+1)) ++ [max(sink, t-window+1), t] read at their
+//             physical slots: scores (one position per invocation, sequential dot
+//             over d as on the CPU) go to the `scores` scratch buffer at h*rows,
+//             max and sum by shared-memory tree reductions, then each invocation
+//             owns up to 4 code words of o and accumulates over S in order (weights
+//             staged 64 at a time in workgroup memory); o_h ⊙= σ(g_h) is written at
+//             o_off + h*head_dim.
+
+const WG: u32 = 64u;
+const MAX_HEAD_DIM: u32 = 1024u;
+// Accumulator words per invocation in `attend`: MAX_HEAD_DIM / 4 / WG.
+const ACC_WORDS: u32 = 4u;
+const LOWEST: f32 = -3.40282347e38;
+
+struct AttnParams {
+    layer: u32,
+    heads: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    sink: u32,
+    window: u32,
+    rows: u32,        // sink + window
+    words: u32,       // ceil(head_dim / 4)
+    q_off: u32,       // element offsets in act
+    k_off: u32,
+    v_off: u32,
+    g_off: u32,
+    o_off: u32,
+    q_norm_off: u32,  // element offsets in vectors
+    k_norm_off: u32,
+    cos_at: u32,      // word offsets in step
+    sin_at: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+var<workgroup> xs: array<f32, MAX_HEAD_DIM>;
+var<workgroup> red: array<f32, WG>;
+
+// Tree reductions over red[0..WG] (every invocation gets the result).
+fn reduce_max(v: f32, li: u32) -> f32 {
+    red[li] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
+        if (li < s) {
+            red[li] = max(red[li], red[li + s]);
+        }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+
+fn reduce_sum(v: f32, li: u32) -> f32 {
+    red[li] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
+        if (li < s) {
+            red[li] += red[li + s];
+        }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+
+// Signed byte b of a code word, as f32.
+fn code_at(word: u32, b: u32) -> f32 {
+    return f32(bitcast<i32>(word << (24u - 8u * b)) >> 24u);
+}
+
+// ---------------------------------------------------------------- qk_store
+@group(0) @binding(0) var<uniform> sp: AttnParams;
+@group(0) @binding(1) var<storage, read_write> s_act: array<f32>;
+@group(0) @binding(2) var<storage, read> s_vec: array<f32>;
+@group(0) @binding(3) var<storage, read> s_step: array<u32>;
+@group(0) @binding(4) var<storage, read_write> s_kcodes: array<u32>;
+@group(0) @binding(5) var<storage, read_write> s_vcodes: array<u32>;
+@group(0) @binding(6) var<storage, read_write> s_kscale: array<f32>;
+@group(0) @binding(7) var<storage, read_write> s_vscale: array<f32>;
+
+// Σ xs[i]² for i < n in the order of kernels::norm::inv_rms: partial sum k over
+// i ≡ k (mod 8) in ascending i, then the 8 partials added in order.
+fn sum_sq8(n: u32, li: u32) -> f32 {
+    if (li < 8u) {
+        var acc = 0.0;
+        for (var i = li; i < n; i += 8u) {
+            let v = xs[i];
+            acc += v * v;
+        }
+        red[li] = acc;
+    }
+    workgroupBarrier();
+    var s = 0.0;
+    for (var k = 0u; k < 8u; k++) {
+        s += red[k];
+    }
+    workgroupBarrier();
+    return s;
+}
+
+// Quantize xs[0..head_dim] to int8 and store it with its scale at cache row `cell`
+// of the V cache (is_v) or the K cache.
+fn store_int8(is_v: bool, cell: u32, li: u32) {
+    let n = sp.head_dim;
+    var m = 0.0;
+    for (var i = li; i < n; i += WG) {
+        m = max(m, abs(xs[i]));
+    }
+    let scale = max(1e-12, reduce_max(m, li)) / 127.0;
+    for (var w = li; w < sp.words; w += WG) {
+        var word = 0u;
+        for (var b = 0u; b < 4u; b++) {
+            let d = 4u * w + b;
+            if (d < n) {
+                let c = i32(clamp(round(xs[d] / scale), -127.0, 127.0));
+                word |= (bitcast<u32>(c) & 0xffu) << (8u * b);
+            }
+        }
+        let at = cell * sp.words + w;
+        if (is_v) {
+            s_vcodes[at] = word;
+        } else {
+            s_kcodes[at] = word;
+        }
+    }
+    if (li == 0u) {
+        if (is_v) {
+            s_vscale[cell] = scale;
+        } else {
+            s_kscale[cell] = scale;
+        }
+    }
+}
+
+@compute @workgroup_size(64)
+fn qk_store(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let n = sp.head_dim;
+    let half = n / 2u;
+    let is_kv = wid.x >= sp.heads;
+    let j = wid.x - select(0u, sp.heads, is_kv);
+    let base = select(sp.q_off, sp.k_off, is_kv) + j * n;
+    let w_off = select(sp.q_norm_off, sp.k_norm_off, is_kv);
+    for (var i = li; i < n; i += WG) {
+        xs[i] = s_act[base + i];
+    }
+    workgroupBarrier();
+    let r = 1.0 / sqrt(sum_sq8(n, li) / f32(n) + 1e-6);
+    // zcrms then RoPE; invocation li owns the pairs (i, i + half), i ≡ li (mod WG).
+    for (var i = li; i < half; i += WG) {
+        let a = xs[i] * r * (1.0 + s_vec[w_off + i]);
+        let b = xs[i + half] * r * (1.0 + s_vec[w_off + i + half]);
+        let c = bitcast<f32>(s_step[sp.cos_at + i]);
+        let s = bitcast<f32>(s_step[sp.sin_at + i]);
+        let x0 = a * c - b * s;
+        let x1 = a * s + b * c;
+        xs[i] = x0;
+        xs[i + half] = x1;
+        s_act[base + i] = x0;
+        s_act[base + i + half] = x1;
+    }
+    if (is_kv) {
+        workgroupBarrier();
+        let cell = (sp.layer * sp.kv_heads + j) * sp.rows + s_step[2];
+        store_int8(false, cell, li);
+        workgroupBarrier();
+        let vb = sp.v_off + j * n;
+        for (var i = li; i < n; i += WG) {
+            xs[i] = s_act[vb + i];
+        }
+        workgroupBarrier();
+        store_int8(true, cell, li);
+    }
+}
+
+// ---------------------------------------------------------------- attend
+@group(0) @binding(8) var<uniform> ap: AttnParams;
+@group(0) @binding(9) var<storage, read_write> a_act: array<f32>;
+@group(0) @binding(10) var<storage, read> a_step: array<u32>;
+@group(0) @binding(11) var<storage, read> a_kcodes: array<u32>;
+@group(0) @binding(12) var<storage, read> a_vcodes: array<u32>;
+@group(0) @binding(13) var<storage, read> a_kscale: array<f32>;
+@group(0) @binding(14) var<storage, read> a_vscale: array<f32>;
+@group(0) @binding(15) var<storage, read_write> a_scores: array<f32>;
+
+var<workgroup> w_sh: array<f32, WG>;
+var<workgroup> row_sh: array<u32, WG>;
+
+// Cache row (within the head's rows) of the i-th attended position: the sink
+// prefix [0, n1) first, then the window from `lo` on.
+fn attended_slot(i: u32, n1: u32, lo: u32) -> u32 {
+    var p = i;
+    if (i >= n1) {
+        p = lo + (i - n1);
+    }
+    if (p < ap.sink) {
+        return p;
+    }
+    return ap.sink + (p - ap.sink) % ap.window;
+}
+
+@compute @workgroup_size(64)
+fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let n = ap.head_dim;
+    let h = wid.x;
+    let j = h / (ap.heads / ap.kv_heads);
+    let t = a_step[1];
+    // S = [0, n1) ++ [lo, t]; n2 = t + 1 - lo when lo <= t.
+    let n1 = min(ap.sink, t + 1u);
+    var lo = ap.sink;
+    if (t + 1u > ap.window) {
+        lo = max(ap.sink, t + 1u - ap.window);
+    }
+    var n2 = 0u;
+    if (t + 1u > lo) {
+        n2 = t + 1u - lo;
+    }
+    let count = n1 + n2;
+    let row0 = (ap.layer * ap.kv_heads + j) * ap.rows;
+    let sc0 = h * ap.rows;
+
+    let qb = ap.q_off + h * n;
+    for (var i = li; i < n; i += WG) {
+        xs[i] = a_act[qb + i];
+    }
+    workgroupBarrier();
+
+    // Scores, one position per invocation; position i is always handled by
+    // invocation i % WG, so the scratch round trips below need no storage barrier.
+    let sqrt_d = sqrt(f32(n));
+    var m = LOWEST;
+    for (var i = li; i < count; i += WG) {
+        let row = row0 + attended_slot(i, n1, lo);
+        let kb = row * ap.words;
+        var dot = 0.0;
+        for (var w = 0u; w < ap.words; w++) {
+            let word = a_kcodes[kb + w];
+            for (var b = 0u; b < 4u; b++) {
+                let d = 4u * w + b;
+                if (d < n) {
+                    dot += xs[d] * code_at(word, b);
+                }
+            }
+        }
+        let s = dot * a_kscale[row] / sqrt_d;
+        a_scores[sc0 + i] = s;
+        m = max(m, s);
+    }
+    let mx = reduce_max(m, li);
+    var part = 0.0;
+    for (var i = li; i < count; i += WG) {
+        let e = exp(a_scores[sc0 + i] - mx);
+        a_scores[sc0 + i] = e;
+        part += e;
+    }
+    let total = reduce_sum(part, li);
+
+    // o = Σ_i (e_i / total) · Vscale · Vcode, in the order of S.
+    var acc: array<vec4<f32>, ACC_WORDS>;
+    for (var c = 0u; c < ACC_WORDS; c++) {
+        acc[c] = vec4<f32>(0.0);
+    }
+    let tiles = (count + WG - 1u) / WG;
+    for (var tile = 0u; tile < tiles; tile++) {
+        let i = tile * WG + li;
+        if (i < count) {
+            let row = row0 + attended_slot(i, n1, lo);
+            w_sh[li] = a_scores[sc0 + i] / total * a_vscale[row];
+            row_sh[li] = row;
+        }
+        workgroupBarrier();
+        let here = min(WG, count - tile * WG);
+        for (var k = 0u; k < here; k++) {
+            let wt = w_sh[k];
+            let vb = row_sh[k] * ap.words;
+            for (var c = 0u; c < ACC_WORDS; c++) {
+                let w = li + c * WG;
+                if (w < ap.words) {
+                    let word = a_vcodes[vb + w];
+                    let codes = vec4<f32>(code_at(word, 0u), code_at(word, 1u), code_at(word, 2u), code_at(word, 3u));
+                    acc[c] += wt * codes;
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+
+    // Gate and write.
+    let gb = ap.g_off + h * n;
+    let ob = ap.o_off + h * n;
+    for (var c = 0u; c < ACC_WORDS; c++) {
+        let w = li + c * WG;
+        if (w < ap.words) {
+            for (var b = 0u; b < 4u; b++) {
+                let d = 4u * w + b;
+                if (d < n) {
+                    let g = a_act[gb + d];
+                    a_act[ob + d] = acc[c][b] * (1.0 / (1.0 + exp(-g)));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,59 @@
+// engram.wgsl: the engram site's causal dilated convolution over its value ring (SPEC §4.2).
+//
+// `v = cq_matvec(wv, e)` is already in act; this stores it in the site's ring and
+// forms the site value. All activations live in one f32 buffer `act`, all F32 model
+// tensors in one f32 buffer `vectors`, every site's ring ([ring, hidden] row-major)
+// in one f32 buffer `rings`, addressed by element offsets in the params. The
+// logical position t is word 1 of the per-step u32 buffer.
+//
+// Entry point and bindings (group 0):
+//   conv  bindings 0..4  dispatch (ceil(hidden / 256), 1, 1), workgroup 256:
+//         params, act (read_write), vectors (read), step (read), rings (read_write).
+//         One invocation per column c:
+//         ring[t mod ring][c] = v[c];
+//         m = Σ_{j = 0}^{taps−1} [t ≥ j·dilation] conv[j][c] · ring[(t − j·dilation) mod ring][c]
+//         (j ascending from 0.0); value[c] = v[c] + silu(m).
+
+const WG: u32 = 256u;
+
+struct EngramConvParams {
+    hidden: u32,
+    taps: u32,
+    dilation: u32,
+    ring: u32,     // rows of the ring: (taps − 1)·dilation + 1
+    v: u32,        // act: v = wv·e
+    value: u32,    // act: out
+    ring_off: u32, // rings: first element of this site's ring
+    conv: u32,     // vectors: conv[taps, hidden]
+}
+@group(0) @binding(0) var<uniform> cp: EngramConvParams;
+@group(0) @binding(1) var<storage, read_write> act: array<f32>;
+@group(0) @binding(2) var<storage, read> vecs: array<f32>;
+@group(0) @binding(3) var<storage, read> step_words: array<u32>;
+@group(0) @binding(4) var<storage, read_write> rings: array<f32>;
+
+fn silu(x: f32) -> f32 {
+    return x * (1.0 / (1.0 + exp(-x)));
+}
+
+@compute @workgroup_size(256)
+fn conv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let h = cp.hidden;
+    let c = wid.x * WG + li;
+    if (c >= h) {
+        return;
+    }
+    let t = step_words[1];
+    let vv = act[cp.v + c];
+    rings[cp.ring_off + (t % cp.ring) * h + c] = vv;
+    var m = 0.0;
+    for (var j = 0u; j < cp.taps; j++) {
+        let back = j * cp.dilation;
+        if (back > t) {
+            break;
+        }
+        let r = (t - back) % cp.ring;
+        m += vecs[cp.conv + j * h + c] * rings[cp.ring_off + r * h + c];
+    }
+    act[cp.value + c] = vv + silu(m);
+}

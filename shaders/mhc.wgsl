@@ -1,0 +1,185 @@
+// mhc.wgsl: mHC lane pre-mix with the engram gate, and lane routing (SPEC §4.3 steps 3, 4, 8, 9).
+//
+// All activations live in one f32 buffer `act` and all F32 model tensors in one
+// f32 buffer `vectors`, addressed by element offsets in the params. The 4 lanes
+// are one f32 buffer of 4 * hidden values, lane i at i * hidden.
+//
+// Entry points and bindings (group 0):
+//   premix  bindings 0..3  dispatch (1, 1, 1), workgroup 256 (ONE workgroup):
+//           params, lanes (read), act (read_write), vectors (read).
+//           hpre[i] = σ(a_pre·p_pre[i] + b_pre[i] + off(i)), u = Σ_i hpre[i]·lanes[i]
+//           (i ascending from 0.0), b = u; at an engram site
+//           α = σ(<zcrms(u, norm_u), zcrms(key, norm_k)> / sqrt(hidden)), b = u + α·value.
+//           Writes u and b.
+//   route   bindings 4..7  dispatch (ceil(hidden / 256), 1, 1), workgroup 256:
+//           params, lanes (read_write), act (read), vectors (read).
+//           Invocation 0 of every workgroup computes hpost = 2σ(a_post·p_post + b_post + off)
+//           and route = exp(Sinkhorn(L)) into workgroup memory; then one invocation per
+//           column c: lanes'[i][c] = Σ_j route[i][j]·lanes[j][c] + hpost[i]·update[c].
+//           Each invocation reads all 4 lanes of its column before writing them, so the
+//           update is in place.
+
+const WG: u32 = 256u;
+const EPS: f32 = 1e-6;
+
+fn sigm(x: f32) -> f32 {
+    return 1.0 / (1.0 + exp(-x));
+}
+
+// off(i): +4 for lane layer mod 4, −4 for the others.
+fn lane_off(layer: u32, i: u32) -> f32 {
+    return select(-4.0, 4.0, i == layer % 4u);
+}
+
+// ---------------------------------------------------------------- premix
+struct PremixParams {
+    hidden: u32,
+    layer: u32,
+    site: u32,   // 1 at an engram site
+    p_pre: u32,  // act: 4 values
+    u: u32,      // act: out
+    b: u32,      // act: out
+    key: u32,    // act: engram key (site only)
+    value: u32,  // act: engram value (site only)
+    a_pre: u32,  // vectors: a_pre[layer]
+    b_pre: u32,  // vectors: b_pre[layer, 0]
+    norm_u: u32, // vectors (site only)
+    norm_k: u32, // vectors (site only)
+}
+@group(0) @binding(0) var<uniform> pm: PremixParams;
+@group(0) @binding(1) var<storage, read> pm_lanes: array<f32>;
+@group(0) @binding(2) var<storage, read_write> pm_act: array<f32>;
+@group(0) @binding(3) var<storage, read> pm_vec: array<f32>;
+
+var<workgroup> red: array<f32, 256>;
+
+// Workgroup sum of every invocation's `v` (shared-memory tree). Call in uniform control flow.
+fn wg_sum(v: f32, li: u32) -> f32 {
+    red[li] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
+        if (li < s) {
+            red[li] += red[li + s];
+        }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+
+@compute @workgroup_size(256)
+fn premix(@builtin(local_invocation_index) li: u32) {
+    let h = pm.hidden;
+    let a = pm_vec[pm.a_pre];
+    var g: array<f32, 4>;
+    for (var i = 0u; i < 4u; i++) {
+        g[i] = sigm(a * pm_act[pm.p_pre + i] + pm_vec[pm.b_pre + i] + lane_off(pm.layer, i));
+    }
+    var usq = 0.0;
+    for (var c = li; c < h; c += WG) {
+        var u = 0.0;
+        for (var i = 0u; i < 4u; i++) {
+            u += g[i] * pm_lanes[i * h + c];
+        }
+        pm_act[pm.u + c] = u;
+        pm_act[pm.b + c] = u;
+        usq += u * u;
+    }
+    if (pm.site != 0u) {
+        // Every invocation re-reads only the columns it wrote itself.
+        var ksq = 0.0;
+        for (var c = li; c < h; c += WG) {
+            let k = pm_act[pm.key + c];
+            ksq += k * k;
+        }
+        let ru = 1.0 / sqrt(wg_sum(usq, li) / f32(h) + EPS);
+        let rk = 1.0 / sqrt(wg_sum(ksq, li) / f32(h) + EPS);
+        var d = 0.0;
+        for (var c = li; c < h; c += WG) {
+            let zu = pm_act[pm.u + c] * ru * (1.0 + pm_vec[pm.norm_u + c]);
+            let zk = pm_act[pm.key + c] * rk * (1.0 + pm_vec[pm.norm_k + c]);
+            d += zu * zk;
+        }
+        let dot = wg_sum(d, li);
+        let alpha = sigm(dot * (1.0 / sqrt(f32(h))));
+        for (var c = li; c < h; c += WG) {
+            pm_act[pm.b + c] = pm_act[pm.u + c] + alpha * pm_act[pm.value + c];
+        }
+    }
+}
+
+// ---------------------------------------------------------------- route
+struct RouteParams {
+    hidden: u32,
+    layer: u32,
+    iters: u32,
+    p_post: u32, // act: 4 values
+    p_res: u32,  // act: 16 values
+    update: u32, // act
+    a_post: u32, // vectors: a_post[layer]
+    b_post: u32, // vectors: b_post[layer, 0]
+    a_res: u32,  // vectors: a_res[layer]
+    b_res: u32,  // vectors: b_res[layer, 0]
+    _pad0: u32,
+    _pad1: u32,
+}
+@group(0) @binding(4) var<uniform> rp: RouteParams;
+@group(0) @binding(5) var<storage, read_write> rt_lanes: array<f32>;
+@group(0) @binding(6) var<storage, read> rt_act: array<f32>;
+@group(0) @binding(7) var<storage, read> rt_vec: array<f32>;
+
+// route[4i + j] at 0..16, hpost[i] at 16..20.
+var<workgroup> gates: array<f32, 20>;
+
+fn lse4(v: vec4<f32>) -> f32 {
+    let m = max(max(max(v.x, v.y), v.z), v.w);
+    return m + log(exp(v.x - m) + exp(v.y - m) + exp(v.z - m) + exp(v.w - m));
+}
+
+@compute @workgroup_size(256)
+fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    if (li == 0u) {
+        var l: array<vec4<f32>, 4>;
+        let a = rt_vec[rp.a_res];
+        for (var i = 0u; i < 4u; i++) {
+            for (var j = 0u; j < 4u; j++) {
+                l[i][j] = a * rt_act[rp.p_res + 4u * i + j] + rt_vec[rp.b_res + 4u * i + j];
+            }
+        }
+        for (var it = 0u; it < rp.iters; it++) {
+            for (var i = 0u; i < 4u; i++) {
+                l[i] = l[i] - vec4<f32>(lse4(l[i]));
+            }
+            for (var j = 0u; j < 4u; j++) {
+                let s = lse4(vec4<f32>(l[0][j], l[1][j], l[2][j], l[3][j]));
+                for (var i = 0u; i < 4u; i++) {
+                    l[i][j] -= s;
+                }
+            }
+        }
+        for (var i = 0u; i < 4u; i++) {
+            for (var j = 0u; j < 4u; j++) {
+                gates[4u * i + j] = exp(l[i][j]);
+            }
+        }
+        let ap = rt_vec[rp.a_post];
+        for (var i = 0u; i < 4u; i++) {
+            gates[16u + i] = 2.0 * sigm(ap * rt_act[rp.p_post + i] + rt_vec[rp.b_post + i] + lane_off(rp.layer, i));
+        }
+    }
+    workgroupBarrier();
+    let h = rp.hidden;
+    let c = wid.x * WG + li;
+    if (c < h) {
+        var x = array<f32, 4>(rt_lanes[c], rt_lanes[h + c], rt_lanes[2u * h + c], rt_lanes[3u * h + c]);
+        let up = rt_act[rp.update + c];
+        for (var i = 0u; i < 4u; i++) {
+            var acc = 0.0;
+            for (var j = 0u; j < 4u; j++) {
+                acc += gates[4u * i + j] * x[j];
+            }
+            rt_lanes[i * h + c] = acc + gates[16u + i] * up;
+        }
+    }
+}

@@ -1,0 +1,189 @@
+// mlp.wgsl: attention output norm and residual, Hadamard MLP and the lane update
+// (SPEC §4.3 end of step 5, steps 6 and 7).
+//
+// All activations live in one f32 buffer `act` and all F32 model tensors in one
+// f32 buffer `vectors`, addressed by element offsets in the params.
+//
+// Entry point and bindings (group 0):
+//   mlp  bindings 0..2  dispatch (1, 1, 1), workgroup 256 (ONE workgroup):
+//        params, act (read_write), vectors (read).
+//        after  = b + out_scale·zcrms(attn, post_norm)
+//        z      = zcrms(after, mlp_norm) zero-padded to hd; z ⊙= d1; z = nfwht(z);
+//        z      = silu(d2 ⊙ z); z = nfwht(z); z ⊙= d3
+//        update = (after + z[..hidden]) − u
+//        Writes `after` and `update`. The FWHT runs in workgroup memory when
+//        hd <= 4096; above that, every 4096-chunk runs its first 12 stages in
+//        workgroup memory and the remaining stages run in place on the `z`
+//        scratch region of act (hd values), separated by storage barriers (one
+//        workgroup, so that is a full synchronisation). Stages run in the order
+//        of SEED §1 (h = 1, 2, 4, ...), each element seeing the same additions
+//        as on the CPU; the nfwht scale 1/sqrt(hd) is applied after the butterfly.
+
+const WG: u32 = 256u;
+const CHUNK: u32 = 4096u;
+const EPS: f32 = 1e-6;
+
+struct MlpParams {
+    hidden: u32,
+    hd: u32,        // hadamard_dim, a power of two >= hidden
+    b: u32,         // act: block input
+    u: u32,         // act: pre-mix output
+    attn: u32,      // act: wo output
+    after: u32,     // act: out
+    update: u32,    // act: out
+    z: u32,         // act: hd values of scratch (used when hd > 4096)
+    post_norm: u32, // vectors: attn_post_norm
+    mlp_norm: u32,  // vectors
+    d1: u32,        // vectors
+    d2: u32,        // vectors
+    d3: u32,        // vectors
+    out_scale: u32, // vectors: attn_out_scale (one value)
+    _pad0: u32,
+    _pad1: u32,
+}
+@group(0) @binding(0) var<uniform> mp: MlpParams;
+@group(0) @binding(1) var<storage, read_write> act: array<f32>;
+@group(0) @binding(2) var<storage, read> vecs: array<f32>;
+
+// Reductions use buf[0..256] before the transforms use all of it.
+var<workgroup> buf: array<f32, 4096>;
+
+// Workgroup sum of every invocation's `v` (shared-memory tree). Call in uniform control flow.
+fn wg_sum(v: f32, li: u32) -> f32 {
+    buf[li] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
+        if (li < s) {
+            buf[li] += buf[li + s];
+        }
+        workgroupBarrier();
+    }
+    let r = buf[0];
+    workgroupBarrier();
+    return r;
+}
+
+// Unnormalised butterfly stages h = 1 .. n/2 on buf[0..n], in place. Call in uniform
+// control flow after a barrier that follows the loads; ends with a barrier.
+fn fwht_shared(n: u32, li: u32) {
+    for (var h = 1u; h < n; h = h << 1u) {
+        for (var p = li; p < n / 2u; p += WG) {
+            let i = (p / h) * 2u * h + (p % h);
+            let j = i + h;
+            let a = buf[i];
+            let b = buf[j];
+            buf[i] = a + b;
+            buf[j] = a - b;
+        }
+        workgroupBarrier();
+    }
+}
+
+// Stages h = CHUNK .. hd/2 on act[z .. z + hd], in place. Call in uniform control
+// flow after a storage barrier that follows the stores; ends with a storage barrier.
+fn fwht_global(li: u32) {
+    let n = mp.hd;
+    let z = mp.z;
+    for (var h = CHUNK; h < n; h = h << 1u) {
+        for (var p = li; p < n / 2u; p += WG) {
+            let i = z + (p / h) * 2u * h + (p % h);
+            let j = i + h;
+            let a = act[i];
+            let b = act[j];
+            act[i] = a + b;
+            act[j] = a - b;
+        }
+        storageBarrier();
+        workgroupBarrier();
+    }
+}
+
+// z before the first transform: zcrms(after, mlp_norm)[i] (0 past hidden) times d1[i].
+fn z_init(i: u32, r: f32) -> f32 {
+    var v = 0.0;
+    if (i < mp.hidden) {
+        v = act[mp.after + i] * r * (1.0 + vecs[mp.mlp_norm + i]);
+    }
+    return v * vecs[mp.d1 + i];
+}
+
+fn silu(x: f32) -> f32 {
+    return x * (1.0 / (1.0 + exp(-x)));
+}
+
+@compute @workgroup_size(256)
+fn mlp(@builtin(local_invocation_index) li: u32) {
+    let h = mp.hidden;
+    let hd = mp.hd;
+    // after = b + s·zcrms(attn, post_norm).
+    var asq = 0.0;
+    for (var c = li; c < h; c += WG) {
+        let x = act[mp.attn + c];
+        asq += x * x;
+    }
+    let ra = 1.0 / sqrt(wg_sum(asq, li) / f32(h) + EPS);
+    let s = vecs[mp.out_scale];
+    var fsq = 0.0;
+    for (var c = li; c < h; c += WG) {
+        let x = act[mp.attn + c] * ra * (1.0 + vecs[mp.post_norm + c]);
+        let f = act[mp.b + c] + s * x;
+        act[mp.after + c] = f;
+        fsq += f * f;
+    }
+    let rf = 1.0 / sqrt(wg_sum(fsq, li) / f32(h) + EPS);
+    storageBarrier();
+    let sc = 1.0 / sqrt(f32(hd));
+    if (hd <= CHUNK) {
+        for (var c = li; c < hd; c += WG) {
+            buf[c] = z_init(c, rf);
+        }
+        workgroupBarrier();
+        fwht_shared(hd, li);
+        for (var c = li; c < hd; c += WG) {
+            buf[c] = silu(vecs[mp.d2 + c] * (buf[c] * sc));
+        }
+        workgroupBarrier();
+        fwht_shared(hd, li);
+        for (var c = li; c < h; c += WG) {
+            let o = act[mp.after + c] + (buf[c] * sc) * vecs[mp.d3 + c];
+            act[mp.update + c] = o - act[mp.u + c];
+        }
+    } else {
+        // First transform: chunk stages in workgroup memory, then global stages.
+        for (var base = 0u; base < hd; base += CHUNK) {
+            for (var c = li; c < CHUNK; c += WG) {
+                buf[c] = z_init(base + c, rf);
+            }
+            workgroupBarrier();
+            fwht_shared(CHUNK, li);
+            for (var c = li; c < CHUNK; c += WG) {
+                act[mp.z + base + c] = buf[c];
+            }
+            workgroupBarrier();
+        }
+        storageBarrier();
+        fwht_global(li);
+        for (var c = li; c < hd; c += WG) {
+            act[mp.z + c] = silu(vecs[mp.d2 + c] * (act[mp.z + c] * sc));
+        }
+        storageBarrier();
+        // Second transform.
+        for (var base = 0u; base < hd; base += CHUNK) {
+            for (var c = li; c < CHUNK; c += WG) {
+                buf[c] = act[mp.z + base + c];
+            }
+            workgroupBarrier();
+            fwht_shared(CHUNK, li);
+            for (var c = li; c < CHUNK; c += WG) {
+                act[mp.z + base + c] = buf[c];
+            }
+            workgroupBarrier();
+        }
+        storageBarrier();
+        fwht_global(li);
+        for (var c = li; c < h; c += WG) {
+            let o = act[mp.after + c] + (act[mp.z + c] * sc) * vecs[mp.d3 + c];
+            act[mp.update + c] = o - act[mp.u + c];
+        }
+    }
+}

@@ -1,0 +1,744 @@
+//! [`GpuEngine`]: the SPEC §4 token step on the GPU. Everything is built at load
+//! (weights uploaded once, pipelines, bind groups and per-dispatch parameters); a
+//! step writes only the small step buffer, records the prebuilt dispatches into one
+//! command encoder, submits once and, when logits are wanted, reads them back
+//! through one staging buffer.
+
+use super::arena::{ArenaBuilder, GpuCq};
+use super::kernels::attention::{AttentionKernels, AttnParams, KvCache};
+use super::kernels::cq::{CqKernels, PrepareMode};
+use super::kernels::engram::{EngramConvParams, EngramKernels};
+use super::kernels::mhc::{MhcKernels, PremixParams, RouteParams};
+use super::kernels::mlp::{MlpKernels, MlpParams};
+use super::step::StepLayout;
+use super::{Dispatch, GpuContext, GpuOptions};
+use crate::config::Config;
+use crate::cq::CqMatrix;
+use crate::engine::Engine;
+use crate::engram::{table_rows_for, TokenHistory};
+use crate::error::{Error, Result};
+use crate::weights::Model;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Logits (when asked) and the lanes after every layer, from [`GpuEngine::step_with_lanes`].
+pub type StepWithLanes = (Option<Vec<f32>>, Vec<Vec<f32>>);
+
+/// Bump allocator of element offsets in one f32 buffer.
+#[derive(Debug, Default)]
+struct Regions {
+    len: usize,
+}
+
+impl Regions {
+    /// Reserve `n` elements (16-element aligned) and return their offset.
+    fn take(&mut self, n: usize) -> usize {
+        let at = self.len;
+        self.len += n.div_ceil(16) * 16;
+        at
+    }
+}
+
+/// Packs every F32 tensor into one buffer and remembers where each went.
+struct Vectors {
+    data: Vec<f32>,
+}
+
+impl Vectors {
+    fn push(&mut self, v: &[f32]) -> usize {
+        let at = self.data.len();
+        self.data.extend_from_slice(v);
+        self.data.resize(self.data.len().div_ceil(4) * 4, 0.0);
+        at
+    }
+}
+
+/// The GPU engine. Weights and state live on the device for the engine's life.
+pub struct GpuEngine {
+    ctx: Arc<GpuContext>,
+    model: Arc<Model>,
+    layout: StepLayout,
+    table_rows: Vec<usize>,
+    history: TokenHistory,
+    pos: u64,
+    step_buf: wgpu::Buffer,
+    step_words: Vec<u32>,
+    lanes: wgpu::Buffer,
+    logits: wgpu::Buffer,
+    staging: wgpu::Buffer,
+    head: Vec<Dispatch>,
+    layers: Vec<Vec<Dispatch>>,
+    tail: Vec<Dispatch>,
+    logits_host: Vec<f32>,
+    gpu_bytes: u64,
+    _keep: Vec<wgpu::Buffer>,
+}
+
+impl std::fmt::Debug for GpuEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuEngine")
+            .field("device", &self.ctx.describe())
+            .field("pos", &self.pos)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Prepared copies of one activation, one per distinct (group, padded).
+struct PrepSlots {
+    slots: HashMap<(usize, usize), usize>,
+}
+
+impl GpuEngine {
+    /// Open a device with `opts` and build an engine for `model`.
+    ///
+    /// # Errors
+    /// [`Error::Gpu`] for a missing adapter or limit, or a model the kernels can't
+    /// run (a group over 4096 columns).
+    pub fn new(model: Arc<Model>, opts: &GpuOptions) -> Result<GpuEngine> {
+        let c = &model.config;
+        let needed = (c.vocab as u64 * 4).max(model.weights.embed.row_bytes() as u64 * 64);
+        let ctx = GpuContext::new(opts, needed)?;
+        Self::with_context(model, ctx)
+    }
+
+    /// Build an engine on an existing device (engines on one device share nothing but it).
+    ///
+    /// # Errors
+    /// As [`GpuEngine::new`].
+    pub fn with_context(model: Arc<Model>, ctx: Arc<GpuContext>) -> Result<GpuEngine> {
+        let c = model.config.clone();
+        let w = &model.weights;
+        let h = c.hidden;
+        let cq = CqKernels::new(&ctx);
+        let att = AttentionKernels::new(&ctx);
+        let mhc = MhcKernels::new(&ctx);
+        let mlp = MlpKernels::new(&ctx);
+        let eng = EngramKernels::new(&ctx);
+
+        // ---- weights: CQ matrices into arenas, F32 tensors into one vector buffer.
+        let mut ab = ArenaBuilder::new(ctx.caps.max_storage_binding.min(1 << 30));
+        let mut up = |name: &str, m: &CqMatrix| -> Result<GpuCq> {
+            if m.group() > super::kernels::cq::MAX_GROUP {
+                return Err(Error::Gpu(format!(
+                    "tensor `{name}`: group {} exceeds the GPU limit of {}",
+                    m.group(),
+                    super::kernels::cq::MAX_GROUP
+                )));
+            }
+            ab.push_cq(m).ok_or_else(|| {
+                Error::Gpu(format!(
+                    "tensor `{name}`: one row does not fit the device's storage binding limit of {} bytes",
+                    ctx.caps.max_storage_binding
+                ))
+            })
+        };
+        let embed = up("embed", &w.embed)?;
+        let phi_pre = up("mhc.phi_pre", &w.mhc.phi_pre)?;
+        let phi_post = up("mhc.phi_post", &w.mhc.phi_post)?;
+        let phi_res = up("mhc.phi_res", &w.mhc.phi_res)?;
+        let mut lw = Vec::with_capacity(c.layers);
+        for (l, x) in w.layers.iter().enumerate() {
+            lw.push([
+                up(&format!("layers.{l}.wq"), &x.wq)?,
+                up(&format!("layers.{l}.wk"), &x.wk)?,
+                up(&format!("layers.{l}.wv"), &x.wv)?,
+                up(&format!("layers.{l}.wg"), &x.wg)?,
+                up(&format!("layers.{l}.wo"), &x.wo)?,
+            ]);
+        }
+        let mut tables = Vec::new();
+        let mut sites = Vec::new();
+        if let Some(e) = &w.engram {
+            for (k, t) in e.tables.iter().enumerate() {
+                tables.push(up(&format!("engram table {k}"), t)?);
+            }
+            for s in &e.sites {
+                sites.push((
+                    up(&format!("engram.{}.wk", s.layer), &s.wk)?,
+                    up(&format!("engram.{}.wv", s.layer), &s.wv)?,
+                ));
+            }
+        }
+        let arenas: Vec<wgpu::Buffer> = ab
+            .arenas
+            .iter()
+            .enumerate()
+            .map(|(i, a)| ctx.storage_init(&format!("weights arena {i}"), bytemuck::cast_slice(a)))
+            .collect();
+        let mut vecs = Vectors { data: Vec::new() };
+        let final_norm = vecs.push(&w.final_norm);
+        let m = &w.mhc;
+        let (a_pre, a_post, a_res) = (
+            vecs.push(&m.a_pre),
+            vecs.push(&m.a_post),
+            vecs.push(&m.a_res),
+        );
+        let (b_pre, b_post, b_res) = (
+            vecs.push(&m.b_pre),
+            vecs.push(&m.b_post),
+            vecs.push(&m.b_res),
+        );
+        struct LayerVec {
+            attn_norm: usize,
+            post_norm: usize,
+            mlp_norm: usize,
+            q_norm: usize,
+            k_norm: usize,
+            scale: usize,
+            d: [usize; 3],
+        }
+        let layer_vecs: Vec<LayerVec> = w
+            .layers
+            .iter()
+            .map(|x| LayerVec {
+                attn_norm: vecs.push(&x.attn_norm),
+                post_norm: vecs.push(&x.attn_post_norm),
+                mlp_norm: vecs.push(&x.mlp_norm),
+                q_norm: vecs.push(&x.q_norm),
+                k_norm: vecs.push(&x.k_norm),
+                scale: vecs.push(&[x.attn_out_scale]),
+                d: [
+                    vecs.push(&x.mlp_d1),
+                    vecs.push(&x.mlp_d2),
+                    vecs.push(&x.mlp_d3),
+                ],
+            })
+            .collect();
+        let site_vecs: Vec<(usize, usize, usize)> = w
+            .engram
+            .iter()
+            .flat_map(|e| e.sites.iter())
+            .map(|s| {
+                (
+                    vecs.push(&s.conv),
+                    vecs.push(&s.norm_u),
+                    vecs.push(&s.norm_k),
+                )
+            })
+            .collect();
+        if vecs.data.len() as u64 * 4 > ctx.caps.max_storage_binding {
+            return Err(Error::Gpu(format!(
+                "the model's F32 tensors take {} bytes, over the storage binding limit of {}",
+                vecs.data.len() * 4,
+                ctx.caps.max_storage_binding
+            )));
+        }
+        let vectors = ctx.storage_init("f32 tensors", bytemuck::cast_slice(&vecs.data));
+
+        // ---- activation regions.
+        let mut act_r = Regions::default();
+        let p_at = act_r.take(24);
+        let u_at = act_r.take(h);
+        let b_at = act_r.take(h);
+        let q_at = act_r.take(c.q_dim());
+        let k_at = act_r.take(c.kv_dim());
+        let v_at = act_r.take(c.kv_dim());
+        let g_at = act_r.take(c.q_dim());
+        let o_at = act_r.take(c.q_dim());
+        let attn_at = act_r.take(h);
+        let after_at = act_r.take(h);
+        let update_at = act_r.take(h);
+        let z_at = act_r.take(c.hadamard_dim);
+        let e_dim = c.engram.as_ref().map_or(0, |e| e.e_dim());
+        let e_at = act_r.take(e_dim);
+        let site_at: Vec<(usize, usize, usize)> = sites
+            .iter()
+            .map(|_| (act_r.take(h), act_r.take(h), act_r.take(h)))
+            .collect();
+        let act = ctx.storage_zeroed("activations", act_r.len as u64 * 4)?;
+
+        // Prepared inputs: one region per (activation, group).
+        let mut prep_r = Regions::default();
+        let mut prep_slot = |slots: &mut PrepSlots, m: &GpuCq| -> usize {
+            *slots
+                .slots
+                .entry((m.group, m.padded()))
+                .or_insert_with(|| prep_r.take(m.padded()))
+        };
+        let mut xhat_slots = PrepSlots {
+            slots: HashMap::new(),
+        };
+        let mut a_slots = PrepSlots {
+            slots: HashMap::new(),
+        };
+        let mut o_slots = PrepSlots {
+            slots: HashMap::new(),
+        };
+        let mut e_slots = PrepSlots {
+            slots: HashMap::new(),
+        };
+        let mut f_slots = PrepSlots {
+            slots: HashMap::new(),
+        };
+        for m in [&phi_pre, &phi_post, &phi_res] {
+            prep_slot(&mut xhat_slots, m);
+        }
+        for l in &lw {
+            for m in &l[..4] {
+                prep_slot(&mut a_slots, m);
+            }
+            prep_slot(&mut o_slots, &l[4]);
+        }
+        for (wk, wv) in &sites {
+            prep_slot(&mut e_slots, wk);
+            prep_slot(&mut e_slots, wv);
+        }
+        prep_slot(&mut f_slots, &embed);
+        let prep = ctx.storage_zeroed("prepared inputs", prep_r.len as u64 * 4)?;
+
+        // ---- state.
+        let lanes = ctx.storage_zeroed("lanes", 4 * h as u64 * 4)?;
+        let cache = KvCache::new(&ctx, c.layers, c.kv_heads, c.cache_rows(), c.head_dim)?;
+        let rows = c.cache_rows();
+        let scores = ctx.storage_zeroed("attention scores", (c.heads * rows) as u64 * 4)?;
+        let ring = c.engram.as_ref().map_or(1, |e| e.ring());
+        let rings =
+            ctx.storage_zeroed("engram rings", (sites.len().max(1) * ring * h) as u64 * 4)?;
+        let layout = StepLayout::new(&c);
+        let step_buf = ctx.storage_zeroed("step", layout.words() as u64 * 4)?;
+        let logits = ctx.storage_zeroed("logits", c.vocab as u64 * 4)?;
+        let staging = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("logits staging"),
+            size: c.vocab as u64 * 4,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+
+        // ---- dispatches.
+        let prepare_all = |slots: &PrepSlots,
+                           mode: PrepareMode,
+                           n: usize,
+                           src: (&wgpu::Buffer, usize),
+                           w_off: usize|
+         -> Result<Vec<Dispatch>> {
+            let mut v: Vec<_> = slots.slots.iter().collect();
+            v.sort();
+            v.into_iter()
+                .map(|(&(group, _), &at)| {
+                    cq.prepare(&ctx, mode, n, group, src, h, (&vectors, w_off), (&prep, at))
+                })
+                .collect()
+        };
+        let slot_of = |slots: &PrepSlots, m: &GpuCq| slots.slots[&(m.group, m.padded())];
+        let matvec =
+            |items: &[(&GpuCq, usize, usize, usize)], slots: &PrepSlots, out: &wgpu::Buffer| {
+                // Group items by their prepared input, keeping order.
+                let mut ds = Vec::new();
+                let mut i = 0;
+                while i < items.len() {
+                    let at = slot_of(slots, items[i].0);
+                    let mut j = i + 1;
+                    while j < items.len() && slot_of(slots, items[j].0) == at {
+                        j += 1;
+                    }
+                    ds.extend(cq.matvec(&ctx, &arenas, &items[i..j], (&prep, at), out));
+                    i = j;
+                }
+                ds
+            };
+
+        let mut head = vec![cq.gather(
+            &ctx,
+            &arenas,
+            &embed,
+            (&step_buf, StepLayout::TOKEN),
+            (h as f32).sqrt(),
+            (&lanes, 0),
+            4,
+            h,
+        )?];
+        if let Some(e) = &c.engram {
+            for (k, t) in tables.iter().enumerate() {
+                head.push(cq.gather(
+                    &ctx,
+                    &arenas,
+                    t,
+                    (&step_buf, layout.rows_at() + k),
+                    1.0,
+                    (&act, e_at + k * e.dim),
+                    1,
+                    0,
+                )?);
+            }
+            head.extend(prepare_all(
+                &e_slots,
+                PrepareMode::Copy,
+                e_dim,
+                (&act, e_at),
+                0,
+            )?);
+            for (i, (wk, wv)) in sites.iter().enumerate() {
+                let (v_s, key_s, _) = site_at[i];
+                head.extend(matvec(
+                    &[(wv, 0, h, v_s), (wk, 0, h, key_s)],
+                    &e_slots,
+                    &act,
+                ));
+            }
+            for (i, _) in sites.iter().enumerate() {
+                let (v_s, _, value_s) = site_at[i];
+                let p = EngramConvParams {
+                    hidden: h as u32,
+                    taps: e.taps as u32,
+                    dilation: e.dilation as u32,
+                    ring: ring as u32,
+                    v: v_s as u32,
+                    value: value_s as u32,
+                    ring_off: (i * ring * h) as u32,
+                    conv: site_vecs[i].0 as u32,
+                };
+                head.push(eng.conv(&ctx, &p, &act, &vectors, &step_buf, &rings));
+            }
+        }
+
+        let mut layers = Vec::with_capacity(c.layers);
+        for l in 0..c.layers {
+            let lv = &layer_vecs[l];
+            let [wq, wk, wv, wg, wo] = &lw[l];
+            let mut d = prepare_all(&xhat_slots, PrepareMode::RmsUnit, 4 * h, (&lanes, 0), 0)?;
+            d.extend(matvec(
+                &[
+                    (&phi_pre, 4 * l, 4, p_at),
+                    (&phi_post, 4 * l, 4, p_at + 4),
+                    (&phi_res, 16 * l, 16, p_at + 8),
+                ],
+                &xhat_slots,
+                &act,
+            ));
+            let site = w
+                .engram
+                .as_ref()
+                .and_then(|e| e.sites.iter().position(|s| s.layer == l));
+            let (key, value, nu, nk) = match site {
+                Some(i) => (site_at[i].1, site_at[i].2, site_vecs[i].1, site_vecs[i].2),
+                None => (0, 0, 0, 0),
+            };
+            let pm = PremixParams {
+                hidden: h as u32,
+                layer: l as u32,
+                site: site.is_some() as u32,
+                p_pre: p_at as u32,
+                u: u_at as u32,
+                b: b_at as u32,
+                key: key as u32,
+                value: value as u32,
+                a_pre: (a_pre + l) as u32,
+                b_pre: (b_pre + 4 * l) as u32,
+                norm_u: nu as u32,
+                norm_k: nk as u32,
+            };
+            d.push(mhc.premix(&ctx, &pm, &lanes, &act, &vectors));
+            d.extend(prepare_all(
+                &a_slots,
+                PrepareMode::Zcrms,
+                h,
+                (&act, b_at),
+                lv.attn_norm,
+            )?);
+            d.extend(matvec(
+                &[
+                    (wq, 0, c.q_dim(), q_at),
+                    (wk, 0, c.kv_dim(), k_at),
+                    (wv, 0, c.kv_dim(), v_at),
+                    (wg, 0, c.q_dim(), g_at),
+                ],
+                &a_slots,
+                &act,
+            ));
+            let ap = AttnParams {
+                layer: l as u32,
+                heads: c.heads as u32,
+                kv_heads: c.kv_heads as u32,
+                head_dim: c.head_dim as u32,
+                sink: c.sink as u32,
+                window: c.window as u32,
+                rows: rows as u32,
+                words: c.head_dim.div_ceil(4) as u32,
+                q_off: q_at as u32,
+                k_off: k_at as u32,
+                v_off: v_at as u32,
+                g_off: g_at as u32,
+                o_off: o_at as u32,
+                q_norm_off: lv.q_norm as u32,
+                k_norm_off: lv.k_norm as u32,
+                cos_at: layout.cos_at() as u32,
+                sin_at: layout.sin_at() as u32,
+                _pad: [0; 3],
+            };
+            d.push(att.qk_store(&ctx, &ap, &act, &vectors, &step_buf, &cache));
+            d.push(att.attend(&ctx, &ap, &act, &step_buf, &cache, &scores));
+            let o_slot = slot_of(&o_slots, wo);
+            d.push(cq.prepare(
+                &ctx,
+                PrepareMode::Copy,
+                c.q_dim(),
+                wo.group,
+                (&act, o_at),
+                h,
+                (&vectors, 0),
+                (&prep, o_slot),
+            )?);
+            d.extend(cq.matvec(&ctx, &arenas, &[(wo, 0, h, attn_at)], (&prep, o_slot), &act));
+            let mp = MlpParams {
+                hidden: h as u32,
+                hd: c.hadamard_dim as u32,
+                b: b_at as u32,
+                u: u_at as u32,
+                attn: attn_at as u32,
+                after: after_at as u32,
+                update: update_at as u32,
+                z: z_at as u32,
+                post_norm: lv.post_norm as u32,
+                mlp_norm: lv.mlp_norm as u32,
+                d1: lv.d[0] as u32,
+                d2: lv.d[1] as u32,
+                d3: lv.d[2] as u32,
+                out_scale: lv.scale as u32,
+                _pad: [0; 2],
+            };
+            d.push(mlp.mlp(&ctx, &mp, &act, &vectors));
+            let rp = RouteParams {
+                hidden: h as u32,
+                layer: l as u32,
+                iters: c.sinkhorn_iters as u32,
+                p_post: (p_at + 4) as u32,
+                p_res: (p_at + 8) as u32,
+                update: update_at as u32,
+                a_post: (a_post + l) as u32,
+                b_post: (b_post + 4 * l) as u32,
+                a_res: (a_res + l) as u32,
+                b_res: (b_res + 16 * l) as u32,
+                _pad: [0; 2],
+            };
+            d.push(mhc.route(&ctx, &rp, &lanes, &act, &vectors));
+            layers.push(d);
+        }
+
+        let f_slot = slot_of(&f_slots, &embed);
+        let mut tail = vec![cq.prepare(
+            &ctx,
+            PrepareMode::MeanLanesZcrms,
+            h,
+            embed.group,
+            (&lanes, 0),
+            h,
+            (&vectors, final_norm),
+            (&prep, f_slot),
+        )?];
+        tail.extend(cq.matvec(
+            &ctx,
+            &arenas,
+            &[(&embed, 0, c.vocab, 0)],
+            (&prep, f_slot),
+            &logits,
+        ));
+
+        let table_rows = w
+            .engram
+            .as_ref()
+            .map_or(Vec::new(), |e| e.tables.iter().map(|t| t.rows()).collect());
+        let mut keep = vec![vectors, act, prep, scores, rings];
+        keep.extend(arenas);
+        keep.extend([
+            cache.k_codes.clone(),
+            cache.v_codes.clone(),
+            cache.k_scale.clone(),
+            cache.v_scale.clone(),
+        ]);
+        let gpu_bytes = keep.iter().map(|b| b.size()).sum::<u64>()
+            + lanes.size()
+            + step_buf.size()
+            + logits.size()
+            + staging.size();
+        Ok(GpuEngine {
+            logits_host: vec![0.0; c.vocab],
+            step_words: vec![0; layout.words()],
+            ctx,
+            model,
+            layout,
+            table_rows,
+            history: TokenHistory::default(),
+            pos: 0,
+            step_buf,
+            lanes,
+            logits,
+            staging,
+            head,
+            layers,
+            tail,
+            gpu_bytes,
+            _keep: keep,
+        })
+    }
+
+    /// The device this engine runs on.
+    pub fn context(&self) -> &Arc<GpuContext> {
+        &self.ctx
+    }
+
+    /// Compute dispatches recorded per token: `(without logits, with logits)`.
+    pub fn dispatches_per_token(&self) -> (usize, usize) {
+        let base = self.head.len() + self.layers.iter().map(Vec::len).sum::<usize>();
+        (base, base + self.tail.len())
+    }
+
+    /// Kernel names of layer `l`'s dispatches, in recording order.
+    pub fn layer_dispatch_names(&self, l: usize) -> Vec<&'static str> {
+        self.layers
+            .get(l)
+            .map_or(Vec::new(), |d| d.iter().map(|x| x.name).collect())
+    }
+
+    /// Dispatches recorded for one layer (the largest over layers).
+    pub fn dispatches_per_layer(&self) -> usize {
+        self.layers.iter().map(Vec::len).max().unwrap_or(0)
+    }
+
+    /// Bytes of GPU buffers this engine allocated.
+    pub fn gpu_buffer_bytes(&self) -> u64 {
+        self.gpu_bytes
+    }
+
+    fn write_step(&mut self, token: u32) {
+        let c = &self.model.config;
+        self.history.push(token);
+        let mut rows = Vec::with_capacity(self.table_rows.len());
+        if let Some(e) = &c.engram {
+            table_rows_for(&self.history, e, &self.table_rows, &mut rows);
+        }
+        self.layout
+            .fill(c, token, self.pos, &rows, &mut self.step_words);
+        self.ctx
+            .queue
+            .write_buffer(&self.step_buf, 0, bytemuck::cast_slice(&self.step_words));
+    }
+
+    /// Run one step and also return the lanes after every layer (`[layers][4·hidden]`),
+    /// read back through extra copies; for parity checks, not for speed.
+    ///
+    /// # Errors
+    /// As [`Engine::step`].
+    pub fn step_with_lanes(&mut self, token: u32, want_logits: bool) -> Result<StepWithLanes> {
+        self.check_token(token)?;
+        self.write_step(token);
+        let h4 = 4 * self.model.config.hidden as u64 * 4;
+        let n = self.layers.len() as u64;
+        let capture = self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("lanes capture"),
+            size: h4 * n,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+        record(&mut enc, &self.head);
+        for (l, d) in self.layers.iter().enumerate() {
+            record(&mut enc, d);
+            enc.copy_buffer_to_buffer(&self.lanes, 0, &capture, l as u64 * h4, h4);
+        }
+        if want_logits {
+            record(&mut enc, &self.tail);
+            enc.copy_buffer_to_buffer(&self.logits, 0, &self.staging, 0, self.staging.size());
+        }
+        self.ctx.queue.submit([enc.finish()]);
+        self.pos += 1;
+        let bytes = self.ctx.map_read(&capture, h4 * n)?;
+        let all: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
+        let lanes = all
+            .chunks(4 * self.model.config.hidden)
+            .map(<[f32]>::to_vec)
+            .collect();
+        let logits = if want_logits {
+            let b = self.ctx.map_read(&self.staging, self.staging.size())?;
+            Some(bytemuck::pod_collect_to_vec(&b))
+        } else {
+            None
+        };
+        Ok((logits, lanes))
+    }
+
+    fn check_token(&self, token: u32) -> Result<()> {
+        let vocab = self.model.config.vocab;
+        if token as usize >= vocab {
+            return Err(Error::TokenOutOfRange { token, vocab });
+        }
+        Ok(())
+    }
+}
+
+fn record(enc: &mut wgpu::CommandEncoder, ds: &[Dispatch]) {
+    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+        label: Some("cqlm step"),
+        timestamp_writes: None,
+    });
+    for d in ds {
+        d.record(&mut pass);
+    }
+}
+
+impl Engine for GpuEngine {
+    fn config(&self) -> &Config {
+        &self.model.config
+    }
+
+    fn step(&mut self, token: u32, want_logits: bool) -> Result<Option<&[f32]>> {
+        self.check_token(token)?;
+        self.ctx.check_errors()?;
+        self.write_step(token);
+        let mut enc = self
+            .ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("cqlm token step"),
+            });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("cqlm step"),
+                timestamp_writes: None,
+            });
+            for d in self.head.iter().chain(self.layers.iter().flatten()) {
+                d.record(&mut pass);
+            }
+            if want_logits {
+                for d in &self.tail {
+                    d.record(&mut pass);
+                }
+            }
+        }
+        if want_logits {
+            enc.copy_buffer_to_buffer(&self.logits, 0, &self.staging, 0, self.staging.size());
+        }
+        self.ctx.queue.submit([enc.finish()]);
+        self.pos += 1;
+        if !want_logits {
+            return Ok(None);
+        }
+        self.ctx.map_read_into(
+            &self.staging,
+            bytemuck::cast_slice_mut(&mut self.logits_host),
+        )?;
+        Ok(Some(&self.logits_host))
+    }
+
+    fn reset(&mut self) {
+        self.pos = 0;
+        self.history.clear();
+        // Cache and ring rows of earlier runs are never read before being rewritten
+        // (attention reads only positions <= t, the ring only positions >= 0).
+    }
+
+    fn position(&self) -> u64 {
+        self.pos
+    }
+
+    fn describe(&self) -> String {
+        format!("gpu: {}", self.ctx.describe())
+    }
+
+    fn dispatches_per_token(&self) -> Option<usize> {
+        Some(GpuEngine::dispatches_per_token(self).1)
+    }
+
+    fn device_bytes(&self) -> u64 {
+        self.gpu_bytes
+    }
+}

@@ -1,0 +1,92 @@
+//! GPU engram site convolution (SPEC §4.2): store `v` in the site's ring and form
+//! `value = v + silu(conv ∗ ring)` (shaders/engram.wgsl), the twin of the engram
+//! section of [`crate::cpu`]'s step.
+
+use crate::gpu::{Dispatch, GpuContext, Kernel};
+use bytemuck::{Pod, Zeroable};
+
+/// The WGSL source of the family.
+pub const SOURCE: &str = include_str!("../../../shaders/engram.wgsl");
+
+/// Mirror of WGSL `EngramConvParams`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable, PartialEq)]
+pub struct EngramConvParams {
+    /// Model width.
+    pub hidden: u32,
+    /// Convolution taps.
+    pub taps: u32,
+    /// Convolution dilation.
+    pub dilation: u32,
+    /// Rows of the ring, `(taps − 1)·dilation + 1`.
+    pub ring: u32,
+    /// act offset of `v = wv·e`.
+    pub v: u32,
+    /// act offset of the site value (written).
+    pub value: u32,
+    /// Element offset of this site's `[ring, hidden]` ring in `rings`.
+    pub ring_off: u32,
+    /// vectors offset of `conv[taps, hidden]`.
+    pub conv: u32,
+}
+
+/// The compiled pipeline of the family.
+#[derive(Debug, Clone)]
+pub struct EngramKernels {
+    conv: Kernel,
+}
+
+impl EngramKernels {
+    /// Compile the entry point.
+    pub fn new(ctx: &GpuContext) -> EngramKernels {
+        EngramKernels {
+            conv: Kernel::new(ctx, SOURCE, "engram_conv", "conv", 0, &[]),
+        }
+    }
+
+    /// `ceil(hidden / 256)` workgroups: ring row `t mod ring ← v`, then the site value,
+    /// with `t` read from word 1 of `step` (the per-step buffer).
+    pub fn conv(
+        &self,
+        ctx: &GpuContext,
+        p: &EngramConvParams,
+        act: &wgpu::Buffer,
+        vectors: &wgpu::Buffer,
+        step: &wgpu::Buffer,
+        rings: &wgpu::Buffer,
+    ) -> Dispatch {
+        let ub = ctx.uniform_init("engram conv params", bytemuck::bytes_of(p));
+        let groups = p.hidden.div_ceil(256).max(1);
+        Dispatch::new(
+            ctx,
+            &self.conv,
+            &[&ub, act, vectors, step, rings],
+            [groups, 1, 1],
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use naga::valid::{Capabilities, ValidationFlags, Validator};
+
+    #[test]
+    fn wgsl_validates_and_params_match() {
+        let m = naga::front::wgsl::parse_str(SOURCE)
+            .unwrap_or_else(|e| panic!("{}", e.emit_to_string(SOURCE)));
+        Validator::new(ValidationFlags::all(), Capabilities::all())
+            .validate(&m)
+            .unwrap_or_else(|e| panic!("{}", e.emit_to_string(SOURCE)));
+        let span = |name: &str| {
+            m.types
+                .iter()
+                .find(|(_, t)| t.name.as_deref() == Some(name))
+                .map(|(_, t)| t.inner.size(m.to_ctx()))
+        };
+        assert_eq!(
+            span("EngramConvParams"),
+            Some(std::mem::size_of::<EngramConvParams>() as u32)
+        );
+    }
+}

@@ -1,0 +1,146 @@
+//! GPU twins of the mHC kernels of [`crate::kernels::mhc`]: the lane pre-mix with
+//! the engram gate (`premix`) and the Sinkhorn lane routing (`route`), shaders/mhc.wgsl.
+
+use crate::gpu::{Dispatch, GpuContext, Kernel};
+use bytemuck::{Pod, Zeroable};
+
+/// The WGSL source of the family.
+pub const SOURCE: &str = include_str!("../../../shaders/mhc.wgsl");
+
+/// Mirror of WGSL `PremixParams` (SPEC §4.3 steps 3 and 4).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable, PartialEq)]
+pub struct PremixParams {
+    /// Model width.
+    pub hidden: u32,
+    /// Layer index `l` (selects the `+4` lane offset `l mod 4`).
+    pub layer: u32,
+    /// 1 if `l` is an engram site, else 0.
+    pub site: u32,
+    /// act offset of the 4 values `p_pre`.
+    pub p_pre: u32,
+    /// act offset of `u` (written).
+    pub u: u32,
+    /// act offset of the block input `b` (written).
+    pub b: u32,
+    /// act offset of the site's engram key (site only).
+    pub key: u32,
+    /// act offset of the site's engram value (site only).
+    pub value: u32,
+    /// vectors offset of `a_pre[layer]`.
+    pub a_pre: u32,
+    /// vectors offset of `b_pre[layer, 0]`.
+    pub b_pre: u32,
+    /// vectors offset of the site's `norm_u` (site only).
+    pub norm_u: u32,
+    /// vectors offset of the site's `norm_k` (site only).
+    pub norm_k: u32,
+}
+
+/// Mirror of WGSL `RouteParams` (SPEC §4.3 steps 8 and 9).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable, PartialEq)]
+pub struct RouteParams {
+    /// Model width.
+    pub hidden: u32,
+    /// Layer index `l`.
+    pub layer: u32,
+    /// Sinkhorn iterations.
+    pub iters: u32,
+    /// act offset of the 4 values `p_post`.
+    pub p_post: u32,
+    /// act offset of the 16 values `p_res`.
+    pub p_res: u32,
+    /// act offset of `update`.
+    pub update: u32,
+    /// vectors offset of `a_post[layer]`.
+    pub a_post: u32,
+    /// vectors offset of `b_post[layer, 0]`.
+    pub b_post: u32,
+    /// vectors offset of `a_res[layer]`.
+    pub a_res: u32,
+    /// vectors offset of `b_res[layer, 0]`.
+    pub b_res: u32,
+    /// Padding to 48 bytes.
+    pub _pad: [u32; 2],
+}
+
+/// The compiled pipelines of the family.
+#[derive(Debug, Clone)]
+pub struct MhcKernels {
+    premix: Kernel,
+    route: Kernel,
+}
+
+impl MhcKernels {
+    /// Compile both entry points.
+    pub fn new(ctx: &GpuContext) -> MhcKernels {
+        MhcKernels {
+            premix: Kernel::new(ctx, SOURCE, "premix", "premix", 0, &[]),
+            route: Kernel::new(ctx, SOURCE, "route", "route", 4, &[]),
+        }
+    }
+
+    /// One workgroup: `u = Σ_i hpre[i]·lanes[i]`, `b = u` (plus `α·value` at an
+    /// engram site), written to `act` at `p.u` and `p.b`. `lanes` is only read.
+    pub fn premix(
+        &self,
+        ctx: &GpuContext,
+        p: &PremixParams,
+        lanes: &wgpu::Buffer,
+        act: &wgpu::Buffer,
+        vectors: &wgpu::Buffer,
+    ) -> Dispatch {
+        let ub = ctx.uniform_init("premix params", bytemuck::bytes_of(p));
+        Dispatch::new(ctx, &self.premix, &[&ub, lanes, act, vectors], [1, 1, 1])
+    }
+
+    /// `lanes'[i] = Σ_j route[i][j]·lanes[j] + hpost[i]·update`, in place on `lanes`
+    /// (`ceil(hidden / 256)` workgroups). `act` is only read.
+    pub fn route(
+        &self,
+        ctx: &GpuContext,
+        p: &RouteParams,
+        lanes: &wgpu::Buffer,
+        act: &wgpu::Buffer,
+        vectors: &wgpu::Buffer,
+    ) -> Dispatch {
+        let ub = ctx.uniform_init("route params", bytemuck::bytes_of(p));
+        let groups = p.hidden.div_ceil(256).max(1);
+        Dispatch::new(
+            ctx,
+            &self.route,
+            &[&ub, lanes, act, vectors],
+            [groups, 1, 1],
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use naga::valid::{Capabilities, ValidationFlags, Validator};
+
+    #[test]
+    fn wgsl_validates_and_params_match() {
+        let m = naga::front::wgsl::parse_str(SOURCE)
+            .unwrap_or_else(|e| panic!("{}", e.emit_to_string(SOURCE)));
+        Validator::new(ValidationFlags::all(), Capabilities::all())
+            .validate(&m)
+            .unwrap_or_else(|e| panic!("{}", e.emit_to_string(SOURCE)));
+        let span = |name: &str| {
+            m.types
+                .iter()
+                .find(|(_, t)| t.name.as_deref() == Some(name))
+                .map(|(_, t)| t.inner.size(m.to_ctx()))
+        };
+        assert_eq!(
+            span("PremixParams"),
+            Some(std::mem::size_of::<PremixParams>() as u32)
+        );
+        assert_eq!(
+            span("RouteParams"),
+            Some(std::mem::size_of::<RouteParams>() as u32)
+        );
+    }
+}

@@ -1,0 +1,100 @@
+//! GPU twin of [`crate::kernels::mlp::hadamard_mlp`] together with the attention
+//! residual before it and the lane update after it (shaders/mlp.wgsl).
+
+use crate::gpu::{Dispatch, GpuContext, Kernel};
+use bytemuck::{Pod, Zeroable};
+
+/// The WGSL source of the family.
+pub const SOURCE: &str = include_str!("../../../shaders/mlp.wgsl");
+/// Largest `hadamard_dim` transformed entirely in workgroup memory; above it the
+/// kernel also uses the `z` scratch region of act.
+pub const SHARED_HD: usize = 4096;
+
+/// Mirror of WGSL `MlpParams` (SPEC §4.3 end of step 5, steps 6 and 7).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable, PartialEq)]
+pub struct MlpParams {
+    /// Model width.
+    pub hidden: u32,
+    /// `hadamard_dim` (a power of two, at least `hidden`).
+    pub hd: u32,
+    /// act offset of the block input `b`.
+    pub b: u32,
+    /// act offset of `u`.
+    pub u: u32,
+    /// act offset of the `wo` output `attn`.
+    pub attn: u32,
+    /// act offset of `after` (written).
+    pub after: u32,
+    /// act offset of `update` (written).
+    pub update: u32,
+    /// act offset of `hd` values of scratch (written only when `hd > 4096`).
+    pub z: u32,
+    /// vectors offset of `attn_post_norm`.
+    pub post_norm: u32,
+    /// vectors offset of `mlp_norm`.
+    pub mlp_norm: u32,
+    /// vectors offset of `mlp_d1`.
+    pub d1: u32,
+    /// vectors offset of `mlp_d2`.
+    pub d2: u32,
+    /// vectors offset of `mlp_d3`.
+    pub d3: u32,
+    /// vectors offset of the single value `attn_out_scale`.
+    pub out_scale: u32,
+    /// Padding to 64 bytes.
+    pub _pad: [u32; 2],
+}
+
+/// The compiled pipeline of the family.
+#[derive(Debug, Clone)]
+pub struct MlpKernels {
+    mlp: Kernel,
+}
+
+impl MlpKernels {
+    /// Compile the entry point.
+    pub fn new(ctx: &GpuContext) -> MlpKernels {
+        MlpKernels {
+            mlp: Kernel::new(ctx, SOURCE, "mlp", "mlp", 0, &[]),
+        }
+    }
+
+    /// One workgroup: `after = b + s·zcrms(attn, post_norm)` and
+    /// `update = hadamard_mlp(after) − u`, written to `act` at `p.after` and `p.update`.
+    pub fn mlp(
+        &self,
+        ctx: &GpuContext,
+        p: &MlpParams,
+        act: &wgpu::Buffer,
+        vectors: &wgpu::Buffer,
+    ) -> Dispatch {
+        let ub = ctx.uniform_init("mlp params", bytemuck::bytes_of(p));
+        Dispatch::new(ctx, &self.mlp, &[&ub, act, vectors], [1, 1, 1])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use naga::valid::{Capabilities, ValidationFlags, Validator};
+
+    #[test]
+    fn wgsl_validates_and_params_match() {
+        let m = naga::front::wgsl::parse_str(SOURCE)
+            .unwrap_or_else(|e| panic!("{}", e.emit_to_string(SOURCE)));
+        Validator::new(ValidationFlags::all(), Capabilities::all())
+            .validate(&m)
+            .unwrap_or_else(|e| panic!("{}", e.emit_to_string(SOURCE)));
+        let span = |name: &str| {
+            m.types
+                .iter()
+                .find(|(_, t)| t.name.as_deref() == Some(name))
+                .map(|(_, t)| t.inner.size(m.to_ctx()))
+        };
+        assert_eq!(
+            span("MlpParams"),
+            Some(std::mem::size_of::<MlpParams>() as u32)
+        );
+    }
+}

@@ -1,0 +1,361 @@
+//! GPU block kernels (shaders/mhc.wgsl, mlp.wgsl, engram.wgsl) against CPU references
+//! composed from `cqlm::kernels` following SPEC §4.2 and §4.3, on fresh random inputs
+//! with the outputs poisoned with NaN before each run.
+
+mod common;
+
+use common::gpu::{gpu, rel_l2};
+use cqlm::gpu::kernels::engram::{EngramConvParams, EngramKernels};
+use cqlm::gpu::kernels::mhc::{MhcKernels, PremixParams, RouteParams};
+use cqlm::gpu::kernels::mlp::{MlpKernels, MlpParams};
+use cqlm::gpu::run_dispatches;
+use cqlm::gpu::step::StepLayout;
+use cqlm::kernels::mhc::{post_gates, pre_gates, sinkhorn_route};
+use cqlm::kernels::mlp::hadamard_mlp;
+use cqlm::kernels::norm::{zcrms_in_place, zcrms_into};
+use cqlm::kernels::{sigmoid, silu};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+fn random_vec(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-scale..scale)).collect()
+}
+
+/// Append `v` to `buf` and return its element offset.
+fn push(buf: &mut Vec<f32>, v: &[f32]) -> u32 {
+    let at = buf.len() as u32;
+    buf.extend_from_slice(v);
+    at
+}
+
+/// Append `n` NaNs (an output region) and return its element offset.
+fn push_nan(buf: &mut Vec<f32>, n: usize) -> u32 {
+    let at = buf.len() as u32;
+    buf.resize(buf.len() + n, f32::NAN);
+    at
+}
+
+#[test]
+fn premix_matches_cpu_with_and_without_engram_site() {
+    let Some(ctx) = gpu() else { return };
+    let k = MhcKernels::new(&ctx);
+    let mut rng = ChaCha8Rng::seed_from_u64(31);
+    for hidden in [40usize, 300] {
+        for layer in 0..4usize {
+            for site in [false, true] {
+                let lanes = random_vec(&mut rng, 4 * hidden, 2.0);
+                let p_pre = random_vec(&mut rng, 4, 1.5);
+                let key = random_vec(&mut rng, hidden, 1.0);
+                let value = random_vec(&mut rng, hidden, 1.0);
+                let a_pre = random_vec(&mut rng, 4, 1.0);
+                let b_pre = random_vec(&mut rng, 16, 1.0);
+                let norm_u = random_vec(&mut rng, hidden, 0.3);
+                let norm_k = random_vec(&mut rng, hidden, 0.3);
+
+                // CPU reference (SPEC §4.3 steps 3 and 4).
+                let hpre = pre_gates(
+                    layer,
+                    a_pre[layer],
+                    &p_pre,
+                    &b_pre[4 * layer..4 * layer + 4],
+                );
+                let mut u = vec![0.0f32; hidden];
+                for (i, lane) in lanes.chunks_exact(hidden).enumerate() {
+                    for (u, x) in u.iter_mut().zip(lane) {
+                        *u += hpre[i] * x;
+                    }
+                }
+                let mut b = u.clone();
+                if site {
+                    let mut zu = vec![0.0f32; hidden];
+                    let mut zk = vec![0.0f32; hidden];
+                    zcrms_into(&u, &norm_u, &mut zu);
+                    zcrms_into(&key, &norm_k, &mut zk);
+                    let dot: f32 = zu.iter().zip(&zk).map(|(x, y)| x * y).sum();
+                    let alpha = sigmoid(dot * (1.0 / (hidden as f32).sqrt()));
+                    for (b, v) in b.iter_mut().zip(&value) {
+                        *b += alpha * v;
+                    }
+                }
+
+                let mut act = vec![0.5f32; 3];
+                let mut vecs = vec![7.0f32; 5];
+                let p = PremixParams {
+                    hidden: hidden as u32,
+                    layer: layer as u32,
+                    site: site as u32,
+                    p_pre: push(&mut act, &p_pre),
+                    key: push(&mut act, &key),
+                    value: push(&mut act, &value),
+                    u: push_nan(&mut act, hidden),
+                    b: push_nan(&mut act, hidden),
+                    a_pre: push(&mut vecs, &a_pre) + layer as u32,
+                    b_pre: push(&mut vecs, &b_pre) + 4 * layer as u32,
+                    norm_u: push(&mut vecs, &norm_u),
+                    norm_k: push(&mut vecs, &norm_k),
+                };
+                push_nan(&mut act, 5);
+                let lb = ctx.storage_init("lanes", bytemuck::cast_slice(&lanes));
+                let ab = ctx.storage_init("act", bytemuck::cast_slice(&act));
+                let vb = ctx.storage_init("vectors", bytemuck::cast_slice(&vecs));
+                run_dispatches(&ctx, &[k.premix(&ctx, &p, &lb, &ab, &vb)]).unwrap();
+                let got = ctx.read_f32(&ab, 0, act.len()).unwrap();
+                let what = format!("hidden {hidden} layer {layer} site {site}");
+                let eu = rel_l2(&got[p.u as usize..][..hidden], &u);
+                let eb = rel_l2(&got[p.b as usize..][..hidden], &b);
+                assert!(eu <= 1e-5, "premix u {what}: {eu}");
+                assert!(eb <= 1e-5, "premix b {what}: {eb}");
+                if site {
+                    assert!(
+                        rel_l2(&b, &u) > 1e-3,
+                        "the engram term should matter ({what})"
+                    );
+                }
+                let tail = p.b as usize + hidden;
+                assert!(
+                    got[tail..].iter().all(|v| v.is_nan()),
+                    "premix wrote past b ({what})"
+                );
+                assert_eq!(
+                    &got[..p.u as usize],
+                    &act[..p.u as usize],
+                    "premix changed its inputs ({what})"
+                );
+                assert_eq!(
+                    ctx.read_f32(&lb, 0, lanes.len()).unwrap(),
+                    lanes,
+                    "premix changed the lanes"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn route_matches_cpu_in_place_on_the_lanes() {
+    let Some(ctx) = gpu() else { return };
+    let k = MhcKernels::new(&ctx);
+    let mut rng = ChaCha8Rng::seed_from_u64(32);
+    let iters = 20usize;
+    for hidden in [40usize, 300, 513] {
+        for layer in 0..4usize {
+            let lanes = random_vec(&mut rng, 4 * hidden, 2.0);
+            let update = random_vec(&mut rng, hidden, 1.0);
+            let p_post = random_vec(&mut rng, 4, 1.5);
+            let p_res = random_vec(&mut rng, 16, 1.5);
+            let a_post = random_vec(&mut rng, 4, 1.0);
+            let b_post = random_vec(&mut rng, 16, 1.0);
+            let a_res = random_vec(&mut rng, 4, 1.0);
+            let b_res = random_vec(&mut rng, 64, 2.0);
+
+            // CPU reference (SPEC §4.3 steps 8 and 9).
+            let hpost = post_gates(
+                layer,
+                a_post[layer],
+                &p_post,
+                &b_post[4 * layer..4 * layer + 4],
+            );
+            let route = sinkhorn_route(
+                a_res[layer],
+                &p_res,
+                &b_res[16 * layer..16 * layer + 16],
+                iters,
+            );
+            let mut want = vec![0.0f32; 4 * hidden];
+            for (i, nl) in want.chunks_exact_mut(hidden).enumerate() {
+                for (col, dst) in nl.iter_mut().enumerate() {
+                    let mut acc = 0.0f32;
+                    for (j, r) in route[i].iter().enumerate() {
+                        acc += r * lanes[j * hidden + col];
+                    }
+                    *dst = acc + hpost[i] * update[col];
+                }
+            }
+
+            let mut act = vec![0.25f32; 2];
+            let mut vecs = vec![3.0f32; 3];
+            let p = RouteParams {
+                hidden: hidden as u32,
+                layer: layer as u32,
+                iters: iters as u32,
+                p_post: push(&mut act, &p_post),
+                p_res: push(&mut act, &p_res),
+                update: push(&mut act, &update),
+                a_post: push(&mut vecs, &a_post) + layer as u32,
+                b_post: push(&mut vecs, &b_post) + 4 * layer as u32,
+                a_res: push(&mut vecs, &a_res) + layer as u32,
+                b_res: push(&mut vecs, &b_res) + 16 * layer as u32,
+                _pad: [0; 2],
+            };
+            let lb = ctx.storage_init("lanes", bytemuck::cast_slice(&lanes));
+            let ab = ctx.storage_init("act", bytemuck::cast_slice(&act));
+            let vb = ctx.storage_init("vectors", bytemuck::cast_slice(&vecs));
+            run_dispatches(&ctx, &[k.route(&ctx, &p, &lb, &ab, &vb)]).unwrap();
+            let got = ctx.read_f32(&lb, 0, 4 * hidden).unwrap();
+            let e = rel_l2(&got, &want);
+            assert!(e <= 1e-5, "route hidden {hidden} layer {layer}: {e}");
+            assert_eq!(
+                ctx.read_f32(&ab, 0, act.len()).unwrap(),
+                act,
+                "route changed act"
+            );
+        }
+    }
+}
+
+#[test]
+fn mlp_matches_cpu_in_shared_and_global_transforms() {
+    let Some(ctx) = gpu() else { return };
+    let k = MlpKernels::new(&ctx);
+    let mut rng = ChaCha8Rng::seed_from_u64(33);
+    // hd 8192 exceeds the workgroup-memory transform and takes the global path.
+    for (hidden, hd) in [(80usize, 128usize), (200, 256), (512, 2048), (300, 8192)] {
+        let b = random_vec(&mut rng, hidden, 2.0);
+        let u = random_vec(&mut rng, hidden, 2.0);
+        let attn = random_vec(&mut rng, hidden, 3.0);
+        let post_norm = random_vec(&mut rng, hidden, 0.3);
+        let mlp_norm = random_vec(&mut rng, hidden, 0.3);
+        let d1 = random_vec(&mut rng, hd, 1.5);
+        let d2 = random_vec(&mut rng, hd, 1.5);
+        let d3 = random_vec(&mut rng, hd, 1.5);
+        let scale = 0.7f32;
+
+        // CPU reference (SPEC §4.3 end of step 5, steps 6 and 7), as in the CPU engine.
+        let mut x = attn.clone();
+        zcrms_in_place(&mut x, &post_norm);
+        let after: Vec<f32> = b.iter().zip(&x).map(|(b, x)| b + scale * x).collect();
+        let mut z = vec![0.0f32; hd];
+        let mut out = vec![0.0f32; hidden];
+        hadamard_mlp(&after, &mlp_norm, &d1, &d2, &d3, &mut z, &mut out);
+        let update: Vec<f32> = out.iter().zip(&u).map(|(o, u)| o - u).collect();
+
+        let mut act = vec![0.125f32; 7];
+        let mut vecs = vec![5.0f32; 2];
+        let p = MlpParams {
+            hidden: hidden as u32,
+            hd: hd as u32,
+            b: push(&mut act, &b),
+            u: push(&mut act, &u),
+            attn: push(&mut act, &attn),
+            after: push_nan(&mut act, hidden),
+            update: push_nan(&mut act, hidden),
+            z: push_nan(&mut act, hd),
+            out_scale: push(&mut vecs, &[scale]),
+            post_norm: push(&mut vecs, &post_norm),
+            mlp_norm: push(&mut vecs, &mlp_norm),
+            d1: push(&mut vecs, &d1),
+            d2: push(&mut vecs, &d2),
+            d3: push(&mut vecs, &d3),
+            _pad: [0; 2],
+        };
+        push_nan(&mut act, 3);
+        let ab = ctx.storage_init("act", bytemuck::cast_slice(&act));
+        let vb = ctx.storage_init("vectors", bytemuck::cast_slice(&vecs));
+        run_dispatches(&ctx, &[k.mlp(&ctx, &p, &ab, &vb)]).unwrap();
+        let got = ctx.read_f32(&ab, 0, act.len()).unwrap();
+        let ea = rel_l2(&got[p.after as usize..][..hidden], &after);
+        let eu = rel_l2(&got[p.update as usize..][..hidden], &update);
+        assert!(ea <= 1e-5, "mlp after hidden {hidden} hd {hd}: {ea}");
+        assert!(eu <= 1e-5, "mlp update hidden {hidden} hd {hd}: {eu}");
+        let end = p.z as usize + hd;
+        assert!(
+            got[end..].iter().all(|v| v.is_nan()),
+            "mlp wrote past z (hd {hd})"
+        );
+        assert_eq!(
+            &got[..p.after as usize],
+            &act[..p.after as usize],
+            "mlp changed its inputs (hd {hd})"
+        );
+    }
+}
+
+#[test]
+fn engram_conv_matches_cpu_and_writes_the_ring_row() {
+    let Some(ctx) = gpu() else { return };
+    let k = EngramKernels::new(&ctx);
+    let mut rng = ChaCha8Rng::seed_from_u64(34);
+    let hidden = 300usize;
+    for (taps, dilation) in [(3usize, 2usize), (4, 3)] {
+        let ring = (taps - 1) * dilation + 1;
+        for t in [0u64, 1, 5, 40] {
+            let v = random_vec(&mut rng, hidden, 1.0);
+            let conv = random_vec(&mut rng, taps * hidden, 1.0);
+            // Two sites' rings; this test runs the second. Rows of positions < 0 are NaN:
+            // they must never be read.
+            let other = random_vec(&mut rng, ring * hidden, 1.0);
+            let mut mine = random_vec(&mut rng, ring * hidden, 1.0);
+            for r in 0..ring {
+                if t < ring as u64 && r as u64 > t {
+                    mine[r * hidden..(r + 1) * hidden].fill(f32::NAN);
+                }
+            }
+
+            // CPU reference (SPEC §4.2), as in the CPU engine.
+            let slot = (t % ring as u64) as usize;
+            let mut want_ring = mine.clone();
+            want_ring[slot * hidden..(slot + 1) * hidden].copy_from_slice(&v);
+            let mut m = vec![0.0f32; hidden];
+            for j in 0..taps {
+                let back = (j * dilation) as u64;
+                if back > t {
+                    break;
+                }
+                let r = ((t - back) % ring as u64) as usize;
+                let past = &want_ring[r * hidden..(r + 1) * hidden];
+                for ((m, cv), pv) in m
+                    .iter_mut()
+                    .zip(&conv[j * hidden..(j + 1) * hidden])
+                    .zip(past)
+                {
+                    *m += cv * pv;
+                }
+            }
+            let want: Vec<f32> = v.iter().zip(&m).map(|(v, m)| v + silu(*m)).collect();
+
+            let mut act = vec![0.5f32; 9];
+            let mut vecs = vec![2.0f32; 4];
+            let p = EngramConvParams {
+                hidden: hidden as u32,
+                taps: taps as u32,
+                dilation: dilation as u32,
+                ring: ring as u32,
+                v: push(&mut act, &v),
+                value: push_nan(&mut act, hidden),
+                ring_off: (ring * hidden) as u32,
+                conv: push(&mut vecs, &conv),
+            };
+            push_nan(&mut act, 2);
+            let mut step = vec![0u32; 8];
+            step[StepLayout::TOKEN] = 17;
+            step[StepLayout::POS] = t as u32;
+            step[StepLayout::SLOT] = 12345;
+            let rings: Vec<f32> = [other.clone(), mine].concat();
+            let ab = ctx.storage_init("act", bytemuck::cast_slice(&act));
+            let vb = ctx.storage_init("vectors", bytemuck::cast_slice(&vecs));
+            let sb = ctx.storage_init("step", bytemuck::cast_slice(&step));
+            let rb = ctx.storage_init("rings", bytemuck::cast_slice(&rings));
+            run_dispatches(&ctx, &[k.conv(&ctx, &p, &ab, &vb, &sb, &rb)]).unwrap();
+            let got = ctx.read_f32(&ab, 0, act.len()).unwrap();
+            let what = format!("taps {taps} dilation {dilation} t {t}");
+            let e = rel_l2(&got[p.value as usize..][..hidden], &want);
+            assert!(e <= 1e-5, "engram value {what}: {e}");
+            assert!(
+                got[p.value as usize + hidden..].iter().all(|v| v.is_nan()),
+                "wrote past value ({what})"
+            );
+            let got_rings = ctx.read_f32(&rb, 0, rings.len()).unwrap();
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+            assert_eq!(
+                bits(&got_rings[..ring * hidden]),
+                bits(&other),
+                "other site's ring changed ({what})"
+            );
+            assert_eq!(
+                bits(&got_rings[ring * hidden..]),
+                bits(&want_ring),
+                "ring rows ({what})"
+            );
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! The GPU engine end to end against the CPU reference (SPEC §6 bounds).
+
+mod common;
+
+use common::gpu::{gpu, rel_l2};
+use cqlm::cpu::Probe;
+use cqlm::sample::{argmax, top2_margin};
+use cqlm::synth::{synth_model, BitsPlan};
+use cqlm::{Config, CpuEngine, Engine, GpuEngine, Model};
+use std::sync::Arc;
+
+fn tiny(engram: bool, seed: u64) -> Arc<Model> {
+    let mut c = Config::preset_tiny();
+    if !engram {
+        c.engram = None;
+    }
+    Arc::new(synth_model(&c, &BitsPlan::mixed(), seed).unwrap())
+}
+
+fn prompt(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    (0..n as u64)
+        .map(|i| ((i * 2654435761 + seed * 97) % vocab as u64) as u32)
+        .collect()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Logits at every position of a 64-token prompt (crossing the window wrap).
+fn check_all_positions(model: Arc<Model>, what: &str) {
+    let Some(ctx) = gpu() else { return };
+    let mut g = GpuEngine::with_context(Arc::clone(&model), ctx).unwrap();
+    let mut c = CpuEngine::new(Arc::clone(&model)).unwrap();
+    let ids = prompt(64, model.config.vocab, 3);
+    let mut errs = Vec::new();
+    for &id in &ids {
+        let want = c.step(id, true).unwrap().unwrap().to_vec();
+        let got = g.step(id, true).unwrap().unwrap().to_vec();
+        errs.push(rel_l2(&got, &want));
+    }
+    let max = errs.iter().cloned().fold(0.0, f64::max);
+    let med = median(errs.clone());
+    eprintln!("{what}: logits rel L2 median {med:.2e}, max {max:.2e}");
+    assert!(med <= 1e-4, "{what}: median {med}");
+    assert!(max <= 2e-2, "{what}: max {max}");
+}
+
+#[test]
+fn tiny_logits_match_cpu_at_every_position() {
+    check_all_positions(tiny(true, 7), "tiny");
+}
+
+#[test]
+fn tiny_without_engram_matches_cpu() {
+    check_all_positions(tiny(false, 8), "tiny without engram");
+}
+
+struct Lanes(Vec<Vec<f32>>);
+impl Probe for Lanes {
+    fn tensor(&mut self, name: &str, _layer: Option<usize>, data: &[f32]) {
+        if name == "lanes" {
+            self.0.push(data.to_vec());
+        }
+    }
+}
+
+#[test]
+fn lanes_after_each_layer_match_cpu_at_position_zero() {
+    let Some(ctx) = gpu() else { return };
+    for engram in [true, false] {
+        let model = tiny(engram, 11);
+        let mut g = GpuEngine::with_context(Arc::clone(&model), Arc::clone(&ctx)).unwrap();
+        let mut c = CpuEngine::new(Arc::clone(&model)).unwrap();
+        let mut probe = Lanes(Vec::new());
+        let want = c
+            .step_probed(5, true, Some(&mut probe))
+            .unwrap()
+            .unwrap()
+            .to_vec();
+        let (logits, lanes) = g.step_with_lanes(5, true).unwrap();
+        assert_eq!(lanes.len(), model.config.layers);
+        for (l, (a, b)) in lanes.iter().zip(&probe.0).enumerate() {
+            let e = rel_l2(a, b);
+            assert!(e <= 1e-4, "engram {engram}: lanes after layer {l}: {e}");
+        }
+        assert!(rel_l2(&logits.unwrap(), &want) <= 1e-4);
+    }
+}
+
+#[test]
+fn greedy_ids_match_cpu_where_margins_allow() {
+    let Some(ctx) = gpu() else { return };
+    let model = tiny(true, 5);
+    let mut g = GpuEngine::with_context(Arc::clone(&model), ctx).unwrap();
+    let mut c = CpuEngine::new(Arc::clone(&model)).unwrap();
+    let ids = prompt(6, model.config.vocab, 1);
+    let mut lc = c.prefill(&ids).unwrap();
+    let mut lg = g.prefill(&ids).unwrap();
+    let mut compared = 0;
+    for _ in 0..32 {
+        // Teacher-forced by the CPU's choice so one low-margin flip can't derail the rest.
+        let next = argmax(&lc);
+        if top2_margin(&lc) > 1e-2 {
+            assert_eq!(argmax(&lg), next);
+            compared += 1;
+        }
+        lc = c.step(next, true).unwrap().unwrap().to_vec();
+        lg = g.step(next, true).unwrap().unwrap().to_vec();
+    }
+    assert!(
+        compared >= 16,
+        "only {compared} of 32 positions had a usable margin"
+    );
+}
+
+#[test]
+fn reset_is_bit_exact_and_engines_on_one_device_are_independent() {
+    let Some(ctx) = gpu() else { return };
+    let model = tiny(true, 9);
+    let a_ids = prompt(14, model.config.vocab, 2);
+    let b_ids = prompt(14, model.config.vocab, 4);
+    let mut a = GpuEngine::with_context(Arc::clone(&model), Arc::clone(&ctx)).unwrap();
+    let alone: Vec<Vec<f32>> = a_ids
+        .iter()
+        .map(|&t| a.step(t, true).unwrap().unwrap().to_vec())
+        .collect();
+    a.reset();
+    assert_eq!(a.position(), 0);
+    let mut b = GpuEngine::with_context(Arc::clone(&model), Arc::clone(&ctx)).unwrap();
+    for (i, (&ta, &tb)) in a_ids.iter().zip(&b_ids).enumerate() {
+        let la = a.step(ta, true).unwrap().unwrap().to_vec();
+        b.step(tb, false).unwrap();
+        assert_eq!(
+            la, alone[i],
+            "position {i}: reset or a second engine changed the logits"
+        );
+    }
+}
+
+#[test]
+fn bad_token_is_an_error_and_leaves_state_unchanged() {
+    let Some(ctx) = gpu() else { return };
+    let model = tiny(true, 3);
+    let mut a = GpuEngine::with_context(Arc::clone(&model), Arc::clone(&ctx)).unwrap();
+    let mut b = GpuEngine::with_context(Arc::clone(&model), ctx).unwrap();
+    a.step(4, false).unwrap();
+    b.step(4, false).unwrap();
+    let vocab = model.config.vocab as u32;
+    assert!(matches!(
+        a.step(vocab, true),
+        Err(cqlm::Error::TokenOutOfRange { .. })
+    ));
+    assert_eq!(a.position(), 1);
+    assert_eq!(
+        a.step(9, true).unwrap().unwrap(),
+        b.step(9, true).unwrap().unwrap()
+    );
+}
+
+#[test]
+fn dispatch_budget_per_layer() {
+    let Some(ctx) = gpu() else { return };
+    // tiny mixes bit widths inside q/k/v/g (2 and 8 bits): two matvec dispatches there.
+    let g = GpuEngine::with_context(tiny(true, 1), Arc::clone(&ctx)).unwrap();
+    assert!(
+        g.dispatches_per_layer() <= 12,
+        "tiny: {:?}",
+        g.layer_dispatch_names(1)
+    );
+    let default = synth_model(&Config::preset_default(), &BitsPlan::standard(), 1).unwrap();
+    let g = GpuEngine::with_context(Arc::new(default), ctx).unwrap();
+    // The default preset: one dispatch per fused matvec, 11 per layer.
+    assert!(
+        g.dispatches_per_layer() <= 11,
+        "default: {:?}",
+        g.layer_dispatch_names(2)
+    );
+    let (without, with) = g.dispatches_per_token();
+    assert!(with > without);
+}
