@@ -15,7 +15,9 @@
 //            workgroup 64 = 4 rows x 16 lanes. Up to 4 parts (matrices that share
 //            bits, group, arena and input) in one dispatch; codebooks staged in
 //            workgroup memory; shared-memory tree reduction per row.
-//            Specialised per bit width by the override BITS.
+//            Specialised per bit width by the override BITS. A subgroup variant of
+//            the reduction, `matvec_sg`, lives in cq_subgroup.wgsl (appended to this
+//            file when the adapter has subgroups).
 //   gather   bindings 8..11 dispatch (groups, 1, 1), workgroup 256:
 //            dequantize_row of the row whose index is idx[idx_at], times `scale`,
 //            written `copies` times `copy_stride` apart. group <= 4096.
@@ -138,8 +140,14 @@ fn norm_at(i: u32) -> f32 {
     return select(w.x, w.y, (i & 1u) == 1u);
 }
 
-@compute @workgroup_size(64)
-fn matvec(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+struct Partial {
+    acc: f32,      // this invocation's share of its row's dot product
+    out_at: u32,   // output index of its row, or 0xffffffff past the last row
+}
+
+// Stage the codebooks, then accumulate this invocation's words of its row.
+// Invocation li works on row li / 16 of the workgroup's 4, lane li % 16.
+fn matvec_partial(wid: vec3<u32>, li: u32) -> Partial {
     let ncb = 1u << BITS;
     let per = 32u / BITS;
     for (var i = li; i < mp.n_parts * ncb; i += 64u) {
@@ -149,8 +157,7 @@ fn matvec(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     let wg = wid.x + wid.y * mp.grid_x;
     let lane = li % 16u;
     let gr = wg * 4u + li / 16u;
-    var acc = 0.0;
-    var out_at = 0xffffffffu;
+    var res = Partial(0.0, 0xffffffffu);
     if (gr < mp.total_rows) {
         var p = 0u;
         var start = 0u;
@@ -162,7 +169,7 @@ fn matvec(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
             p += 1u;
         }
         let a = mp.parts[2u * p];
-        out_at = mp.parts[2u * p + 1u].y + (gr - start);
+        res.out_at = mp.parts[2u * p + 1u].y + (gr - start);
         let row = a.w + (gr - start);
         let pbase = a.x + row * mp.row_words;
         let nbase = a.y + row * (mp.row_words / mp.group_words);
@@ -175,10 +182,18 @@ fn matvec(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
                 let idx = (word >> (j * BITS)) & (ncb - 1u);
                 d += lut[cb + idx] * xin[xb + j];
             }
-            acc += norm_at(nbase + w / mp.group_words) * d;
+            res.acc += norm_at(nbase + w / mp.group_words) * d;
         }
     }
-    red[li] = acc;
+    return res;
+}
+
+// Portable variant: shared-memory tree reduction of each row's 16 partial sums.
+@compute @workgroup_size(64)
+fn matvec(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let part = matvec_partial(wid, li);
+    let lane = li % 16u;
+    red[li] = part.acc;
     workgroupBarrier();
     for (var s = 8u; s > 0u; s = s >> 1u) {
         if (lane < s) {
@@ -186,8 +201,8 @@ fn matvec(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
         }
         workgroupBarrier();
     }
-    if (lane == 0u && out_at != 0xffffffffu) {
-        yout[out_at] = red[li];
+    if (lane == 0u && part.out_at != 0xffffffffu) {
+        yout[part.out_at] = red[li];
     }
 }
 

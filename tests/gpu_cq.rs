@@ -6,7 +6,7 @@ mod common;
 use common::gpu::{gpu, poisoned, rel_l2};
 use cqlm::cq::{prepare_into, CqMatrix};
 use cqlm::gpu::arena::ArenaBuilder;
-use cqlm::gpu::kernels::cq::{CqKernels, PrepareMode};
+use cqlm::gpu::kernels::cq::{CqKernels, PrepareMode, Reduction};
 use cqlm::gpu::run_dispatches;
 use cqlm::kernels::norm::{rms_unit_into, zcrms_into};
 use cqlm::synth::random_cq;
@@ -82,7 +82,16 @@ fn prepare_matches_cpu_in_every_mode() {
 #[test]
 fn matvec_matches_cpu_for_every_bits_and_group_with_fused_parts() {
     let Some(ctx) = gpu() else { return };
-    let k = CqKernels::new(&ctx);
+    for red in [Reduction::Portable, Reduction::Subgroup] {
+        let k = CqKernels::with_reduction(&ctx, red);
+        if ctx.caps.subgroups {
+            assert_eq!(k.reduction, red);
+        }
+        matvec_case(&ctx, &k);
+    }
+}
+
+fn matvec_case(ctx: &cqlm::gpu::GpuContext, k: &CqKernels) {
     let mut rng = ChaCha8Rng::seed_from_u64(5);
     for bits in [1u32, 2, 4, 8] {
         for group in [32usize, 64, 128, 256] {
@@ -136,7 +145,11 @@ fn matvec_matches_cpu_for_every_bits_and_group_with_fused_parts() {
                 let mut want = vec![0.0f32; n];
                 m.matvec_rows_prepared(p, first, &mut want);
                 let e = rel_l2(&got[at..at + n], &want);
-                assert!(e <= 1e-5, "matvec bits {bits} group {group} {what}: {e}");
+                assert!(
+                    e <= 1e-5,
+                    "matvec {:?} bits {bits} group {group} {what}: {e}",
+                    k.reduction
+                );
             };
             check(&ms[0], &prep, 0, 13, 0, "m0");
             check(&ms[1], &prep, 2, 4, 20, "m1 rows 2..6");
@@ -156,7 +169,7 @@ fn x_prep(m: &CqMatrix, x: &[f32]) -> Vec<f32> {
 #[test]
 fn matvec_splits_a_matrix_over_several_arenas() {
     let Some(ctx) = gpu() else { return };
-    let k = CqKernels::new(&ctx);
+    let k = CqKernels::with_reduction(&ctx, Reduction::Portable);
     let mut rng = ChaCha8Rng::seed_from_u64(8);
     let m = random_cq(&mut rng, 300, 200, 4, 64, 0.2);
     // Arenas of 8 KiB: about 60 rows each.

@@ -31,6 +31,10 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// Logits at every position of a 64-token prompt (crossing the window wrap).
 fn check_all_positions(model: Arc<Model>, what: &str) {
     let Some(ctx) = gpu() else { return };
+    check_all_positions_on(ctx, model, what);
+}
+
+fn check_all_positions_on(ctx: Arc<cqlm::gpu::GpuContext>, model: Arc<Model>, what: &str) {
     let mut g = GpuEngine::with_context(Arc::clone(&model), ctx).unwrap();
     let mut c = CpuEngine::new(Arc::clone(&model)).unwrap();
     let ids = prompt(64, model.config.vocab, 3);
@@ -50,6 +54,19 @@ fn check_all_positions(model: Arc<Model>, what: &str) {
 #[test]
 fn tiny_logits_match_cpu_at_every_position() {
     check_all_positions(tiny(true, 7), "tiny");
+}
+
+#[test]
+fn portable_kernels_match_cpu_too() {
+    // The same parity with subgroups switched off (the CQLM_NO_SUBGROUPS path).
+    let Some(_) = gpu() else { return };
+    let opts = cqlm::gpu::GpuOptions {
+        no_subgroups: true,
+        ..Default::default()
+    };
+    let ctx = cqlm::gpu::GpuContext::new(&opts, 1 << 20).unwrap();
+    assert!(!ctx.caps.subgroups);
+    check_all_positions_on(ctx, tiny(true, 12), "tiny, portable kernels");
 }
 
 #[test]

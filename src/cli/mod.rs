@@ -115,6 +115,7 @@ pub struct BackendArgs {
 pub fn make_engine(model: Arc<Model>, b: &BackendArgs, notice: bool) -> Result<Box<dyn Engine>> {
     let opts = cqlm::gpu::GpuOptions {
         adapter: b.adapter.clone(),
+        ..Default::default()
     };
     match b.backend {
         Some(Backend::Gpu) => Ok(Box::new(GpuEngine::new(model, &opts)?)),

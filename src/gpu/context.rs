@@ -10,6 +10,8 @@ pub struct GpuOptions {
     /// `None` falls back to the `CQLM_ADAPTER` environment variable, then to
     /// wgpu's high-performance choice.
     pub adapter: Option<String>,
+    /// Don't enable subgroups even where the adapter has them (as `CQLM_NO_SUBGROUPS=1`).
+    pub no_subgroups: bool,
 }
 
 /// What the device can do, as far as cqlm's kernels care.
@@ -133,7 +135,9 @@ impl GpuContext {
             )));
         }
         let mut required_features = wgpu::Features::empty();
-        let subgroups = feats.contains(wgpu::Features::SUBGROUP) && !env_flag("CQLM_NO_SUBGROUPS");
+        let subgroups = feats.contains(wgpu::Features::SUBGROUP)
+            && !opts.no_subgroups
+            && !env_flag("CQLM_NO_SUBGROUPS");
         if subgroups {
             required_features |= wgpu::Features::SUBGROUP;
         }

@@ -8,6 +8,24 @@ use bytemuck::{Pod, Zeroable};
 
 /// The WGSL source of the family.
 pub const SOURCE: &str = include_str!("../../../shaders/cq.wgsl");
+/// The subgroup matvec variant, appended to [`SOURCE`]. (naga 30 takes subgroup
+/// builtins without WGSL's `enable subgroups;` and rejects that directive; the
+/// device's SUBGROUP feature is what gates them.)
+pub const SUBGROUP_SOURCE: &str = include_str!("../../../shaders/cq_subgroup.wgsl");
+
+/// `SOURCE` with the subgroup variant: what is compiled when subgroups are enabled.
+pub fn subgroup_source() -> String {
+    format!("{SOURCE}\n{SUBGROUP_SOURCE}")
+}
+
+/// Which matvec reduction a [`CqKernels`] uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reduction {
+    /// Shared-memory tree (any adapter).
+    Portable,
+    /// `subgroupShuffleXor` (adapters with SUBGROUP; `CQLM_NO_SUBGROUPS=1` turns it off).
+    Subgroup,
+}
 /// Largest group the shared-memory FWHT of `prepare`/`gather` handles.
 pub const MAX_GROUP: usize = 4096;
 
@@ -105,6 +123,8 @@ pub enum PrepareMode {
 /// The compiled pipelines of the family.
 #[derive(Debug, Clone)]
 pub struct CqKernels {
+    /// The matvec reduction in use.
+    pub reduction: Reduction,
     prepare: Kernel,
     /// Matvec pipelines for bits 1, 2, 4, 8.
     matvec: [Kernel; 4],
@@ -121,11 +141,33 @@ fn bits_slot(bits: u32) -> usize {
 }
 
 impl CqKernels {
-    /// Compile every entry point (one matvec pipeline per bit width).
+    /// Compile every entry point (one matvec pipeline per bit width), with the
+    /// subgroup reduction when the device has subgroups enabled.
     pub fn new(ctx: &GpuContext) -> CqKernels {
-        let mv =
-            |bits: u32, name| Kernel::new(ctx, SOURCE, name, "matvec", 4, &[("BITS", bits as f64)]);
+        let r = if ctx.caps.subgroups {
+            Reduction::Subgroup
+        } else {
+            Reduction::Portable
+        };
+        Self::with_reduction(ctx, r)
+    }
+
+    /// Compile with an explicit matvec reduction (tests cover both). `Subgroup`
+    /// falls back to `Portable` on a device without subgroups enabled.
+    pub fn with_reduction(ctx: &GpuContext, reduction: Reduction) -> CqKernels {
+        let reduction = if ctx.caps.subgroups {
+            reduction
+        } else {
+            Reduction::Portable
+        };
+        let sg_source = subgroup_source();
+        let (src, entry) = match reduction {
+            Reduction::Portable => (SOURCE, "matvec"),
+            Reduction::Subgroup => (sg_source.as_str(), "matvec_sg"),
+        };
+        let mv = |bits: u32, name| Kernel::new(ctx, src, name, entry, 4, &[("BITS", bits as f64)]);
         CqKernels {
+            reduction,
             prepare: Kernel::new(ctx, SOURCE, "prepare", "prepare", 0, &[]),
             matvec: [
                 mv(1, "matvec1"),
@@ -314,6 +356,7 @@ mod tests {
 
     #[test]
     fn shader_validates_and_params_match_wgsl() {
+        validate_wgsl(&subgroup_source()).expect("cq.wgsl + cq_subgroup.wgsl validate");
         let m = validate_wgsl(SOURCE).expect("cq.wgsl validates");
         for (name, size) in [
             ("PrepareParams", std::mem::size_of::<PrepareParams>()),
