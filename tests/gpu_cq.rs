@@ -129,8 +129,8 @@ fn matvec_case(ctx: &cqlm::gpu::GpuContext, k: &CqKernels) {
                 (&gms[1], 2, 4, 20),
                 (&gms[2], 0, 21, 30),
             ];
-            let out = poisoned(&ctx, 64);
-            let mut ds = k.matvec(&ctx, &arenas, &items, (&xb, 0), &out);
+            let out = poisoned(ctx, 64);
+            let mut ds = k.matvec(ctx, &arenas, &items, (&xb, 0), &out);
             assert_eq!(ds.len(), 1, "parts of one geometry fuse into one dispatch");
             ds.extend(k.matvec(
                 &ctx,
@@ -139,7 +139,7 @@ fn matvec_case(ctx: &cqlm::gpu::GpuContext, k: &CqKernels) {
                 (&xb, prep.len()),
                 &out,
             ));
-            run_dispatches(&ctx, &ds).unwrap();
+            run_dispatches(ctx, &ds).unwrap();
             let got = ctx.read_f32(&out, 0, 64).unwrap();
             let check = |m: &CqMatrix, p: &[f32], first: usize, n: usize, at: usize, what: &str| {
                 let mut want = vec![0.0f32; n];
