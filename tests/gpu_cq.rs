@@ -133,7 +133,7 @@ fn matvec_case(ctx: &cqlm::gpu::GpuContext, k: &CqKernels) {
             let mut ds = k.matvec(ctx, &arenas, &items, (&xb, 0), &out);
             assert_eq!(ds.len(), 1, "parts of one geometry fuse into one dispatch");
             ds.extend(k.matvec(
-                &ctx,
+                ctx,
                 &arenas,
                 &[(&gother, 0, 5, 56)],
                 (&xb, prep.len()),
