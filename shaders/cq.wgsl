@@ -20,7 +20,9 @@
 //            file when the adapter has subgroups).
 //   gather   bindings 8..11 dispatch (groups, 1, 1), workgroup 256:
 //            dequantize_row of the row whose index is idx[idx_at], times `scale`,
-//            written `copies` times `copy_stride` apart. group <= 4096.
+//            written `copies` times `copy_stride` apart. group <= 4096. A matrix
+//            split over arenas gets one dispatch per part; only the part holding
+//            the row writes.
 
 const WG: u32 = 256u;
 const MAX_GROUP: u32 = 4096u;
@@ -221,9 +223,9 @@ struct GatherParams {
     copies: u32,
     copy_stride: u32,
     scale: f32,
+    row_first: u32,   // this dispatch holds rows row_first .. row_first + rows of the
+    rows: u32,        // matrix (one arena part); other rows write nothing
     _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
 }
 @group(0) @binding(8) var<uniform> gp: GatherParams;
 @group(0) @binding(9) var<storage, read> garena: array<u32>;
@@ -233,7 +235,11 @@ struct GatherParams {
 @compute @workgroup_size(256)
 fn gather(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let k = wid.x;
-    let row = gidx[gp.idx_at];
+    let want = gidx[gp.idx_at];
+    // Rows outside this part compute on row 0 of the part and write nothing
+    // (no early return: the barriers below need uniform control flow).
+    let mine = want >= gp.row_first && want - gp.row_first < gp.rows;
+    let row = select(0u, want - gp.row_first, mine);
     let ni = gp.norms_off + row * gp.groups + k;
     let nw = unpack2x16float(garena[ni >> 1u]);
     let norm = select(nw.x, nw.y, (ni & 1u) == 1u);
@@ -249,7 +255,7 @@ fn gather(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     let s = 1.0 / sqrt(f32(gp.group));
     for (var c = li; c < gp.group; c += WG) {
         let col = k * gp.group + c;
-        if (col < gp.cols) {
+        if (mine && col < gp.cols) {
             let v = buf[c] * s * gp.scale;
             for (var q = 0u; q < gp.copies; q++) {
                 gout[gp.out_off + q * gp.copy_stride + col] = v;

@@ -219,7 +219,7 @@ fn gather_matches_dequantize_row_for_every_bits() {
             let d = k
                 .gather(&ctx, &arenas, &g, (&idx, 1), 2.5, (&out, 0), 4, stride)
                 .unwrap();
-            run_dispatches(&ctx, &[d]).unwrap();
+            run_dispatches(&ctx, &d).unwrap();
             let got = ctx.read_f32(&out, 0, 4 * stride).unwrap();
             let mut want = vec![0.0f32; cols];
             m.dequantize_row_into(row as usize, &mut want);
@@ -235,5 +235,38 @@ fn gather_matches_dequantize_row_for_every_bits() {
                     .all(|v| v.is_nan()));
             }
         }
+    }
+}
+
+#[test]
+fn gather_reads_the_right_part_of_a_split_matrix() {
+    let Some(ctx) = gpu() else { return };
+    let k = CqKernels::new(&ctx);
+    let mut rng = ChaCha8Rng::seed_from_u64(13);
+    let m = random_cq(&mut rng, 200, 96, 4, 32, 0.5);
+    let mut ab = ArenaBuilder::new(4 << 10);
+    let g = ab.push_cq(&m).unwrap();
+    assert!(
+        g.parts.len() >= 3,
+        "expected a split, got {} parts",
+        g.parts.len()
+    );
+    let arenas: Vec<wgpu::Buffer> = ab
+        .arenas
+        .iter()
+        .map(|a| ctx.storage_init("arena", bytemuck::cast_slice(a)))
+        .collect();
+    for row in [0u32, 57, 120, 199] {
+        let idx = ctx.storage_init("idx", bytemuck::cast_slice(&[row]));
+        let out = poisoned(&ctx, 96);
+        let d = k
+            .gather(&ctx, &arenas, &g, (&idx, 0), 1.0, (&out, 0), 1, 0)
+            .unwrap();
+        assert_eq!(d.len(), g.parts.len());
+        run_dispatches(&ctx, &d).unwrap();
+        let got = ctx.read_f32(&out, 0, 96).unwrap();
+        let mut want = vec![0.0f32; 96];
+        m.dequantize_row_into(row as usize, &mut want);
+        assert!(rel_l2(&got, &want) <= 1e-5, "row {row}");
     }
 }

@@ -70,6 +70,24 @@ fn portable_kernels_match_cpu_too() {
 }
 
 #[test]
+fn weights_split_over_small_bindings_still_match_cpu() {
+    // As on an adapter whose storage bindings hold 16 KiB: the 1024-row embedding
+    // (about 55 KiB, gathered and projected) is split by rows over several arenas.
+    let Some(_) = gpu() else { return };
+    let opts = cqlm::gpu::GpuOptions {
+        max_storage_binding: Some(16 << 10),
+        ..Default::default()
+    };
+    let ctx = cqlm::gpu::GpuContext::new(&opts, 0).unwrap();
+    let mut c = Config::preset_tiny();
+    c.vocab = 1024;
+    let model = Arc::new(synth_model(&c, &BitsPlan::mixed(), 14).unwrap());
+    let g = GpuEngine::with_context(Arc::clone(&model), Arc::clone(&ctx)).unwrap();
+    assert!(g.weight_arenas() > 4, "only {} arenas", g.weight_arenas());
+    check_all_positions_on(ctx, model, "tiny, vocab 1024, 16 KiB bindings");
+}
+
+#[test]
 fn tiny_without_engram_matches_cpu() {
     check_all_positions(tiny(false, 8), "tiny without engram");
 }

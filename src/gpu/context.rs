@@ -12,6 +12,9 @@ pub struct GpuOptions {
     pub adapter: Option<String>,
     /// Don't enable subgroups even where the adapter has them (as `CQLM_NO_SUBGROUPS=1`).
     pub no_subgroups: bool,
+    /// Treat the storage binding limit as at most this many bytes, as on a smaller
+    /// adapter (tests use it to force weight splitting).
+    pub max_storage_binding: Option<u64>,
 }
 
 /// What the device can do, as far as cqlm's kernels care.
@@ -120,7 +123,12 @@ impl GpuContext {
         let info = adapter.get_info();
         let have = adapter.limits();
         let feats = adapter.features();
-        if have.max_storage_buffer_binding_size < needed_storage_binding.min(128 << 20) {
+        if opts
+            .max_storage_binding
+            .unwrap_or(u64::MAX)
+            .min(have.max_storage_buffer_binding_size)
+            < needed_storage_binding.min(128 << 20)
+        {
             return Err(Error::Gpu(format!(
                 "adapter `{}`: max_storage_buffer_binding_size is {} bytes, cqlm needs {}",
                 info.name,
@@ -171,7 +179,11 @@ impl GpuContext {
         let caps = Capabilities {
             subgroups,
             timestamps,
-            max_storage_binding: required_limits.max_storage_buffer_binding_size,
+            max_storage_binding: opts
+                .max_storage_binding
+                .map_or(required_limits.max_storage_buffer_binding_size, |m| {
+                    m.min(required_limits.max_storage_buffer_binding_size)
+                }),
             max_buffer: required_limits.max_buffer_size,
             max_workgroup_storage: required_limits.max_compute_workgroup_storage_size,
             max_workgroups_per_dim: required_limits.max_compute_workgroups_per_dimension,

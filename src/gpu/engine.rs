@@ -71,6 +71,7 @@ pub struct GpuEngine {
     tail: Vec<Dispatch>,
     logits_host: Vec<f32>,
     gpu_bytes: u64,
+    arenas: usize,
     _keep: Vec<wgpu::Buffer>,
 }
 
@@ -337,7 +338,7 @@ impl GpuEngine {
                 ds
             };
 
-        let mut head = vec![cq.gather(
+        let mut head = cq.gather(
             &ctx,
             &arenas,
             &embed,
@@ -346,10 +347,10 @@ impl GpuEngine {
             (&lanes, 0),
             4,
             h,
-        )?];
+        )?;
         if let Some(e) = &c.engram {
             for (k, t) in tables.iter().enumerate() {
-                head.push(cq.gather(
+                head.extend(cq.gather(
                     &ctx,
                     &arenas,
                     t,
@@ -537,6 +538,7 @@ impl GpuEngine {
             .engram
             .as_ref()
             .map_or(Vec::new(), |e| e.tables.iter().map(|t| t.rows()).collect());
+        let n_arenas = arenas.len();
         let mut keep = vec![vectors, act, prep, scores, rings];
         keep.extend(arenas);
         keep.extend([
@@ -567,6 +569,7 @@ impl GpuEngine {
             layers,
             tail,
             gpu_bytes,
+            arenas: n_arenas,
             _keep: keep,
         })
     }
@@ -592,6 +595,11 @@ impl GpuEngine {
     /// Dispatches recorded for one layer (the largest over layers).
     pub fn dispatches_per_layer(&self) -> usize {
         self.layers.iter().map(Vec::len).max().unwrap_or(0)
+    }
+
+    /// Number of weight arenas (storage buffers holding the CQ matrices).
+    pub fn weight_arenas(&self) -> usize {
+        self.arenas
     }
 
     /// Bytes of GPU buffers this engine allocated.

@@ -103,8 +103,12 @@ pub struct GatherParams {
     pub copy_stride: u32,
     /// Factor applied after the transform.
     pub scale: f32,
+    /// First matrix row held by this dispatch's part.
+    pub row_first: u32,
+    /// Rows held by the part.
+    pub rows: u32,
     /// Padding.
-    pub _pad: [u32; 3],
+    pub _pad: u32,
 }
 
 /// What `prepare` computes before the transform.
@@ -296,8 +300,11 @@ impl CqKernels {
     }
 
     /// Gather row `idx[idx_at]` of `m` (dequantized, times `scale`) into `out` at
-    /// `out_off`, `copies` times `copy_stride` apart. Matrices split into several
-    /// arenas are not supported here (tables and embeddings must fit one binding).
+    /// `out_off`, `copies` times `copy_stride` apart: one dispatch per arena part of
+    /// `m`, of which only the part holding the row writes.
+    ///
+    /// # Errors
+    /// [`Error::Gpu`] if the group exceeds [`MAX_GROUP`].
     #[allow(clippy::too_many_arguments)]
     pub fn gather(
         &self,
@@ -309,43 +316,43 @@ impl CqKernels {
         out: (&wgpu::Buffer, usize),
         copies: usize,
         copy_stride: usize,
-    ) -> Result<Dispatch> {
+    ) -> Result<Vec<Dispatch>> {
         if m.group > MAX_GROUP {
             return Err(Error::Gpu(format!(
                 "group {} exceeds the GPU limit of {MAX_GROUP}",
                 m.group
             )));
         }
-        let [p] = m.parts.as_slice() else {
-            return Err(Error::Gpu(format!(
-                "a gathered matrix of {} rows is split over {} storage bindings; row gather needs one",
-                m.rows,
-                m.parts.len()
-            )));
-        };
-        let params = GatherParams {
-            packed_off: p.packed_off,
-            norms_off: p.norms_off,
-            cb_off: p.cb_off,
-            row_words: m.row_words() as u32,
-            group: m.group as u32,
-            groups: m.groups as u32,
-            cols: m.cols as u32,
-            bits: m.bits,
-            idx_at: idx.1 as u32,
-            out_off: out.1 as u32,
-            copies: copies as u32,
-            copy_stride: copy_stride as u32,
-            scale,
-            _pad: [0; 3],
-        };
-        let ub = ctx.uniform_init("gather params", bytemuck::bytes_of(&params));
-        Ok(Dispatch::new(
-            ctx,
-            &self.gather,
-            &[&ub, &arenas[p.arena], idx.0, out.0],
-            grid(m.groups as u32, ctx.caps.max_workgroups_per_dim),
-        ))
+        Ok(m.parts
+            .iter()
+            .map(|p| {
+                let params = GatherParams {
+                    packed_off: p.packed_off,
+                    norms_off: p.norms_off,
+                    cb_off: p.cb_off,
+                    row_words: m.row_words() as u32,
+                    group: m.group as u32,
+                    groups: m.groups as u32,
+                    cols: m.cols as u32,
+                    bits: m.bits,
+                    idx_at: idx.1 as u32,
+                    out_off: out.1 as u32,
+                    copies: copies as u32,
+                    copy_stride: copy_stride as u32,
+                    scale,
+                    row_first: p.first_row as u32,
+                    rows: p.rows as u32,
+                    _pad: 0,
+                };
+                let ub = ctx.uniform_init("gather params", bytemuck::bytes_of(&params));
+                Dispatch::new(
+                    ctx,
+                    &self.gather,
+                    &[&ub, &arenas[p.arena], idx.0, out.0],
+                    grid(m.groups as u32, ctx.caps.max_workgroups_per_dim),
+                )
+            })
+            .collect())
     }
 }
 
