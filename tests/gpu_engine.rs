@@ -215,3 +215,61 @@ fn dispatch_budget_per_layer() {
     let (without, with) = g.dispatches_per_token();
     assert!(with > without);
 }
+
+#[test]
+fn cli_logits_on_the_gpu_match_the_cpu() {
+    let Some(_) = gpu() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.cqlm");
+    let bin = env!("CARGO_BIN_EXE_cqlm");
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(bin).args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&[
+        "synth",
+        "--preset",
+        "tiny",
+        "--seed",
+        "2",
+        "--out",
+        model.to_str().unwrap(),
+    ]);
+    let ids = "1,5,9,200,3,3,7,11,13,17,19,23,29";
+    let mut rows = Vec::new();
+    for backend in ["gpu", "cpu"] {
+        let out = dir.path().join(format!("{backend}.npy"));
+        run(&[
+            "logits",
+            "--model",
+            model.to_str().unwrap(),
+            "--ids",
+            ids,
+            "--all-positions",
+            "--backend",
+            backend,
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        let bytes = std::fs::read(&out).unwrap();
+        // .npy v1: 10-byte preamble + header, then little-endian f32 data.
+        let header_len = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+        let data: Vec<f32> = bytes[10 + header_len..]
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        assert_eq!(data.len(), 13 * 256);
+        rows.push(data);
+    }
+    for p in 0..13 {
+        let e = rel_l2(
+            &rows[0][p * 256..(p + 1) * 256],
+            &rows[1][p * 256..(p + 1) * 256],
+        );
+        assert!(e <= 2e-2, "position {p}: {e}");
+    }
+}
