@@ -22,6 +22,8 @@
 //! # Ok::<(), cqlm::Error>(())
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod archive;
 pub mod config;
 pub mod cpu;

@@ -70,6 +70,9 @@ pub struct GpuEngine {
     layers: Vec<Vec<Dispatch>>,
     tail: Vec<Dispatch>,
     logits_host: Vec<f32>,
+    rows_scratch: Vec<usize>,
+    cos_scratch: Vec<f32>,
+    sin_scratch: Vec<f32>,
     gpu_bytes: u64,
     arenas: usize,
     _keep: Vec<wgpu::Buffer>,
@@ -554,6 +557,9 @@ impl GpuEngine {
             + staging.size();
         Ok(GpuEngine {
             logits_host: vec![0.0; c.vocab],
+            rows_scratch: Vec::with_capacity(table_rows.len()),
+            cos_scratch: vec![0.0; c.head_dim / 2],
+            sin_scratch: vec![0.0; c.head_dim / 2],
             step_words: vec![0; layout.words()],
             ctx,
             model,
@@ -610,12 +616,18 @@ impl GpuEngine {
     fn write_step(&mut self, token: u32) {
         let c = &self.model.config;
         self.history.push(token);
-        let mut rows = Vec::with_capacity(self.table_rows.len());
         if let Some(e) = &c.engram {
-            table_rows_for(&self.history, e, &self.table_rows, &mut rows);
+            table_rows_for(&self.history, e, &self.table_rows, &mut self.rows_scratch);
         }
-        self.layout
-            .fill(c, token, self.pos, &rows, &mut self.step_words);
+        self.layout.fill(
+            c,
+            token,
+            self.pos,
+            &self.rows_scratch,
+            &mut self.cos_scratch,
+            &mut self.sin_scratch,
+            &mut self.step_words,
+        );
         self.ctx
             .queue
             .write_buffer(&self.step_buf, 0, bytemuck::cast_slice(&self.step_words));

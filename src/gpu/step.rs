@@ -49,15 +49,24 @@ impl StepLayout {
         4 + 2 * self.half + self.tables
     }
 
-    /// Fill `out` (length [`StepLayout::words`]) for `token` at position `t`.
-    pub fn fill(&self, c: &Config, token: u32, t: u64, table_rows: &[usize], out: &mut [u32]) {
+    /// Fill `out` (length [`StepLayout::words`]) for `token` at position `t`;
+    /// `cos` and `sin` are scratch of `head_dim/2` entries (no allocation per step).
+    #[allow(clippy::too_many_arguments)]
+    pub fn fill(
+        &self,
+        c: &Config,
+        token: u32,
+        t: u64,
+        table_rows: &[usize],
+        cos: &mut [f32],
+        sin: &mut [f32],
+        out: &mut [u32],
+    ) {
         out[Self::TOKEN] = token;
         out[Self::POS] = t as u32;
         out[Self::SLOT] = physical_slot(t, c.sink, c.window) as u32;
         out[3] = self.tables as u32;
-        let mut cos = vec![0.0f32; self.half];
-        let mut sin = vec![0.0f32; self.half];
-        rope_table(t, c.rope_theta, c.head_dim, &mut cos, &mut sin);
+        rope_table(t, c.rope_theta, c.head_dim, cos, sin);
         for i in 0..self.half {
             out[self.cos_at() + i] = cos[i].to_bits();
             out[self.sin_at() + i] = sin[i].to_bits();
