@@ -676,6 +676,34 @@ impl GpuEngine {
         Ok((logits, lanes))
     }
 
+    /// Run one step (with logits) dispatch by dispatch, one submit and wait each,
+    /// and return each dispatch's kernel name and wall time in seconds. Slow and
+    /// coarse (it includes submit and wait overhead): the fallback timing for
+    /// adapters without timestamp queries.
+    ///
+    /// # Errors
+    /// As [`Engine::step`].
+    pub fn time_dispatches(&mut self, token: u32) -> Result<Vec<(&'static str, f64)>> {
+        self.check_token(token)?;
+        self.write_step(token);
+        self.ctx.wait_idle()?;
+        let mut out = Vec::new();
+        let all: Vec<Dispatch> = self
+            .head
+            .iter()
+            .chain(self.layers.iter().flatten())
+            .chain(&self.tail)
+            .cloned()
+            .collect();
+        for d in &all {
+            let t0 = std::time::Instant::now();
+            super::run_dispatches(&self.ctx, std::slice::from_ref(d))?;
+            out.push((d.name, t0.elapsed().as_secs_f64()));
+        }
+        self.pos += 1;
+        Ok(out)
+    }
+
     fn check_token(&self, token: u32) -> Result<()> {
         let vocab = self.model.config.vocab;
         if token as usize >= vocab {
