@@ -676,6 +676,31 @@ impl GpuEngine {
         Ok((logits, lanes))
     }
 
+    /// Every dispatch of a step with logits, in recording order (head, layers, tail).
+    pub(crate) fn all_dispatches(&self) -> impl Iterator<Item = &Dispatch> {
+        self.head
+            .iter()
+            .chain(self.layers.iter().flatten())
+            .chain(&self.tail)
+    }
+
+    /// Validate `token` and write the step buffer for it (the position advances
+    /// only through [`GpuEngine::advance`]). For tools that record the step themselves.
+    ///
+    /// # Errors
+    /// [`Error::TokenOutOfRange`] if `token >= vocab`.
+    pub(crate) fn begin_step(&mut self, token: u32) -> Result<()> {
+        self.check_token(token)?;
+        self.ctx.check_errors()?;
+        self.write_step(token);
+        Ok(())
+    }
+
+    /// Count a step recorded by a tool as done.
+    pub(crate) fn advance(&mut self) {
+        self.pos += 1;
+    }
+
     /// Run one step (with logits) dispatch by dispatch, one submit and wait each,
     /// and return each dispatch's kernel name and wall time in seconds. Slow and
     /// coarse (it includes submit and wait overhead): the fallback timing for

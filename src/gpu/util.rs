@@ -208,6 +208,8 @@ pub struct Dispatch {
     pub bind_group: wgpu::BindGroup,
     /// Workgroups in x, y, z.
     pub groups: [u32; 3],
+    /// Estimated bytes this dispatch reads and writes (weights, activations, cache), for profiles.
+    pub bytes: u64,
 }
 
 impl Dispatch {
@@ -223,7 +225,14 @@ impl Dispatch {
             pipeline: k.pipeline.clone(),
             bind_group: k.bind(ctx, buffers),
             groups,
+            bytes: 0,
         }
+    }
+
+    /// The same dispatch with a byte estimate for profiles.
+    pub fn with_bytes(mut self, bytes: u64) -> Dispatch {
+        self.bytes = bytes;
+        self
     }
 
     /// Record into a compute pass.

@@ -213,12 +213,24 @@ impl CqKernels {
         };
         let params = ctx.uniform_init("prepare params", bytemuck::bytes_of(&p));
         let groups = n.div_ceil(group) as u32;
+        let lanes = if mode == PrepareMode::MeanLanesZcrms {
+            4
+        } else {
+            1
+        };
+        let gains = if matches!(mode, PrepareMode::Zcrms | PrepareMode::MeanLanesZcrms) {
+            1
+        } else {
+            0
+        };
+        let bytes = 4 * (n * (lanes + gains) + groups as usize * group) as u64;
         Ok(Dispatch::new(
             ctx,
             &self.prepare,
             &[&params, src.0, w.0, dst.0],
             grid(groups, ctx.caps.max_workgroups_per_dim),
-        ))
+        )
+        .with_bytes(bytes))
     }
 
     /// Matvec dispatches for `items` = (matrix, first row, rows, output offset), all
@@ -288,12 +300,20 @@ impl CqKernels {
             );
             params.grid_x = g[0];
             let ub = ctx.uniform_init("matvec params", bytemuck::bytes_of(&params));
-            out_d.push(Dispatch::new(
-                ctx,
-                &self.matvec[bits_slot(m0.bits)],
-                &[&ub, &arenas[p0.arena], x.0, out],
-                g,
-            ));
+            // Packed rows, their f16 norms, the codebooks, the input once and the outputs.
+            let rows = params.total_rows as u64;
+            let bytes = rows * (m0.row_words() as u64 * 4 + m0.groups as u64 * 2 + 4)
+                + (j - i) as u64 * (4u64 << m0.bits)
+                + m0.padded() as u64 * 4;
+            out_d.push(
+                Dispatch::new(
+                    ctx,
+                    &self.matvec[bits_slot(m0.bits)],
+                    &[&ub, &arenas[p0.arena], x.0, out],
+                    g,
+                )
+                .with_bytes(bytes),
+            );
             i = j;
         }
         out_d
@@ -345,12 +365,15 @@ impl CqKernels {
                     _pad: 0,
                 };
                 let ub = ctx.uniform_init("gather params", bytemuck::bytes_of(&params));
+                let bytes =
+                    (m.row_words() * 4 + m.groups * 2 + (4 << m.bits) + m.cols * copies * 4) as u64;
                 Dispatch::new(
                     ctx,
                     &self.gather,
                     &[&ub, &arenas[p.arena], idx.0, out.0],
                     grid(m.groups as u32, ctx.caps.max_workgroups_per_dim),
                 )
+                .with_bytes(bytes)
             })
             .collect())
     }
