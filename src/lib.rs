@@ -10,6 +10,7 @@
 //! * [`kernels`]: the CPU reference kernels of the token step (SPEC §4);
 //! * [`cpu`]: [`CpuEngine`], the reference step;
 //! * [`engine`]: the [`Engine`] trait every backend implements;
+//! * [`profile`]: per-kernel timings of a decode step on either backend;
 //! * [`synth`]: random well-conditioned archives for tests and benchmarks.
 //!
 //! ```no_run
@@ -33,8 +34,11 @@ pub mod engram;
 pub mod error;
 pub mod gpu;
 pub mod kernels;
+pub mod parity;
+pub mod profile;
 pub mod sample;
 pub mod synth;
+pub mod tokenizer;
 pub mod weights;
 
 pub use config::{Config, EngramConfig};

@@ -114,7 +114,12 @@ fn lanes_after_each_layer_match_cpu_at_position_zero() {
             .unwrap()
             .unwrap()
             .to_vec();
-        let (logits, lanes) = g.step_with_lanes(5, true).unwrap();
+        let (logits, caps) = g.step_captured(5, true).unwrap();
+        let lanes: Vec<Vec<f32>> = caps
+            .into_iter()
+            .filter(|c| c.name == "lanes")
+            .map(|c| c.data)
+            .collect();
         assert_eq!(lanes.len(), model.config.layers);
         for (l, (a, b)) in lanes.iter().zip(&probe.0).enumerate() {
             let e = rel_l2(a, b);

@@ -5,6 +5,8 @@ mod devices;
 mod generate;
 mod inspect;
 mod logits;
+mod parity;
+mod profile;
 mod synth;
 
 use anyhow::{bail, Context, Result};
@@ -34,8 +36,12 @@ enum Command {
     Generate(generate::Args),
     /// Measure prefill and decode throughput.
     Bench(bench::Args),
+    /// Per-kernel timings of a decode step (GPU timestamps or CPU timers).
+    Profile(profile::Args),
     /// List the GPU adapters wgpu can see.
     Devices,
+    /// Check the GPU against the CPU reference rung by rung (the SEED's parity ladder).
+    Parity(parity::Args),
 }
 
 /// Dispatch a parsed command line.
@@ -46,7 +52,9 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Synth(a) => synth::run(a),
         Command::Generate(a) => generate::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Profile(a) => profile::run(a),
         Command::Devices => devices::run(),
+        Command::Parity(a) => parity::run(a),
     }
 }
 

@@ -2,6 +2,7 @@
 
 use super::prep::PrepCache;
 use crate::config::Config;
+use crate::cq::CqMatrix;
 use crate::engine::Engine;
 use crate::engram::{table_rows_for, TokenHistory};
 use crate::error::{Error, Result};
@@ -12,8 +13,10 @@ use crate::kernels::mlp::hadamard_mlp;
 use crate::kernels::norm::{rms_unit_into, zcrms_in_place, zcrms_into};
 use crate::kernels::rope::{apply_rope, rope_table};
 use crate::kernels::{sigmoid, silu};
+use crate::profile::{bytes, KernelTimer};
 use crate::weights::Model;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// Receives named intermediate tensors of a step (for parity tools and tests).
 /// `layer` is `None` for tensors outside the layer loop. Names: `x0`, `engram.e`,
@@ -191,7 +194,33 @@ impl CpuEngine {
         &mut self,
         token: u32,
         want_logits: bool,
+        probe: Option<&mut dyn Probe>,
+    ) -> Result<Option<&[f32]>> {
+        self.step_inner(token, want_logits, probe, None)
+    }
+
+    /// [`Engine::step`] that reports each kernel of the step to `timer` with its wall
+    /// time and byte estimate, cut where the GPU step has its dispatches (see
+    /// [`crate::profile`]). Host work with no GPU kernel (RoPE table, attended
+    /// slots) is not reported.
+    ///
+    /// # Errors
+    /// As [`Engine::step`].
+    pub fn step_timed(
+        &mut self,
+        token: u32,
+        want_logits: bool,
+        timer: &mut dyn KernelTimer,
+    ) -> Result<Option<&[f32]>> {
+        self.step_inner(token, want_logits, None, Some(timer))
+    }
+
+    fn step_inner(
+        &mut self,
+        token: u32,
+        want_logits: bool,
         mut probe: Option<&mut dyn Probe>,
+        timer: Option<&mut dyn KernelTimer>,
     ) -> Result<Option<&[f32]>> {
         let model = Arc::clone(&self.model);
         let c = &model.config;
@@ -206,6 +235,7 @@ impl CpuEngine {
         let w = &model.weights;
         let s = &mut self.s;
         let st = &mut self.state;
+        let mut clk = Clock::new(timer);
         st.history.push(token);
 
         // 4.1 Embedding.
@@ -220,23 +250,32 @@ impl CpuEngine {
         for lane in rest.chunks_exact_mut(h) {
             lane.copy_from_slice(first);
         }
+        clk.lap("gather", || bytes::gather(&w.embed, 4));
 
         // 4.2 Engram.
         if let (Some(ec), Some(ew)) = (&c.engram, &w.engram) {
             table_rows_for(&st.history, ec, &self.table_rows, &mut s.table_idx);
             for (k, (table, &row)) in ew.tables.iter().zip(&s.table_idx).enumerate() {
                 table.dequantize_row_into(row, &mut s.e[k * ec.dim..(k + 1) * ec.dim]);
+                clk.lap("gather", || bytes::gather(table, 1));
             }
             emit(&mut probe, "engram.e", None, &s.e);
             let ring = ec.ring();
             s.prep.clear();
+            if clk.on() {
+                let mats: Vec<&CqMatrix> = ew.sites.iter().flat_map(|x| [&x.wv, &x.wk]).collect();
+                prepare_for(&mut s.prep, &s.e, &mats);
+                clk.lap("prepare", || prepare_bytes(s.e.len(), 1, false, &mats));
+            }
             for (i, site) in ew.sites.iter().enumerate() {
                 let slot = (t % ring as u64) as usize;
                 let vrow = &mut st.rings[i][slot * h..(slot + 1) * h];
                 site.wv
                     .matvec_rows_prepared(s.prep.get(&s.e, &site.wv), 0, vrow);
+                clk.lap_matvec(&site.wv, h);
                 site.wk
                     .matvec_rows_prepared(s.prep.get(&s.e, &site.wk), 0, &mut s.site_key[i]);
+                clk.lap_matvec(&site.wk, h);
                 s.m.fill(0.0);
                 for j in 0..ec.taps {
                     let back = (j * ec.dilation) as u64;
@@ -254,6 +293,7 @@ impl CpuEngine {
                 for ((val, vv), m) in s.site_value[i].iter_mut().zip(v).zip(&s.m) {
                     *val = vv + silu(*m);
                 }
+                clk.lap("engram_conv", || bytes::engram_conv(h, ec.taps));
                 if probe.is_some() {
                     emit(
                         &mut probe,
@@ -282,6 +322,7 @@ impl CpuEngine {
         let hd = c.head_dim;
         let rows = c.cache_rows();
         let inv_sqrt_h = 1.0 / (h as f32).sqrt();
+        clk.mark();
 
         for (l, lw) in w.layers.iter().enumerate() {
             let lo = Some(l);
@@ -289,14 +330,22 @@ impl CpuEngine {
             rms_unit_into(&s.lanes, &mut s.xhat);
             s.prep.clear();
             let m = &w.mhc;
+            if clk.on() {
+                let mats = [&m.phi_pre, &m.phi_post, &m.phi_res];
+                prepare_for(&mut s.prep, &s.xhat, &mats);
+                clk.lap("prepare", || prepare_bytes(4 * h, 1, false, &mats));
+            }
             let (pp, rest) = s.p.split_at_mut(4);
             let (pq, pr) = rest.split_at_mut(4);
             m.phi_pre
                 .matvec_rows_prepared(s.prep.get(&s.xhat, &m.phi_pre), 4 * l, pp);
+            clk.lap_matvec(&m.phi_pre, 4);
             m.phi_post
                 .matvec_rows_prepared(s.prep.get(&s.xhat, &m.phi_post), 4 * l, pq);
+            clk.lap_matvec(&m.phi_post, 4);
             m.phi_res
                 .matvec_rows_prepared(s.prep.get(&s.xhat, &m.phi_res), 16 * l, pr);
+            clk.lap_matvec(&m.phi_res, 16);
             let hpre = pre_gates(l, m.a_pre[l], pp, &m.b_pre[4 * l..4 * l + 4]);
             s.u.fill(0.0);
             for (i, lane) in s.lanes.chunks_exact(h).enumerate() {
@@ -308,8 +357,10 @@ impl CpuEngine {
 
             // 4: engram gate.
             s.b.copy_from_slice(&s.u);
+            let mut site_here = false;
             if let Some(ew) = &w.engram {
                 if let Some(i) = ew.sites.iter().position(|x| x.layer == l) {
+                    site_here = true;
                     let site = &ew.sites[i];
                     zcrms_into(&s.u, &site.norm_u, &mut s.a);
                     zcrms_into(&s.site_key[i], &site.norm_k, &mut s.tmp);
@@ -320,19 +371,29 @@ impl CpuEngine {
                     }
                 }
             }
+            clk.lap("premix", || bytes::premix(h, site_here));
             emit(&mut probe, "block_in", lo, &s.b);
 
             // 5: attention.
             zcrms_into(&s.b, &lw.attn_norm, &mut s.a);
             s.prep.clear();
+            if clk.on() {
+                let mats = [&lw.wq, &lw.wk, &lw.wv, &lw.wg];
+                prepare_for(&mut s.prep, &s.a, &mats);
+                clk.lap("prepare", || prepare_bytes(h, 1, true, &mats));
+            }
             lw.wq
                 .matvec_rows_prepared(s.prep.get(&s.a, &lw.wq), 0, &mut s.q);
+            clk.lap_matvec(&lw.wq, c.q_dim());
             lw.wk
                 .matvec_rows_prepared(s.prep.get(&s.a, &lw.wk), 0, &mut s.k);
+            clk.lap_matvec(&lw.wk, c.kv_dim());
             lw.wv
                 .matvec_rows_prepared(s.prep.get(&s.a, &lw.wv), 0, &mut s.v);
+            clk.lap_matvec(&lw.wv, c.kv_dim());
             lw.wg
                 .matvec_rows_prepared(s.prep.get(&s.a, &lw.wg), 0, &mut s.g);
+            clk.lap_matvec(&lw.wg, c.q_dim());
             for qh in s.q.chunks_exact_mut(hd) {
                 zcrms_in_place(qh, &lw.q_norm);
                 apply_rope(qh, &s.cos, &s.sin);
@@ -353,6 +414,7 @@ impl CpuEngine {
                 st.v_scale[cell] = quantize_int8(vh, &mut s.codes);
                 st.v_codes[cell * hd..(cell + 1) * hd].copy_from_slice(&s.codes);
             }
+            clk.lap("qk_store", || bytes::qk_store(c.heads, c.kv_heads, hd));
             for hq in 0..c.heads {
                 let j = c.group_of_head(hq);
                 let base = (l * c.kv_heads + j) * rows;
@@ -374,10 +436,16 @@ impl CpuEngine {
                     *o *= sigmoid(*g);
                 }
             }
+            clk.lap("attend", || bytes::attend(c.heads, hd, s.slots.len()));
             emit(&mut probe, "attn_o", lo, &s.o);
             s.prep.clear();
+            if clk.on() {
+                prepare_for(&mut s.prep, &s.o, &[&lw.wo]);
+                clk.lap("prepare", || prepare_bytes(c.q_dim(), 1, false, &[&lw.wo]));
+            }
             lw.wo
                 .matvec_rows_prepared(s.prep.get(&s.o, &lw.wo), 0, &mut s.attn);
+            clk.lap_matvec(&lw.wo, h);
             zcrms_in_place(&mut s.attn, &lw.attn_post_norm);
             for ((a, b), x) in s.after.iter_mut().zip(&s.b).zip(&s.attn) {
                 *a = b + lw.attn_out_scale * x;
@@ -400,6 +468,7 @@ impl CpuEngine {
             for (o, u) in s.out.iter_mut().zip(&s.u) {
                 *o -= u;
             }
+            clk.lap("mlp", || bytes::mlp(h, c.hadamard_dim));
             emit(&mut probe, "update", lo, &s.out);
 
             // 8–9: routing.
@@ -424,6 +493,7 @@ impl CpuEngine {
                 }
             }
             std::mem::swap(&mut s.lanes, &mut s.next_lanes);
+            clk.lap("route", || bytes::route(h));
             emit(&mut probe, "lanes", lo, &s.lanes);
         }
         self.pos += 1;
@@ -438,11 +508,77 @@ impl CpuEngine {
         }
         zcrms_in_place(&mut s.a, &w.final_norm);
         s.prep.clear();
+        if clk.on() {
+            prepare_for(&mut s.prep, &s.a, &[&w.embed]);
+            clk.lap("prepare", || prepare_bytes(h, 4, true, &[&w.embed]));
+        }
         w.embed
             .matvec_rows_prepared(s.prep.get(&s.a, &w.embed), 0, &mut self.logits);
+        clk.lap_matvec(&w.embed, c.vocab);
         emit(&mut probe, "logits", None, &self.logits);
         Ok(Some(&self.logits))
     }
+}
+
+/// Kernel-boundary clock of a timed step: every method is a no-op without a timer.
+struct Clock<'a> {
+    timer: Option<&'a mut dyn KernelTimer>,
+    last: Option<Instant>,
+}
+
+impl<'a> Clock<'a> {
+    fn new(timer: Option<&'a mut dyn KernelTimer>) -> Self {
+        let last = timer.as_ref().map(|_| Instant::now());
+        Clock { timer, last }
+    }
+
+    fn on(&self) -> bool {
+        self.timer.is_some()
+    }
+
+    /// Start the next kernel now (the time since the last boundary is not reported).
+    fn mark(&mut self) {
+        if self.timer.is_some() {
+            self.last = Some(Instant::now());
+        }
+    }
+
+    /// Kernel `name` ran from the last boundary until now.
+    fn lap(&mut self, name: &'static str, bytes: impl FnOnce() -> u64) {
+        if let Some(t) = self.timer.as_deref_mut() {
+            let now = Instant::now();
+            let secs = self.last.map_or(0.0, |t0| (now - t0).as_secs_f64());
+            t.kernel(name, secs, bytes());
+            self.last = Some(now);
+        }
+    }
+
+    /// A matvec of `rows` rows of `m` ran from the last boundary until now.
+    fn lap_matvec(&mut self, m: &CqMatrix, rows: usize) {
+        self.lap(bytes::matvec_name(m.bits()), || bytes::matvec(m, rows));
+    }
+}
+
+/// Fill the prepare cache for every matrix of `mats` (so their matvecs time only
+/// the matvec, as on the GPU where prepare is its own dispatch).
+fn prepare_for(prep: &mut PrepCache, x: &[f32], mats: &[&CqMatrix]) {
+    for m in mats {
+        prep.get(x, m);
+    }
+}
+
+/// Bytes of the prepares for `mats`: one per distinct (group, padded), as on the GPU.
+fn prepare_bytes(n: usize, lanes: usize, gain: bool, mats: &[&CqMatrix]) -> u64 {
+    let mut seen: Vec<(usize, usize)> = Vec::new();
+    let mut total = 0;
+    for m in mats {
+        let key = (m.group(), m.padded());
+        if !seen.contains(&key) {
+            seen.push(key);
+            total += bytes::prepare(n, lanes, gain, m.padded());
+        }
+    }
+    total
 }
 
 fn emit(probe: &mut Option<&mut dyn Probe>, name: &str, layer: Option<usize>, data: &[f32]) {

@@ -21,8 +21,37 @@ use crate::weights::Model;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// Logits (when asked) and the lanes after every layer, from [`GpuEngine::step_with_lanes`].
-pub type StepWithLanes = (Option<Vec<f32>>, Vec<Vec<f32>>);
+/// A deliberate bug, for testing that parity tools find it (never use otherwise).
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Skip the `− u` of SPEC §4.3 step 7: the update is the block output itself.
+    SkipMinusU,
+    /// Rotate queries and keys by the physical cache slot instead of the logical position.
+    RopeAtPhysicalSlot,
+}
+
+/// One tensor copied out of a captured step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Captured {
+    /// Name, as the CPU engine's [`crate::cpu::Probe`] names it.
+    pub name: String,
+    /// Layer, or `None` outside the layer loop.
+    pub layer: Option<usize>,
+    /// Values.
+    pub data: Vec<f32>,
+}
+
+/// Where a capture point copies from: `(after dispatch index, name, layer, from lanes?, offset, len)`.
+#[derive(Debug, Clone)]
+struct CapturePoint {
+    after: usize,
+    name: String,
+    layer: Option<usize>,
+    lanes: bool,
+    offset: usize,
+    len: usize,
+}
 
 /// Bump allocator of element offsets in one f32 buffer.
 #[derive(Debug, Default)]
@@ -75,6 +104,11 @@ pub struct GpuEngine {
     sin_scratch: Vec<f32>,
     gpu_bytes: u64,
     arenas: usize,
+    fault: Option<Fault>,
+    act: wgpu::Buffer,
+    /// Capture points of the head, each layer and the tail (indices into their dispatch lists).
+    captures: [Vec<CapturePoint>; 3],
+    layer_captures: Vec<Vec<CapturePoint>>,
     _keep: Vec<wgpu::Buffer>,
 }
 
@@ -110,6 +144,19 @@ impl GpuEngine {
     /// # Errors
     /// As [`GpuEngine::new`].
     pub fn with_context(model: Arc<Model>, ctx: Arc<GpuContext>) -> Result<GpuEngine> {
+        Self::build(model, ctx, None)
+    }
+
+    /// [`GpuEngine::with_context`] with a deliberate bug (for testing parity tools).
+    ///
+    /// # Errors
+    /// As [`GpuEngine::new`].
+    #[doc(hidden)]
+    pub fn with_fault(model: Arc<Model>, ctx: Arc<GpuContext>, fault: Fault) -> Result<GpuEngine> {
+        Self::build(model, ctx, Some(fault))
+    }
+
+    fn build(model: Arc<Model>, ctx: Arc<GpuContext>, fault: Option<Fault>) -> Result<GpuEngine> {
         let c = model.config.clone();
         let w = &model.weights;
         let h = c.hidden;
@@ -243,6 +290,7 @@ impl GpuEngine {
         let after_at = act_r.take(h);
         let update_at = act_r.take(h);
         let z_at = act_r.take(c.hadamard_dim);
+        let zero_at = act_r.take(h);
         let e_dim = c.engram.as_ref().map_or(0, |e| e.e_dim());
         let e_at = act_r.take(e_dim);
         let site_at: Vec<(usize, usize, usize)> = sites
@@ -351,6 +399,14 @@ impl GpuEngine {
             4,
             h,
         )?;
+        let mut head_caps = vec![CapturePoint {
+            after: head.len(),
+            name: "x0".into(),
+            layer: None,
+            lanes: true,
+            offset: 0,
+            len: h,
+        }];
         if let Some(e) = &c.engram {
             for (k, t) in tables.iter().enumerate() {
                 head.extend(cq.gather(
@@ -393,9 +449,31 @@ impl GpuEngine {
                 };
                 head.push(eng.conv(&ctx, &p, &act, &vectors, &step_buf, &rings));
             }
+            let after = head.len();
+            head_caps.push(CapturePoint {
+                after,
+                name: "engram.e".into(),
+                layer: None,
+                lanes: false,
+                offset: e_at,
+                len: e_dim,
+            });
+            for (i, &s_l) in e.sites.iter().enumerate() {
+                for (name, off) in [("key", site_at[i].1), ("value", site_at[i].2)] {
+                    head_caps.push(CapturePoint {
+                        after,
+                        name: format!("engram.{name}.{s_l}"),
+                        layer: None,
+                        lanes: false,
+                        offset: off,
+                        len: h,
+                    });
+                }
+            }
         }
 
         let mut layers = Vec::with_capacity(c.layers);
+        let mut layer_captures = Vec::with_capacity(c.layers);
         for l in 0..c.layers {
             let lv = &layer_vecs[l];
             let [wq, wk, wv, wg, wo] = &lw[l];
@@ -432,6 +510,19 @@ impl GpuEngine {
                 norm_k: nk as u32,
             };
             d.push(mhc.premix(&ctx, &pm, &lanes, &act, &vectors));
+            let mut caps = Vec::new();
+            let mut cap = |after: usize, name: &str, lanes: bool, offset: usize, len: usize| {
+                caps.push(CapturePoint {
+                    after,
+                    name: name.into(),
+                    layer: Some(l),
+                    lanes,
+                    offset,
+                    len,
+                })
+            };
+            cap(d.len(), "u", false, u_at, h);
+            cap(d.len(), "block_in", false, b_at, h);
             d.extend(prepare_all(
                 &a_slots,
                 PrepareMode::Zcrms,
@@ -470,7 +561,11 @@ impl GpuEngine {
                 _pad: [0; 3],
             };
             d.push(att.qk_store(&ctx, &ap, &act, &vectors, &step_buf, &cache));
+            cap(d.len(), "q", false, q_at, c.q_dim());
+            cap(d.len(), "k", false, k_at, c.kv_dim());
+            cap(d.len(), "v", false, v_at, c.kv_dim());
             d.push(att.attend(&ctx, &ap, &act, &step_buf, &cache, &scores));
+            cap(d.len(), "attn_o", false, o_at, c.q_dim());
             let o_slot = slot_of(&o_slots, wo);
             d.push(cq.prepare(
                 &ctx,
@@ -487,7 +582,11 @@ impl GpuEngine {
                 hidden: h as u32,
                 hd: c.hadamard_dim as u32,
                 b: b_at as u32,
-                u: u_at as u32,
+                u: if fault == Some(Fault::SkipMinusU) {
+                    zero_at
+                } else {
+                    u_at
+                } as u32,
                 attn: attn_at as u32,
                 after: after_at as u32,
                 update: update_at as u32,
@@ -501,6 +600,8 @@ impl GpuEngine {
                 _pad: [0; 2],
             };
             d.push(mlp.mlp(&ctx, &mp, &act, &vectors));
+            cap(d.len(), "after_attn", false, after_at, h);
+            cap(d.len(), "update", false, update_at, h);
             let rp = RouteParams {
                 hidden: h as u32,
                 layer: l as u32,
@@ -515,7 +616,9 @@ impl GpuEngine {
                 _pad: [0; 2],
             };
             d.push(mhc.route(&ctx, &rp, &lanes, &act, &vectors));
+            cap(d.len(), "lanes", true, 0, 4 * h);
             layers.push(d);
+            layer_captures.push(caps);
         }
 
         let f_slot = slot_of(&f_slots, &embed);
@@ -542,6 +645,7 @@ impl GpuEngine {
             .as_ref()
             .map_or(Vec::new(), |e| e.tables.iter().map(|t| t.rows()).collect());
         let n_arenas = arenas.len();
+        let act_keep = act.clone();
         let mut keep = vec![vectors, act, prep, scores, rings];
         keep.extend(arenas);
         keep.extend([
@@ -576,6 +680,10 @@ impl GpuEngine {
             tail,
             gpu_bytes,
             arenas: n_arenas,
+            fault,
+            act: act_keep,
+            captures: [head_caps, Vec::new(), Vec::new()],
+            layer_captures,
             _keep: keep,
         })
     }
@@ -619,10 +727,17 @@ impl GpuEngine {
         if let Some(e) = &c.engram {
             table_rows_for(&self.history, e, &self.table_rows, &mut self.rows_scratch);
         }
+        let rope_pos = match self.fault {
+            Some(Fault::RopeAtPhysicalSlot) => {
+                crate::kernels::kv::physical_slot(self.pos, c.sink, c.window) as u64
+            }
+            _ => self.pos,
+        };
         self.layout.fill(
             c,
             token,
             self.pos,
+            rope_pos,
             &self.rows_scratch,
             &mut self.cos_scratch,
             &mut self.sin_scratch,
@@ -633,47 +748,102 @@ impl GpuEngine {
             .write_buffer(&self.step_buf, 0, bytemuck::cast_slice(&self.step_words));
     }
 
-    /// Run one step and also return the lanes after every layer (`[layers][4·hidden]`),
-    /// read back through extra copies; for parity checks, not for speed.
+    /// Run one step and also copy every named intermediate out of it (the CPU
+    /// probe's names: `x0`, `engram.e`, `engram.key.{s}`, `engram.value.{s}`, and per
+    /// layer `u`, `block_in`, `q`, `k`, `v`, `attn_o`, `after_attn`, `update`,
+    /// `lanes`; `logits` when asked). The copies run between the same dispatches
+    /// as [`Engine::step`]; a normal step records none of them, so capture costs
+    /// nothing when off.
     ///
     /// # Errors
     /// As [`Engine::step`].
-    pub fn step_with_lanes(&mut self, token: u32, want_logits: bool) -> Result<StepWithLanes> {
-        self.check_token(token)?;
-        self.write_step(token);
-        let h4 = 4 * self.model.config.hidden as u64 * 4;
-        let n = self.layers.len() as u64;
+    pub fn step_captured(
+        &mut self,
+        token: u32,
+        want_logits: bool,
+    ) -> Result<(Option<Vec<f32>>, Vec<Captured>)> {
+        self.begin_step(token)?;
+        let logits_point = CapturePoint {
+            after: self.tail.len(),
+            name: "logits".into(),
+            layer: None,
+            lanes: false,
+            offset: 0,
+            len: self.model.config.vocab,
+        };
+        let tail_caps = if want_logits {
+            vec![logits_point]
+        } else {
+            Vec::new()
+        };
+        let mut segments: Vec<(&[Dispatch], &[CapturePoint])> =
+            vec![(&self.head, &self.captures[0])];
+        for (d, c) in self.layers.iter().zip(&self.layer_captures) {
+            segments.push((d, c));
+        }
+        if want_logits {
+            segments.push((&self.tail, &tail_caps));
+        }
+        let total: usize = segments
+            .iter()
+            .flat_map(|(_, c)| c.iter())
+            .map(|c| c.len)
+            .sum();
         let capture = self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("lanes capture"),
-            size: h4 * n,
+            label: Some("capture"),
+            size: (total.max(1) * 4) as u64,
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
         let mut enc = self.ctx.device.create_command_encoder(&Default::default());
-        record(&mut enc, &self.head);
-        for (l, d) in self.layers.iter().enumerate() {
-            record(&mut enc, d);
-            enc.copy_buffer_to_buffer(&self.lanes, 0, &capture, l as u64 * h4, h4);
-        }
-        if want_logits {
-            record(&mut enc, &self.tail);
-            enc.copy_buffer_to_buffer(&self.logits, 0, &self.staging, 0, self.staging.size());
+        let mut cursor = 0usize;
+        for (ds, caps) in &segments {
+            let mut start = 0;
+            for cp in caps.iter() {
+                if cp.after > start {
+                    record(&mut enc, &ds[start..cp.after]);
+                    start = cp.after;
+                }
+                let src = if cp.name == "logits" {
+                    &self.logits
+                } else if cp.lanes {
+                    &self.lanes
+                } else {
+                    &self.act
+                };
+                enc.copy_buffer_to_buffer(
+                    src,
+                    cp.offset as u64 * 4,
+                    &capture,
+                    cursor as u64 * 4,
+                    cp.len as u64 * 4,
+                );
+                cursor += cp.len;
+            }
+            if start < ds.len() {
+                record(&mut enc, &ds[start..]);
+            }
         }
         self.ctx.queue.submit([enc.finish()]);
-        self.pos += 1;
-        let bytes = self.ctx.map_read(&capture, h4 * n)?;
+        let bytes = self.ctx.map_read(&capture, total as u64 * 4)?;
         let all: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
-        let lanes = all
-            .chunks(4 * self.model.config.hidden)
-            .map(<[f32]>::to_vec)
-            .collect();
-        let logits = if want_logits {
-            let b = self.ctx.map_read(&self.staging, self.staging.size())?;
-            Some(bytemuck::pod_collect_to_vec(&b))
-        } else {
-            None
-        };
-        Ok((logits, lanes))
+        let mut out = Vec::new();
+        let mut at = 0;
+        let mut logits = None;
+        for cp in segments.iter().flat_map(|(_, c)| c.iter()) {
+            let data = all[at..at + cp.len].to_vec();
+            at += cp.len;
+            if cp.name == "logits" {
+                logits = Some(data.clone());
+            }
+            out.push(Captured {
+                name: cp.name.clone(),
+                layer: cp.layer,
+                data,
+            });
+        }
+        self.pos += 1;
+        Ok((logits, out))
     }
 
     /// Every dispatch of a step with logits, in recording order (head, layers, tail).
@@ -694,6 +864,23 @@ impl GpuEngine {
         self.ctx.check_errors()?;
         self.write_step(token);
         Ok(())
+    }
+
+    /// Record the copy of the logits into the staging buffer (after the tail dispatches).
+    pub(crate) fn encode_logits_copy(&self, enc: &mut wgpu::CommandEncoder) {
+        enc.copy_buffer_to_buffer(&self.logits, 0, &self.staging, 0, self.staging.size());
+    }
+
+    /// Map the staging buffer filled by [`GpuEngine::encode_logits_copy`] and return the logits.
+    ///
+    /// # Errors
+    /// [`Error::Gpu`] if mapping fails.
+    pub(crate) fn fetch_logits(&mut self) -> Result<&[f32]> {
+        self.ctx.map_read_into(
+            &self.staging,
+            bytemuck::cast_slice_mut(&mut self.logits_host),
+        )?;
+        Ok(&self.logits_host)
     }
 
     /// Count a step recorded by a tool as done.

@@ -4,6 +4,7 @@ pub mod arena;
 mod context;
 mod engine;
 pub mod kernels;
+pub mod profile;
 pub mod shader_check;
 pub mod step;
 mod util;
@@ -11,5 +12,5 @@ mod util;
 pub use context::{
     device_type_name, env_flag, list_adapters, Capabilities, GpuContext, GpuOptions,
 };
-pub use engine::GpuEngine;
+pub use engine::{Captured, Fault, GpuEngine};
 pub use util::{grid, run_dispatches, Dispatch, Kernel, STORAGE};

@@ -49,14 +49,16 @@ impl StepLayout {
         4 + 2 * self.half + self.tables
     }
 
-    /// Fill `out` (length [`StepLayout::words`]) for `token` at position `t`;
-    /// `cos` and `sin` are scratch of `head_dim/2` entries (no allocation per step).
+    /// Fill `out` (length [`StepLayout::words`]) for `token` at position `t`, with
+    /// RoPE at `rope_pos` (always `t`, except in fault-injection tests); `cos` and
+    /// `sin` are scratch of `head_dim/2` entries (no allocation per step).
     #[allow(clippy::too_many_arguments)]
     pub fn fill(
         &self,
         c: &Config,
         token: u32,
         t: u64,
+        rope_pos: u64,
         table_rows: &[usize],
         cos: &mut [f32],
         sin: &mut [f32],
@@ -66,7 +68,7 @@ impl StepLayout {
         out[Self::POS] = t as u32;
         out[Self::SLOT] = physical_slot(t, c.sink, c.window) as u32;
         out[3] = self.tables as u32;
-        rope_table(t, c.rope_theta, c.head_dim, cos, sin);
+        rope_table(rope_pos, c.rope_theta, c.head_dim, cos, sin);
         for i in 0..self.half {
             out[self.cos_at() + i] = cos[i].to_bits();
             out[self.sin_at() + i] = sin[i].to_bits();

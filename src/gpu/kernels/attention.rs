@@ -4,6 +4,7 @@
 
 use crate::error::{Error, Result};
 use crate::gpu::{Dispatch, GpuContext, Kernel};
+use crate::profile::bytes;
 use bytemuck::{Pod, Zeroable};
 
 /// The WGSL source of the family.
@@ -174,6 +175,11 @@ impl AttentionKernels {
             ],
             [p.heads + p.kv_heads, 1, 1],
         )
+        .with_bytes(bytes::qk_store(
+            p.heads as usize,
+            p.kv_heads as usize,
+            p.head_dim as usize,
+        ))
     }
 
     /// Dispatch `(heads, 1, 1)`: query head `h` with KV head `j = h / (heads/kv_heads)`
@@ -182,7 +188,8 @@ impl AttentionKernels {
     /// physical slot): `score_p = (Σ_d q[d]·Kcode[p,d])·Kscale[p]/sqrt(head_dim)`,
     /// softmax over `S` (max subtracted), `o_h = Σ_p w_p·Vscale[p]·Vcode[p,:]`, then
     /// `o_h ⊙= σ(g_h)`, written at `o_off + h·head_dim` in `act`. `scores` is f32
-    /// scratch of at least `heads · rows` elements.
+    /// scratch of at least `heads · rows` elements. The dispatch's byte estimate is
+    /// for a full cache (`rows` positions); profiles recount it for the position.
     pub fn attend(
         &self,
         ctx: &GpuContext,
@@ -210,6 +217,11 @@ impl AttentionKernels {
             ],
             [p.heads, 1, 1],
         )
+        .with_bytes(bytes::attend(
+            p.heads as usize,
+            p.head_dim as usize,
+            p.rows as usize,
+        ))
     }
 }
 

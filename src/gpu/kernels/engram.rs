@@ -3,6 +3,7 @@
 //! section of [`crate::cpu`]'s step.
 
 use crate::gpu::{Dispatch, GpuContext, Kernel};
+use crate::profile::bytes;
 use bytemuck::{Pod, Zeroable};
 
 /// The WGSL source of the family.
@@ -63,6 +64,7 @@ impl EngramKernels {
             &[&ub, act, vectors, step, rings],
             [groups, 1, 1],
         )
+        .with_bytes(bytes::engram_conv(p.hidden as usize, p.taps as usize))
     }
 }
 

@@ -2,6 +2,7 @@
 //! the engram gate (`premix`) and the Sinkhorn lane routing (`route`), shaders/mhc.wgsl.
 
 use crate::gpu::{Dispatch, GpuContext, Kernel};
+use crate::profile::bytes;
 use bytemuck::{Pod, Zeroable};
 
 /// The WGSL source of the family.
@@ -93,6 +94,7 @@ impl MhcKernels {
     ) -> Dispatch {
         let ub = ctx.uniform_init("premix params", bytemuck::bytes_of(p));
         Dispatch::new(ctx, &self.premix, &[&ub, lanes, act, vectors], [1, 1, 1])
+            .with_bytes(bytes::premix(p.hidden as usize, p.site != 0))
     }
 
     /// `lanes'[i] = Σ_j route[i][j]·lanes[j] + hpost[i]·update`, in place on `lanes`
@@ -113,6 +115,7 @@ impl MhcKernels {
             &[&ub, lanes, act, vectors],
             [groups, 1, 1],
         )
+        .with_bytes(bytes::route(p.hidden as usize))
     }
 }
 

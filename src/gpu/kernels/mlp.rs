@@ -2,6 +2,7 @@
 //! residual before it and the lane update after it (shaders/mlp.wgsl).
 
 use crate::gpu::{Dispatch, GpuContext, Kernel};
+use crate::profile::bytes;
 use bytemuck::{Pod, Zeroable};
 
 /// The WGSL source of the family.
@@ -71,6 +72,7 @@ impl MlpKernels {
     ) -> Dispatch {
         let ub = ctx.uniform_init("mlp params", bytemuck::bytes_of(p));
         Dispatch::new(ctx, &self.mlp, &[&ub, act, vectors], [1, 1, 1])
+            .with_bytes(bytes::mlp(p.hidden as usize, p.hd as usize))
     }
 }
 

@@ -1,0 +1,282 @@
+//! `cqlm profile`: per-kernel timings of decode steps, as a table, JSON or an SVG bar chart.
+
+use super::{Backend, BackendArgs, ModelArgs};
+use anyhow::{bail, Context, Result};
+use cqlm::gpu::profile::GpuTiming;
+use cqlm::profile::KernelProfile;
+use cqlm::{CpuEngine, Engine, GpuEngine, Model};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    backend: BackendArgs,
+    /// Decode steps to profile (logits every token); times are averaged per token.
+    #[arg(long, default_value_t = 8)]
+    tokens: usize,
+    /// Prompt tokens stepped first, unprofiled (warm-up; also fills the KV cache).
+    #[arg(long, default_value_t = 8)]
+    prompt_len: usize,
+    /// On the GPU, time each dispatch with its own submit and wait even where
+    /// timestamp queries exist (the fallback used where they don't).
+    #[arg(long)]
+    per_dispatch: bool,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Also write a horizontal bar chart of the kernel times to this SVG file.
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
+}
+
+/// The engine being profiled (profiling needs the concrete type).
+enum Profiled {
+    Cpu(Box<CpuEngine>),
+    Gpu(Box<GpuEngine>),
+}
+
+impl Profiled {
+    fn new(model: Arc<Model>, b: &BackendArgs) -> Result<Profiled> {
+        let opts = cqlm::gpu::GpuOptions {
+            adapter: b.adapter.clone(),
+            ..Default::default()
+        };
+        Ok(match b.backend {
+            Some(Backend::Cpu) => Profiled::Cpu(Box::new(CpuEngine::new(model)?)),
+            Some(Backend::Gpu) => Profiled::Gpu(Box::new(GpuEngine::new(model, &opts)?)),
+            None => match GpuEngine::new(Arc::clone(&model), &opts) {
+                Ok(e) => Profiled::Gpu(Box::new(e)),
+                Err(cqlm::Error::Gpu(msg)) => {
+                    eprintln!("note: using the cpu backend ({msg})");
+                    Profiled::Cpu(Box::new(CpuEngine::new(model)?))
+                }
+                Err(e) => return Err(e.into()),
+            },
+        })
+    }
+
+    fn engine(&mut self) -> &mut dyn Engine {
+        match self {
+            Profiled::Cpu(e) => e.as_mut(),
+            Profiled::Gpu(e) => e.as_mut(),
+        }
+    }
+}
+
+pub fn run(a: Args) -> Result<()> {
+    if a.tokens == 0 {
+        bail!("--tokens must be at least 1");
+    }
+    let model = a.model.load()?;
+    let vocab = model.config.vocab as u64;
+    let mut p = Profiled::new(model, &a.backend)?;
+    // A fixed pseudo-random sequence: the prompt, then the profiled tokens.
+    let ids: Vec<u32> = (0..(a.prompt_len + a.tokens) as u64)
+        .map(|i| ((i.wrapping_mul(2654435761) >> 7) % vocab) as u32)
+        .collect();
+    let (prompt, decode) = ids.split_at(a.prompt_len);
+    p.engine().prefill(prompt)?;
+    let first = p.engine().position();
+    let (profile, dispatches) = match &mut p {
+        Profiled::Cpu(e) => (e.profile(decode)?, None),
+        Profiled::Gpu(e) => {
+            let timing = if a.per_dispatch {
+                GpuTiming::PerDispatch
+            } else {
+                GpuTiming::Auto
+            };
+            if !e.context().caps.timestamps {
+                eprintln!(
+                    "note: adapter `{}` has no timestamp queries inside passes (TIMESTAMP_QUERY + \
+                     TIMESTAMP_QUERY_INSIDE_PASSES; or CQLM_NO_TIMESTAMPS is set): timing each \
+                     dispatch with its own submit and wait instead, which includes that overhead",
+                    e.context().info.name
+                );
+            }
+            (e.profile(decode, timing)?, Some(e.dispatches_per_token().1))
+        }
+    };
+    let backend = p.engine().describe();
+    if let Some(path) = &a.svg {
+        svg_chart(path, &profile, &backend)
+            .with_context(|| format!("writing the chart {}", path.display()))?;
+    }
+    if a.json {
+        let rows: Vec<serde_json::Value> = profile
+            .rows
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "kernel": r.name,
+                    "calls_per_token": r.calls_per_token,
+                    "us_per_token": r.seconds_per_token * 1e6,
+                    "share": profile.share(r),
+                    "bytes_per_token": r.bytes_per_token,
+                    "gb_per_s": r.gb_per_s(),
+                })
+            })
+            .collect();
+        let v = serde_json::json!({
+            "backend": backend,
+            "method": profile.method,
+            "prompt_len": a.prompt_len,
+            "tokens": profile.tokens,
+            "first_position": first,
+            "step_us": profile.step_seconds * 1e6,
+            "kernel_sum_us": profile.kernel_seconds() * 1e6,
+            "calls_per_token": profile.calls_per_token(),
+            "dispatches_per_token": dispatches,
+            "bytes_per_token": profile.bytes_per_token(),
+            "rows": rows,
+        });
+        println!("{v}");
+    } else {
+        print_table(&profile, &backend, first, dispatches);
+    }
+    Ok(())
+}
+
+fn fmt_bytes(b: u64) -> String {
+    let b = b as f64;
+    if b >= 1e6 {
+        format!("{:.2} MB", b / 1e6)
+    } else {
+        format!("{:.1} kB", b / 1e3)
+    }
+}
+
+fn print_table(p: &KernelProfile, backend: &str, first: u64, dispatches: Option<usize>) {
+    println!("backend   {backend}");
+    println!("method    {}", p.method);
+    println!(
+        "steps     {} decode steps with logits at positions {first}..{}, averaged per token",
+        p.tokens,
+        first + p.tokens as u64
+    );
+    println!();
+    let w = p
+        .rows
+        .iter()
+        .map(|r| r.name.len())
+        .max()
+        .unwrap_or(0)
+        .max(12);
+    println!(
+        "{:<w$}  {:>6}  {:>12}  {:>6}  {:>11}  {:>8}",
+        "kernel", "calls", "µs/token", "share", "bytes", "GB/s"
+    );
+    for r in &p.rows {
+        println!(
+            "{:<w$}  {:>6}  {:>12.1}  {:>5.1}%  {:>11}  {:>8.3}",
+            r.name,
+            r.calls_per_token,
+            r.seconds_per_token * 1e6,
+            100.0 * p.share(r),
+            fmt_bytes(r.bytes_per_token),
+            r.gb_per_s()
+        );
+    }
+    let sum = p.kernel_seconds();
+    println!(
+        "{:<w$}  {:>6}  {:>12.1}  {:>5.1}%  {:>11}  {:>8.3}",
+        "kernels",
+        p.calls_per_token(),
+        sum * 1e6,
+        100.0 * sum / p.step_seconds.max(f64::MIN_POSITIVE),
+        fmt_bytes(p.bytes_per_token()),
+        p.bytes_per_token() as f64 / sum.max(f64::MIN_POSITIVE) / 1e9
+    );
+    println!(
+        "{:<w$}  {:>6}  {:>12.1}  100.0%   (other: {:.1} µs outside the kernels: host work, submit, readback, gaps)",
+        "step (wall)",
+        "",
+        p.step_seconds * 1e6,
+        (p.step_seconds - sum) * 1e6
+    );
+    if let Some(d) = dispatches {
+        println!("gpu       {d} dispatches per token with logits");
+    }
+}
+
+/// A horizontal bar chart of µs per token per kernel, largest on top.
+fn svg_chart(path: &Path, p: &KernelProfile, backend: &str) -> Result<()> {
+    use plotters::prelude::*;
+    let n = p.rows.len().max(1);
+    let max_us = p
+        .rows
+        .iter()
+        .map(|r| r.seconds_per_token * 1e6)
+        .fold(0.0f64, f64::max)
+        .max(1e-3);
+    let label_w = p.rows.iter().map(|r| r.name.len()).max().unwrap_or(8) as u32 * 9 + 16;
+    let height = 110 + 30 * n as u32;
+    let root = SVGBackend::new(path, (960, height)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let title = format!(
+        "cqlm profile: {backend}: {:.1} µs per step, {:.1} µs in kernels",
+        p.step_seconds * 1e6,
+        p.kernel_seconds() * 1e6
+    );
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 16))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(label_w)
+        // n rows: the discrete values 0 ..= n − 1, one segment each.
+        .build_cartesian_2d(0.0..max_us * 1.3, (0..n - 1).into_segmented())
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    // Row i (largest first) sits at the top: segment n − 1 − i.
+    let names: Vec<String> = p.rows.iter().map(|r| r.name.clone()).collect();
+    let label = move |v: &SegmentValue<usize>| match v {
+        SegmentValue::CenterOf(k) | SegmentValue::Exact(k) if *k < n => {
+            names.get(n - 1 - k).cloned().unwrap_or_default()
+        }
+        _ => String::new(),
+    };
+    chart
+        .configure_mesh()
+        .disable_y_mesh()
+        .y_labels(n)
+        .y_label_formatter(&label)
+        .x_desc("µs per token")
+        .draw()
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let bar = RGBColor(66, 114, 196);
+    chart
+        .draw_series(p.rows.iter().enumerate().map(|(i, r)| {
+            let y = n - 1 - i;
+            let mut rect = Rectangle::new(
+                [
+                    (0.0, SegmentValue::Exact(y)),
+                    (r.seconds_per_token * 1e6, SegmentValue::Exact(y + 1)),
+                ],
+                bar.filled(),
+            );
+            rect.set_margin(4, 4, 0, 0);
+            rect
+        }))
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    chart
+        .draw_series(p.rows.iter().enumerate().map(|(i, r)| {
+            let y = n - 1 - i;
+            Text::new(
+                format!(
+                    "{:.1} µs, {:.1}%, ×{}",
+                    r.seconds_per_token * 1e6,
+                    100.0 * p.share(r),
+                    r.calls_per_token
+                ),
+                (
+                    r.seconds_per_token * 1e6 + max_us * 0.01,
+                    SegmentValue::CenterOf(y),
+                ),
+                ("sans-serif", 12).into_font(),
+            )
+        }))
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    root.present().map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(())
+}

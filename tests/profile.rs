@@ -1,0 +1,306 @@
+//! Per-kernel profiles (`cqlm profile`): every dispatch or kernel boundary of the
+//! step is covered, times are positive and add up to at most the step's wall
+//! time, and the profiled steps are real decode steps.
+
+mod common;
+
+use common::gpu::{gpu, rel_l2};
+use cqlm::gpu::profile::GpuTiming;
+use cqlm::profile::KernelProfile;
+use cqlm::synth::{synth_model, BitsPlan};
+use cqlm::{Config, CpuEngine, Engine, GpuEngine, Model};
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::{Command, Output};
+use std::sync::Arc;
+
+fn tiny(seed: u64) -> Arc<Model> {
+    Arc::new(synth_model(&Config::preset_tiny(), &BitsPlan::mixed(), seed).unwrap())
+}
+
+fn ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    (0..n as u64)
+        .map(|i| ((i * 2654435761 + seed * 97) % vocab as u64) as u32)
+        .collect()
+}
+
+fn calls(p: &KernelProfile, name: &str) -> usize {
+    p.rows
+        .iter()
+        .find(|r| r.name == name)
+        .map_or(0, |r| r.calls_per_token)
+}
+
+/// What holds for every profile: rows sorted, positive, within the step.
+fn check_common(p: &KernelProfile, tokens: usize, what: &str) {
+    eprintln!(
+        "{what}: {} rows, {} calls/token, kernels {:.1} µs of a {:.1} µs step ({})",
+        p.rows.len(),
+        p.calls_per_token(),
+        p.kernel_seconds() * 1e6,
+        p.step_seconds * 1e6,
+        p.method
+    );
+    assert_eq!(p.tokens, tokens, "{what}");
+    assert!(!p.rows.is_empty(), "{what}");
+    for r in &p.rows {
+        assert!(r.calls_per_token > 0, "{what}: {r:?}");
+        assert!(r.seconds_per_token > 0.0, "{what}: {r:?}");
+        assert!(r.bytes_per_token > 0, "{what}: {r:?}");
+        assert!(
+            r.gb_per_s() > 0.0 && r.gb_per_s().is_finite(),
+            "{what}: {r:?}"
+        );
+    }
+    for w in p.rows.windows(2) {
+        assert!(
+            w[0].seconds_per_token >= w[1].seconds_per_token,
+            "{what}: sorted"
+        );
+    }
+    let names: BTreeSet<&str> = p.rows.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names.len(), p.rows.len(), "{what}: one row per kernel");
+    assert!(
+        p.kernel_seconds() <= p.step_seconds,
+        "{what}: kernels {} s > step {} s",
+        p.kernel_seconds(),
+        p.step_seconds
+    );
+    let share: f64 = p.rows.iter().map(|r| p.share(r)).sum();
+    assert!(share > 0.0 && share <= 1.0, "{what}: shares sum to {share}");
+}
+
+#[test]
+fn cpu_profile_covers_every_kernel_of_the_step() {
+    let model = tiny(3);
+    let c = model.config.clone();
+    let e = c.engram.clone().expect("tiny has engram");
+    let all = ids(10, c.vocab, 1);
+    let mut eng = CpuEngine::new(Arc::clone(&model)).unwrap();
+    eng.prefill(&all[..6]).unwrap();
+    let p = eng.profile(&all[6..]).unwrap();
+    check_common(&p, 4, "cpu tiny");
+    assert!(p.method.contains("cpu"));
+    let l = c.layers;
+    for name in ["premix", "qk_store", "attend", "mlp", "route"] {
+        assert_eq!(calls(&p, name), l, "{name}");
+    }
+    assert_eq!(calls(&p, "engram_conv"), e.sites.len());
+    assert_eq!(calls(&p, "gather"), 1 + e.tables());
+    // Engram input, then per layer the Φ input, the attention input and wo's input, then logits.
+    assert_eq!(calls(&p, "prepare"), 1 + 3 * l + 1);
+    let matvecs: usize = p
+        .rows
+        .iter()
+        .filter(|r| r.name.starts_with("matvec"))
+        .map(|r| r.calls_per_token)
+        .sum();
+    // wv and wk per site; Φ pre/post/res and wq wk wv wg wo per layer; the vocabulary.
+    assert_eq!(matvecs, 2 * e.sites.len() + 8 * l + 1);
+    assert_eq!(
+        p.calls_per_token(),
+        calls(&p, "prepare") + matvecs + 5 * l + e.sites.len() + 1 + e.tables()
+    );
+
+    // The profiled steps were real steps, bit for bit: the next logits match a
+    // plain engine fed the same tokens.
+    assert_eq!(eng.position(), 10);
+    let mut plain = CpuEngine::new(Arc::clone(&model)).unwrap();
+    plain.prefill(&all).unwrap();
+    let want = plain.step(5, true).unwrap().unwrap().to_vec();
+    let got = eng.step(5, true).unwrap().unwrap().to_vec();
+    assert_eq!(got, want);
+}
+
+/// Profile `tokens` steps on the GPU after a short prompt; check the profile and
+/// that the steps were real (the next logits match the CPU's).
+fn gpu_profile(timing: GpuTiming, tokens: usize, what: &str) -> Option<(KernelProfile, bool)> {
+    let ctx = gpu()?;
+    let has_ts = ctx.caps.timestamps;
+    let model = tiny(5);
+    let vocab = model.config.vocab;
+    let all = ids(5 + tokens, vocab, 2);
+    let mut g = GpuEngine::with_context(Arc::clone(&model), ctx).unwrap();
+    g.prefill(&all[..5]).unwrap();
+    let p = g.profile(&all[5..], timing).unwrap();
+    check_common(&p, tokens, what);
+    let (_, per_token) = g.dispatches_per_token();
+    assert_eq!(p.calls_per_token(), per_token, "{what}: every dispatch");
+    let mut names: BTreeSet<&str> = BTreeSet::new();
+    for l in 0..model.config.layers {
+        names.extend(g.layer_dispatch_names(l));
+    }
+    for n in &names {
+        assert!(p.rows.iter().any(|r| r.name == *n), "{what}: {n} missing");
+    }
+    assert_eq!(g.position(), (5 + tokens) as u64);
+    let mut cpu = CpuEngine::new(Arc::clone(&model)).unwrap();
+    cpu.prefill(&all).unwrap();
+    let want = cpu.step(9, true).unwrap().unwrap().to_vec();
+    let got = g.step(9, true).unwrap().unwrap().to_vec();
+    let err = rel_l2(&got, &want);
+    assert!(
+        err <= 2e-2,
+        "{what}: logits after the profile: rel L2 {err}"
+    );
+    Some((p, has_ts))
+}
+
+#[test]
+fn gpu_profile_covers_every_dispatch() {
+    // Timestamps where the adapter has them (lavapipe does): the kernel times are
+    // GPU time between two timestamps around each dispatch, so they add up to at
+    // most the step's wall time. Without them this is the per-dispatch path.
+    let Some((p, has_ts)) = gpu_profile(GpuTiming::Auto, 3, "gpu tiny") else {
+        return;
+    };
+    if has_ts {
+        assert!(p.method.contains("timestamp"), "{}", p.method);
+    } else {
+        assert!(p.method.contains("submit and wait"), "{}", p.method);
+    }
+}
+
+#[test]
+fn gpu_per_dispatch_fallback_covers_every_dispatch() {
+    // The fallback for adapters without timestamps: each time is the wall time of
+    // one submit and wait, all measured inside the step's wall time.
+    let Some((p, _)) = gpu_profile(GpuTiming::PerDispatch, 2, "gpu tiny, per dispatch") else {
+        return;
+    };
+    assert!(p.method.contains("submit and wait"), "{}", p.method);
+}
+
+#[test]
+fn gpu_timestamps_when_asked_match_the_capability() {
+    let Some(ctx) = gpu() else { return };
+    let has_ts = ctx.caps.timestamps;
+    let model = tiny(6);
+    let mut g = GpuEngine::with_context(model, ctx).unwrap();
+    let r = g.profile(&[1, 2], GpuTiming::Timestamps);
+    assert_eq!(r.is_ok(), has_ts, "{r:?}");
+    if !has_ts {
+        assert_eq!(g.position(), 0, "nothing stepped");
+    }
+}
+
+fn cqlm(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cqlm"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run cqlm")
+}
+
+fn ok(out: &Output, what: &str) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{what}: {:?}\nstdout: {stdout}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+fn check_json(stdout: &str, tokens: u64) -> serde_json::Value {
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
+    assert_eq!(v["tokens"], tokens);
+    let rows = v["rows"].as_array().expect("rows");
+    assert!(!rows.is_empty());
+    let mut sum = 0.0;
+    let mut calls = 0;
+    for r in rows {
+        assert!(r["kernel"].is_string(), "{r}");
+        let us = r["us_per_token"].as_f64().unwrap();
+        assert!(us > 0.0, "{r}");
+        assert!(r["bytes_per_token"].as_u64().unwrap() > 0, "{r}");
+        assert!(r["gb_per_s"].as_f64().unwrap() > 0.0, "{r}");
+        let share = r["share"].as_f64().unwrap();
+        assert!(share > 0.0 && share <= 1.0, "{r}");
+        calls += r["calls_per_token"].as_u64().unwrap();
+        sum += us;
+    }
+    assert_eq!(v["calls_per_token"].as_u64(), Some(calls));
+    assert!((v["kernel_sum_us"].as_f64().unwrap() - sum).abs() <= 1e-6 * sum.max(1.0));
+    assert!(sum <= v["step_us"].as_f64().unwrap(), "{v}");
+    v
+}
+
+#[test]
+fn cli_profile_prints_json_and_writes_an_svg_chart() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = cqlm(
+        dir.path(),
+        &[
+            "profile",
+            "--preset",
+            "tiny",
+            "--backend",
+            "cpu",
+            "--tokens",
+            "3",
+            "--json",
+        ],
+    );
+    let v = check_json(&ok(&out, "profile --json"), 3);
+    assert!(v["method"].as_str().unwrap().contains("cpu"));
+    assert!(v["dispatches_per_token"].is_null());
+
+    let out = cqlm(
+        dir.path(),
+        &[
+            "profile",
+            "--preset",
+            "tiny",
+            "--backend",
+            "cpu",
+            "--tokens",
+            "2",
+            "--svg",
+            "chart.svg",
+        ],
+    );
+    let text = ok(&out, "profile --svg");
+    assert!(text.contains("kernel") && text.contains("attend"), "{text}");
+    let svg = std::fs::read_to_string(dir.path().join("chart.svg")).expect("chart written");
+    assert!(svg.contains("<svg"), "{svg}");
+    assert!(svg.contains("attend") && svg.contains("µs per token"));
+
+    let out = cqlm(
+        dir.path(),
+        &[
+            "profile",
+            "--preset",
+            "tiny",
+            "--backend",
+            "cpu",
+            "--tokens",
+            "0",
+        ],
+    );
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).starts_with("error:"));
+}
+
+#[test]
+fn cli_profile_on_the_gpu_counts_every_dispatch() {
+    let Some(_) = gpu() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let out = cqlm(
+        dir.path(),
+        &[
+            "profile",
+            "--preset",
+            "tiny",
+            "--backend",
+            "gpu",
+            "--tokens",
+            "2",
+            "--json",
+        ],
+    );
+    let v = check_json(&ok(&out, "profile --backend gpu --json"), 2);
+    assert_eq!(v["calls_per_token"], v["dispatches_per_token"]);
+}
