@@ -12,7 +12,8 @@
 //           α = σ(<zcrms(u, norm_u), zcrms(key, norm_k)> / sqrt(hidden)), b = u + α·value.
 //           Writes u and b.
 //   route   bindings 4..7  dispatch (ceil(hidden / 256), 1, 1), workgroup 256:
-//           params, lanes (read_write), act (read), vectors (read).
+//           params, lanes (read_write), act (read_write: reads p and update,
+//           workgroup 0 writes the route weights), vectors (read).
 //           Invocation 0 of every workgroup computes hpost = 2σ(a_post·p_post + b_post + off)
 //           and route = exp(Sinkhorn(L)) into workgroup memory; then one invocation per
 //           column c: lanes'[i][c] = Σ_j route[i][j]·lanes[j][c] + hpost[i]·update[c].
@@ -121,12 +122,12 @@ struct RouteParams {
     b_post: u32, // vectors: b_post[layer, 0]
     a_res: u32,  // vectors: a_res[layer]
     b_res: u32,  // vectors: b_res[layer, 0]
+    route_out: u32, // act: the 16 route weights, written by workgroup 0 (parity captures)
     _pad0: u32,
-    _pad1: u32,
 }
 @group(0) @binding(4) var<uniform> rp: RouteParams;
 @group(0) @binding(5) var<storage, read_write> rt_lanes: array<f32>;
-@group(0) @binding(6) var<storage, read> rt_act: array<f32>;
+@group(0) @binding(6) var<storage, read_write> rt_act: array<f32>;
 @group(0) @binding(7) var<storage, read> rt_vec: array<f32>;
 
 // route[4i + j] at 0..16, hpost[i] at 16..20.
@@ -166,6 +167,11 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         let ap = rt_vec[rp.a_post];
         for (var i = 0u; i < 4u; i++) {
             gates[16u + i] = 2.0 * sigm(ap * rt_act[rp.p_post + i] + rt_vec[rp.b_post + i] + lane_off(rp.layer, i));
+        }
+        if (wid.x == 0u) {
+            for (var k = 0u; k < 16u; k++) {
+                rt_act[rp.route_out + k] = gates[k];
+            }
         }
     }
     workgroupBarrier();

@@ -11,7 +11,7 @@
 //        z      = zcrms(after, mlp_norm) zero-padded to hd; z ⊙= d1; z = nfwht(z);
 //        z      = silu(d2 ⊙ z); z = nfwht(z); z ⊙= d3
 //        update = (after + z[..hidden]) − u
-//        Writes `after` and `update`. The FWHT runs in workgroup memory when
+//        Writes `after`, `out` and `update`. The FWHT runs in workgroup memory when
 //        hd <= 4096; above that, every 4096-chunk runs its first 12 stages in
 //        workgroup memory and the remaining stages run in place on the `z`
 //        scratch region of act (hd values), separated by storage barriers (one
@@ -38,8 +38,8 @@ struct MlpParams {
     d2: u32,        // vectors
     d3: u32,        // vectors
     out_scale: u32, // vectors: attn_out_scale (one value)
+    out: u32,       // act: out = after + z[..hidden] (the MLP output, for parity captures)
     _pad0: u32,
-    _pad1: u32,
 }
 @group(0) @binding(0) var<uniform> mp: MlpParams;
 @group(0) @binding(1) var<storage, read_write> act: array<f32>;
@@ -146,6 +146,7 @@ fn mlp(@builtin(local_invocation_index) li: u32) {
         fwht_shared(hd, li);
         for (var c = li; c < h; c += WG) {
             let o = act[mp.after + c] + (buf[c] * sc) * vecs[mp.d3 + c];
+            act[mp.out + c] = o;
             act[mp.update + c] = o - act[mp.u + c];
         }
     } else {
@@ -183,6 +184,7 @@ fn mlp(@builtin(local_invocation_index) li: u32) {
         fwht_global(li);
         for (var c = li; c < h; c += WG) {
             let o = act[mp.after + c] + (act[mp.z + c] * sc) * vecs[mp.d3 + c];
+            act[mp.out + c] = o;
             act[mp.update + c] = o - act[mp.u + c];
         }
     }

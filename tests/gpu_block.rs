@@ -185,7 +185,8 @@ fn route_matches_cpu_in_place_on_the_lanes() {
                 b_post: push(&mut vecs, &b_post) + 4 * layer as u32,
                 a_res: push(&mut vecs, &a_res) + layer as u32,
                 b_res: push(&mut vecs, &b_res) + 16 * layer as u32,
-                _pad: [0; 2],
+                route_out: push_nan(&mut act, 16),
+                _pad: 0,
             };
             let lb = ctx.storage_init("lanes", bytemuck::cast_slice(&lanes));
             let ab = ctx.storage_init("act", bytemuck::cast_slice(&act));
@@ -194,10 +195,15 @@ fn route_matches_cpu_in_place_on_the_lanes() {
             let got = ctx.read_f32(&lb, 0, 4 * hidden).unwrap();
             let e = rel_l2(&got, &want);
             assert!(e <= 1e-5, "route hidden {hidden} layer {layer}: {e}");
+            let got_act = ctx.read_f32(&ab, 0, act.len()).unwrap();
+            let r = p.route_out as usize;
+            let flat: Vec<f32> = route.iter().flatten().copied().collect();
+            let e = rel_l2(&got_act[r..r + 16], &flat);
+            assert!(e <= 1e-5, "route weights written: {e}");
             assert_eq!(
-                ctx.read_f32(&ab, 0, act.len()).unwrap(),
-                act,
-                "route changed act"
+                &got_act[..r],
+                &act[..r],
+                "route changed act outside its weights"
             );
         }
     }
@@ -239,6 +245,7 @@ fn mlp_matches_cpu_in_shared_and_global_transforms() {
             attn: push(&mut act, &attn),
             after: push_nan(&mut act, hidden),
             update: push_nan(&mut act, hidden),
+            out: push_nan(&mut act, hidden),
             z: push_nan(&mut act, hd),
             out_scale: push(&mut vecs, &[scale]),
             post_norm: push(&mut vecs, &post_norm),
@@ -246,7 +253,7 @@ fn mlp_matches_cpu_in_shared_and_global_transforms() {
             d1: push(&mut vecs, &d1),
             d2: push(&mut vecs, &d2),
             d3: push(&mut vecs, &d3),
-            _pad: [0; 2],
+            _pad: 0,
         };
         push_nan(&mut act, 3);
         let ab = ctx.storage_init("act", bytemuck::cast_slice(&act));
@@ -257,6 +264,8 @@ fn mlp_matches_cpu_in_shared_and_global_transforms() {
         let eu = rel_l2(&got[p.update as usize..][..hidden], &update);
         assert!(ea <= 1e-5, "mlp after hidden {hidden} hd {hd}: {ea}");
         assert!(eu <= 1e-5, "mlp update hidden {hidden} hd {hd}: {eu}");
+        let eo = rel_l2(&got[p.out as usize..][..hidden], &out);
+        assert!(eo <= 1e-5, "mlp out hidden {hidden} hd {hd}: {eo}");
         let end = p.z as usize + hd;
         assert!(
             got[end..].iter().all(|v| v.is_nan()),

@@ -291,6 +291,8 @@ impl GpuEngine {
         let update_at = act_r.take(h);
         let z_at = act_r.take(c.hadamard_dim);
         let zero_at = act_r.take(h);
+        let out_at = act_r.take(h);
+        let route_at = act_r.take(16);
         let e_dim = c.engram.as_ref().map_or(0, |e| e.e_dim());
         let e_at = act_r.take(e_dim);
         let site_at: Vec<(usize, usize, usize)> = sites
@@ -597,10 +599,12 @@ impl GpuEngine {
                 d2: lv.d[1] as u32,
                 d3: lv.d[2] as u32,
                 out_scale: lv.scale as u32,
-                _pad: [0; 2],
+                out: out_at as u32,
+                _pad: 0,
             };
             d.push(mlp.mlp(&ctx, &mp, &act, &vectors));
             cap(d.len(), "after_attn", false, after_at, h);
+            cap(d.len(), "mlp_out", false, out_at, h);
             cap(d.len(), "update", false, update_at, h);
             let rp = RouteParams {
                 hidden: h as u32,
@@ -613,9 +617,11 @@ impl GpuEngine {
                 b_post: (b_post + 4 * l) as u32,
                 a_res: (a_res + l) as u32,
                 b_res: (b_res + 16 * l) as u32,
-                _pad: [0; 2],
+                route_out: route_at as u32,
+                _pad: 0,
             };
             d.push(mhc.route(&ctx, &rp, &lanes, &act, &vectors));
+            cap(d.len(), "route", false, route_at, 16);
             cap(d.len(), "lanes", true, 0, 4 * h);
             layers.push(d);
             layer_captures.push(caps);
@@ -750,8 +756,8 @@ impl GpuEngine {
 
     /// Run one step and also copy every named intermediate out of it (the CPU
     /// probe's names: `x0`, `engram.e`, `engram.key.{s}`, `engram.value.{s}`, and per
-    /// layer `u`, `block_in`, `q`, `k`, `v`, `attn_o`, `after_attn`, `update`,
-    /// `lanes`; `logits` when asked). The copies run between the same dispatches
+    /// layer `u`, `block_in`, `q`, `k`, `v`, `attn_o`, `after_attn`, `mlp_out`,
+    /// `update`, `route`, `lanes`; `logits` when asked). The copies run between the same dispatches
     /// as [`Engine::step`]; a normal step records none of them, so capture costs
     /// nothing when off.
     ///

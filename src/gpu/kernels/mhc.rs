@@ -62,8 +62,10 @@ pub struct RouteParams {
     pub a_res: u32,
     /// vectors offset of `b_res[layer, 0]`.
     pub b_res: u32,
+    /// act offset where workgroup 0 writes the 16 route weights (parity captures).
+    pub route_out: u32,
     /// Padding to 48 bytes.
-    pub _pad: [u32; 2],
+    pub _pad: u32,
 }
 
 /// The compiled pipelines of the family.

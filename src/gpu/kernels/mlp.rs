@@ -43,8 +43,10 @@ pub struct MlpParams {
     pub d3: u32,
     /// vectors offset of the single value `attn_out_scale`.
     pub out_scale: u32,
+    /// act offset of `out = after + z[..hidden]` (written for parity captures).
+    pub out: u32,
     /// Padding to 64 bytes.
-    pub _pad: [u32; 2],
+    pub _pad: u32,
 }
 
 /// The compiled pipeline of the family.
