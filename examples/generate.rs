@@ -1,9 +1,11 @@
-//! Greedy generation through the library API.
+//! Generation through the library API: load, prefill, sample, stream.
 //!
 //! `cargo run --release --example generate -- [ARCHIVE]` (default: the `tiny` preset, random weights).
 
+use cqlm::sample::{Sampler, SamplerConfig};
+use cqlm::session::{Backend, Session};
 use cqlm::synth::{synth_model, BitsPlan};
-use cqlm::{Config, CpuEngine, Engine, Model};
+use cqlm::{Config, Model};
 use std::sync::Arc;
 
 fn main() -> Result<(), cqlm::Error> {
@@ -11,20 +13,20 @@ fn main() -> Result<(), cqlm::Error> {
         Some(path) => Model::load(path.as_ref())?,
         None => synth_model(&Config::preset_tiny(), &BitsPlan::mixed(), 7)?,
     };
-    let eos = model.config.eos;
-    let mut engine = CpuEngine::new(Arc::new(model))?;
-    let mut logits = engine.prefill(&[1, 42, 7])?;
-    for _ in 0..16 {
-        let next = cqlm::sample::argmax(&logits);
-        print!("{next} ");
-        if next == eos {
-            break;
-        }
-        logits = engine
-            .step(next, true)?
-            .map(<[f32]>::to_vec)
-            .unwrap_or_default();
-    }
-    println!();
+    // The GPU when wgpu finds an adapter, else the CPU.
+    let mut session = Session::new(Arc::new(model), Backend::Auto(Default::default()))?;
+    session.prefill(&[1, 42, 7])?;
+    let mut sampler = Sampler::new(SamplerConfig {
+        temperature: 0.8,
+        top_k: 40,
+        repeat_penalty: 1.1,
+        seed: 1,
+        ..SamplerConfig::default()
+    })?;
+    session.generate(&mut sampler, 16, |id| {
+        print!("{id} ");
+        true // keep going
+    })?;
+    println!("\n({})", session.engine().describe());
     Ok(())
 }

@@ -6,15 +6,14 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A file could not be opened, mapped, read or written.
-    #[error("{path}: {source}")]
+    #[error("{path}: {err}")]
     Io {
         /// The file involved.
         path: PathBuf,
-        /// The operating system's error.
-        #[source]
-        source: std::io::Error,
+        /// The operating system's error (in the message, not repeated as a source).
+        err: std::io::Error,
     },
-    /// An archive breaks SPEC §1–§5. `source` names the file (or `<memory>`).
+    /// An archive breaks SPEC §1–§5. `archive` names the file (or `<memory>`).
     #[error("{archive}: {kind}")]
     Archive {
         /// The archive's path, or a name such as `<synth>` for an in-memory archive.
@@ -44,6 +43,15 @@ pub enum Error {
     /// The GPU backend failed: no adapter, a missing limit, a lost device.
     #[error("gpu: {0}")]
     Gpu(String),
+    /// A tensor of a float checkpoint cannot be packed: missing, misshapen, unknown
+    /// or holding a non-finite value (`cqlm pack`).
+    #[error("cannot pack tensor `{tensor}`: {reason}")]
+    Pack {
+        /// The tensor's name (SPEC §3).
+        tensor: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// An argument of a library call breaks its documented contract.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

@@ -11,7 +11,8 @@
 //! * [`cpu`]: [`CpuEngine`], the reference step;
 //! * [`engine`]: the [`Engine`] trait every backend implements;
 //! * [`profile`]: per-kernel timings of a decode step on either backend;
-//! * [`synth`]: random well-conditioned archives for tests and benchmarks.
+//! * [`synth`]: random well-conditioned archives (and float checkpoints) for tests and benchmarks;
+//! * [`pack`]: float checkpoint → archive, through the quantizer.
 //!
 //! ```no_run
 //! use cqlm::{Config, CpuEngine, Engine, synth};
@@ -34,9 +35,11 @@ pub mod engram;
 pub mod error;
 pub mod gpu;
 pub mod kernels;
+pub mod pack;
 pub mod parity;
 pub mod profile;
 pub mod sample;
+pub mod session;
 pub mod synth;
 pub mod tokenizer;
 pub mod weights;

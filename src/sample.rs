@@ -1,4 +1,9 @@
-//! Choosing the next token from logits.
+//! Choosing the next token from logits: greedy, or seeded sampling with
+//! temperature, top-k, top-p and a repetition penalty.
+
+use crate::error::{Error, Result};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 
 /// Index of the largest logit (the first on ties); 0 for an empty slice.
 /// NaN logits are never chosen over finite ones.
@@ -29,6 +34,169 @@ pub fn top2_margin(logits: &[f32]) -> f32 {
         a - b
     } else {
         0.0
+    }
+}
+
+/// Sampling settings. The default is greedy decoding.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplerConfig {
+    /// Softmax temperature; `0` means greedy (argmax).
+    pub temperature: f32,
+    /// Keep only the `k` most likely tokens (`0`: no limit).
+    pub top_k: usize,
+    /// Keep the smallest set of most likely tokens whose probability reaches `p` (`1`: no limit).
+    pub top_p: f32,
+    /// Divide positive logits (multiply negative ones) of recently seen tokens by this (`1`: off).
+    pub repeat_penalty: f32,
+    /// How many of the most recent tokens the penalty looks at.
+    pub repeat_last_n: usize,
+    /// Seed of the sampling stream; the same seed gives the same choices.
+    pub seed: u64,
+}
+
+impl Default for SamplerConfig {
+    fn default() -> Self {
+        SamplerConfig {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            seed: 0,
+        }
+    }
+}
+
+/// A seeded sampler. Reusable across steps without allocating after the first.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    cfg: SamplerConfig,
+    rng: ChaCha8Rng,
+    scratch: Vec<(f32, u32)>,
+    adjusted: Vec<f32>,
+    seen: Vec<u32>,
+}
+
+impl Sampler {
+    /// A sampler for `cfg`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a negative or non-finite temperature, `top_p`
+    /// outside `(0, 1]` or a repeat penalty that is not finite and positive.
+    pub fn new(cfg: SamplerConfig) -> Result<Sampler> {
+        if !(cfg.temperature.is_finite() && cfg.temperature >= 0.0) {
+            return Err(Error::InvalidArgument(format!(
+                "temperature {} is not a finite number >= 0",
+                cfg.temperature
+            )));
+        }
+        if !(cfg.top_p > 0.0 && cfg.top_p <= 1.0) {
+            return Err(Error::InvalidArgument(format!(
+                "top-p {} is not in (0, 1]",
+                cfg.top_p
+            )));
+        }
+        if !(cfg.repeat_penalty.is_finite() && cfg.repeat_penalty > 0.0) {
+            return Err(Error::InvalidArgument(format!(
+                "repeat penalty {} is not a finite number > 0",
+                cfg.repeat_penalty
+            )));
+        }
+        Ok(Sampler {
+            rng: ChaCha8Rng::seed_from_u64(cfg.seed),
+            cfg,
+            scratch: Vec::new(),
+            adjusted: Vec::new(),
+            seen: Vec::new(),
+        })
+    }
+
+    /// Greedy decoding.
+    pub fn greedy() -> Sampler {
+        Sampler {
+            rng: ChaCha8Rng::seed_from_u64(0),
+            cfg: SamplerConfig::default(),
+            scratch: Vec::new(),
+            adjusted: Vec::new(),
+            seen: Vec::new(),
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &SamplerConfig {
+        &self.cfg
+    }
+
+    /// Choose the next token from `logits`, given the tokens seen so far (`history`,
+    /// oldest first) for the repetition penalty.
+    pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        let c = &self.cfg;
+        self.adjusted.clear();
+        self.adjusted.extend_from_slice(logits);
+        if c.repeat_penalty != 1.0 {
+            // Once per distinct token of the last `repeat_last_n`.
+            let start = history.len().saturating_sub(c.repeat_last_n);
+            self.seen.clear();
+            self.seen.extend_from_slice(&history[start..]);
+            self.seen.sort_unstable();
+            self.seen.dedup();
+            for &t in &self.seen {
+                if let Some(v) = self.adjusted.get_mut(t as usize) {
+                    *v = if *v > 0.0 {
+                        *v / c.repeat_penalty
+                    } else {
+                        *v * c.repeat_penalty
+                    };
+                }
+            }
+        }
+        if c.temperature == 0.0 || c.top_k == 1 {
+            return argmax(&self.adjusted);
+        }
+        // Candidates sorted by logit, best first (NaN last).
+        self.scratch.clear();
+        self.scratch.extend(
+            self.adjusted
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| (v, i as u32)),
+        );
+        self.scratch.sort_by(|a, b| b.0.total_cmp(&a.0));
+        self.scratch.retain(|(v, _)| !v.is_nan());
+        if self.scratch.is_empty() {
+            return 0;
+        }
+        if c.top_k > 0 {
+            self.scratch.truncate(c.top_k);
+        }
+        // Softmax at the temperature (max subtracted), then the top-p cut.
+        let m = self.scratch[0].0;
+        let mut total = 0.0f64;
+        for e in self.scratch.iter_mut() {
+            e.0 = ((e.0 - m) / c.temperature).exp();
+            total += e.0 as f64;
+        }
+        if c.top_p < 1.0 {
+            let mut acc = 0.0f64;
+            let mut keep = self.scratch.len();
+            for (i, e) in self.scratch.iter().enumerate() {
+                acc += e.0 as f64 / total;
+                if acc >= c.top_p as f64 {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            self.scratch.truncate(keep);
+            total = self.scratch.iter().map(|e| e.0 as f64).sum();
+        }
+        let mut r = self.rng.random::<f64>() * total;
+        for e in &self.scratch {
+            r -= e.0 as f64;
+            if r < 0.0 {
+                return e.1;
+            }
+        }
+        self.scratch.last().map_or(0, |e| e.1)
     }
 }
 

@@ -1,5 +1,6 @@
 //! Random but well-conditioned archives for a config (`cqlm synth`), deterministic
 //! for a seed: every tensor draws from its own ChaCha stream keyed by its name.
+//! [`synth_float_tensors`] makes the float checkpoints that `cqlm pack` reads.
 
 use crate::archive::{engram_table_names, expected_tensors, write_archive, Tensor, TensorKind};
 use crate::config::Config;
@@ -7,6 +8,7 @@ use crate::cq::quantize::lloyd_max_gaussian;
 use crate::cq::CqMatrix;
 use crate::engram::fnv1a64_words;
 use crate::error::Result;
+use crate::pack::FloatTensor;
 use crate::weights::Model;
 use half::f16;
 use rand::{Rng, RngCore, SeedableRng};
@@ -66,7 +68,81 @@ impl BitsPlan {
         }
     }
 
-    fn bits_for(&self, name: &str) -> u32 {
+    /// The same bit width for every class, with preferred group `group`.
+    pub fn uniform(bits: u32, group: usize) -> BitsPlan {
+        BitsPlan {
+            embed: bits,
+            attn_qg: bits,
+            attn_kv: bits,
+            attn_o: bits,
+            phi: bits,
+            engram_table: bits,
+            engram_proj: bits,
+            group,
+        }
+    }
+
+    /// This plan with the bit widths of `spec` applied left to right: a
+    /// comma-separated list of `CLASS=BITS`, `BITS` one of 1, 2, 4, 8 and `CLASS`
+    /// one of `embed`, `attn` (`wq wk wv wg wo`), `attn_qg` (`wq wg`), `attn_kv`
+    /// (`wk wv`), `attn_o` (`wo`), `phi` (`mhc.phi_*`), `engram` (tables and
+    /// projections), `engram_table`, `engram_proj` or `all`.
+    ///
+    /// # Errors
+    /// A message naming the malformed item, unknown class or bit width.
+    pub fn with_bits(&self, spec: &str) -> std::result::Result<BitsPlan, String> {
+        let mut plan = self.clone();
+        if spec.trim().is_empty() {
+            return Err("the list is empty (expected CLASS=BITS,...)".into());
+        }
+        for item in spec.split(',') {
+            let item = item.trim();
+            let Some((class, bits)) = item.split_once('=') else {
+                return Err(format!("`{item}` is not CLASS=BITS"));
+            };
+            let bits: u32 = match bits.trim().parse() {
+                Ok(b @ (1 | 2 | 4 | 8)) => b,
+                _ => {
+                    return Err(format!(
+                        "`{item}`: bits must be 1, 2, 4 or 8, not `{}`",
+                        bits.trim()
+                    ))
+                }
+            };
+            let fields: Vec<&mut u32> = match class.trim() {
+                "embed" => vec![&mut plan.embed],
+                "attn" => vec![&mut plan.attn_qg, &mut plan.attn_kv, &mut plan.attn_o],
+                "attn_qg" => vec![&mut plan.attn_qg],
+                "attn_kv" => vec![&mut plan.attn_kv],
+                "attn_o" => vec![&mut plan.attn_o],
+                "phi" => vec![&mut plan.phi],
+                "engram" => vec![&mut plan.engram_table, &mut plan.engram_proj],
+                "engram_table" => vec![&mut plan.engram_table],
+                "engram_proj" => vec![&mut plan.engram_proj],
+                "all" => vec![
+                    &mut plan.embed,
+                    &mut plan.attn_qg,
+                    &mut plan.attn_kv,
+                    &mut plan.attn_o,
+                    &mut plan.phi,
+                    &mut plan.engram_table,
+                    &mut plan.engram_proj,
+                ],
+                other => {
+                    return Err(format!(
+                        "unknown class `{other}` (expected embed, attn, attn_qg, attn_kv, attn_o, phi, engram, engram_table, engram_proj or all)"
+                    ))
+                }
+            };
+            for f in fields {
+                *f = bits;
+            }
+        }
+        Ok(plan)
+    }
+
+    /// Bits of the CQ matrix named `name` (SPEC §3), by its class.
+    pub fn bits_for(&self, name: &str) -> u32 {
         let last = name.rsplit('.').next().unwrap_or(name);
         if name == "embed" {
             self.embed
@@ -187,6 +263,46 @@ pub fn synth_tensors(config: &Config, plan: &BitsPlan, seed: u64) -> BTreeMap<St
                         1.0 / (*cols as f32).sqrt()
                     };
                     Tensor::Cq(random_cq(&mut rng, rows, *cols, bits, group, std))
+                }
+            };
+            (spec.name.clone(), t)
+        })
+        .collect()
+}
+
+/// A random float checkpoint for `config` (the input of `cqlm pack`), deterministic
+/// for `seed`: every CQ matrix of SPEC §3 is one dense `[rows, cols]` tensor of
+/// Gaussian weights with the scales [`synth_tensors`] gives its CQ matrices (standard
+/// deviation `1/sqrt(cols)`, 1 for engram tables, whose row counts are the same), and
+/// the F32 vectors are exactly those of [`synth_tensors`] for the same seed.
+pub fn synth_float_tensors(config: &Config, seed: u64) -> BTreeMap<String, FloatTensor> {
+    let tables = engram_table_names(config);
+    let specs = expected_tensors(config);
+    specs
+        .par_iter()
+        .map(|spec| {
+            let mut rng = rng_for(seed, &spec.name);
+            let t = match &spec.kind {
+                TensorKind::F32 { shape } => FloatTensor {
+                    shape: shape.clone(),
+                    data: random_f32(&mut rng, &spec.name, shape, config),
+                },
+                TensorKind::Cq { rows, cols } => {
+                    let rows = rows.unwrap_or_else(|| {
+                        let k = tables.iter().position(|n| n == &spec.name).unwrap_or(0);
+                        table_rows(config, k)
+                    });
+                    let std = if spec.name.starts_with("engram.table.") {
+                        1.0
+                    } else {
+                        1.0 / (*cols as f32).sqrt()
+                    };
+                    let d = Normal::new(0.0f32, std)
+                        .unwrap_or_else(|_| Normal::new(0.0, 1.0).expect("unit normal"));
+                    FloatTensor {
+                        shape: vec![rows, *cols],
+                        data: (0..rows * cols).map(|_| d.sample(&mut rng)).collect(),
+                    }
                 }
             };
             (spec.name.clone(), t)

@@ -6,9 +6,11 @@ mod reader;
 mod spec;
 mod writer;
 
+pub(crate) use reader::{map_file, open_container};
 pub use reader::{read_archive, read_archive_file, RawArchive};
 pub use spec::{cq_parts, engram_table_names, expected_tensors, TensorKind, TensorSpec};
-pub use writer::{write_archive, write_archive_file};
+pub use writer::{set_file_mode, write_archive, write_archive_file};
+pub(crate) use writer::{write_blobs_file, Blob};
 
 use crate::cq::CqMatrix;
 

@@ -9,7 +9,7 @@ use crate::error::{ArchiveError, Error, Result};
 use half::f16;
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensorError, SafeTensors};
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
 /// A validated archive: its config, optional tokenizer text and every logical
@@ -30,30 +30,35 @@ pub struct RawArchive {
 /// [`Error::Io`] if the file can't be opened or mapped, [`Error::Archive`] (naming
 /// the file and the tensor or field) if it breaks SPEC §1–§5.
 pub fn read_archive_file(path: &Path) -> Result<RawArchive> {
-    let io = |source| Error::Io {
+    let map = map_file(path)?;
+    read_archive(&map, &path.display().to_string())
+}
+
+/// Memory-map a safetensors file read-only, rejecting what is not a regular file
+/// or is shorter than the 8-byte header length.
+pub(crate) fn map_file(path: &Path) -> Result<memmap2::Mmap> {
+    let io = |err| Error::Io {
         path: path.to_path_buf(),
-        source,
+        err,
     };
     let file = std::fs::File::open(path).map_err(io)?;
     let meta = file.metadata().map_err(io)?;
     if !meta.is_file() {
         return Err(io(std::io::Error::other("not a regular file")));
     }
-    let source = path.display().to_string();
     if meta.len() < 8 {
         return Err(Error::Archive {
-            archive: source,
+            archive: path.display().to_string(),
             kind: ArchiveError::Truncated(format!(
                 "the file has {} bytes, fewer than the 8-byte header length",
                 meta.len()
             )),
         });
     }
-    // SAFETY: the map is read-only and lives only for this call; cqlm never writes
-    // to an archive it reads. A file truncated by another process while mapped is
-    // outside what any reader can defend against.
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-    read_archive(&map, &source)
+    // SAFETY: the map is read-only and lives only while its caller reads the file;
+    // cqlm never writes to a file it reads. A file truncated by another process
+    // while mapped is outside what any reader can defend against.
+    unsafe { memmap2::Mmap::map(&file) }.map_err(io)
 }
 
 fn truncated(msg: impl Into<String>) -> ArchiveError {
@@ -86,7 +91,11 @@ pub fn read_archive(bytes: &[u8], source: &str) -> Result<RawArchive> {
     })
 }
 
-fn parse(bytes: &[u8]) -> std::result::Result<RawArchive, ArchiveError> {
+/// Check the container of SPEC §5 (header length, duplicate-free JSON header,
+/// contiguous offsets covering the data) and return it with its `__metadata__`.
+pub(crate) fn open_container(
+    bytes: &[u8],
+) -> std::result::Result<(SafeTensors<'_>, HashMap<String, String>), ArchiveError> {
     let Some(len_bytes) = bytes.get(..8) else {
         return Err(truncated(format!(
             "the file has {} bytes, fewer than the 8-byte header length",
@@ -107,9 +116,13 @@ fn parse(bytes: &[u8]) -> std::result::Result<RawArchive, ArchiveError> {
     serde_json::from_str::<NoDuplicateKeys>(header)
         .map_err(|e| ArchiveError::Format(format!("header JSON: {e}")))?;
     let st = SafeTensors::deserialize(bytes).map_err(container_error)?;
-
     let (_, metadata) = SafeTensors::read_metadata(bytes).map_err(container_error)?;
     let meta = metadata.metadata().clone().unwrap_or_default();
+    Ok((st, meta))
+}
+
+fn parse(bytes: &[u8]) -> std::result::Result<RawArchive, ArchiveError> {
+    let (st, meta) = open_container(bytes)?;
     let config_text = meta.get(CONFIG_KEY).ok_or(ArchiveError::MissingConfig)?;
     let config = Config::from_json(config_text).map_err(ArchiveError::Config)?;
     let tokenizer = meta.get(TOKENIZER_KEY).cloned();

@@ -10,10 +10,11 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
-struct Blob {
-    dtype: Dtype,
-    shape: Vec<usize>,
-    data: Vec<u8>,
+/// One stored tensor: dtype, shape and little-endian bytes.
+pub(crate) struct Blob {
+    pub(crate) dtype: Dtype,
+    pub(crate) shape: Vec<usize>,
+    pub(crate) data: Vec<u8>,
 }
 
 impl View for &Blob {
@@ -112,17 +113,45 @@ pub fn write_archive_file(
     tokenizer: Option<&str>,
     tensors: &BTreeMap<String, Tensor>,
 ) -> Result<()> {
-    let b = blobs(tensors);
+    write_blobs_file(path, &blobs(tensors), metadata(config, tokenizer))
+}
+
+/// Write named blobs and string metadata as a safetensors file at `path`.
+pub(crate) fn write_blobs_file(
+    path: &Path,
+    blobs: &[(String, Blob)],
+    metadata: HashMap<String, String>,
+) -> Result<()> {
     safetensors::serialize_to_file(
-        b.iter().map(|(n, t)| (n.as_str(), t)),
-        Some(metadata(config, tokenizer)),
+        blobs.iter().map(|(n, t)| (n.as_str(), t)),
+        Some(metadata),
         path,
     )
     .map_err(|e| match e {
-        safetensors::SafeTensorError::IoError(source) => Error::Io {
+        safetensors::SafeTensorError::IoError(err) => Error::Io {
             path: path.to_path_buf(),
-            source,
+            err,
         },
-        other => Error::InvalidArgument(format!("cannot serialize archive: {other}")),
+        other => Error::InvalidArgument(format!("cannot serialize {}: {other}", path.display())),
+    })?;
+    set_file_mode(path).map_err(|err| Error::Io {
+        path: path.to_path_buf(),
+        err,
     })
+}
+
+/// Give a file written through a temporary file the usual `rw-r--r--` mode
+/// (temporary files are created `rw-------`). A no-op off Unix.
+///
+/// # Errors
+/// The operating system's error.
+pub fn set_file_mode(path: &Path) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))?;
+    }
+    #[cfg(not(unix))]
+    let _ = path;
+    Ok(())
 }

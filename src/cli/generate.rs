@@ -1,57 +1,218 @@
-//! `cqlm generate`: greedy generation from token ids.
+//! `cqlm generate`: text or ids in, tokens streamed out, a stats line on stderr.
 
-use super::{make_engine, parse_ids, BackendArgs, Ids, ModelArgs};
-use anyhow::Result;
-use cqlm::sample::argmax;
+use super::{parse_ids, BackendArgs, Ids, ModelArgs};
+use anyhow::{bail, Result};
+use cqlm::sample::{Sampler, SamplerConfig};
+use cqlm::session::{Backend, Session};
+use cqlm::tokenizer::TextTokenizer;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
+    /// Prompt text, tokenized with the archive's embedded tokenizer (BOS added when its post-processor doesn't).
+    #[arg(long, value_name = "TEXT", conflicts_with = "ids")]
+    prompt: Option<String>,
     /// Prompt token ids, comma-separated (default: the model's BOS).
     #[arg(long, value_name = "IDS", value_parser = parse_ids)]
     ids: Option<Ids>,
-    /// Tokens to generate.
+    /// Most tokens to generate.
     #[arg(long, default_value_t = 32)]
     max_tokens: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Sample only among the k most likely tokens (0: all).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Sample only among the most likely tokens whose probability reaches p.
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Penalise tokens seen in the last 64 (1: off).
+    #[arg(long, default_value_t = 1.0)]
+    repeat_penalty: f32,
+    /// Sampling seed (the same seed gives the same output).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Stop when the generated text contains this (repeatable; needs a tokenizer).
+    #[arg(long, value_name = "STRING")]
+    stop: Vec<String>,
     #[command(flatten)]
     backend: BackendArgs,
 }
 
+/// Set by Ctrl-C; generation stops at the next token and still prints its stats.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+fn bar(len: u64, msg: &str) -> ProgressBar {
+    let pb = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
+    let style = ProgressStyle::with_template("{msg} {bar:30} {pos}/{len} tokens ({per_sec})")
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
+    pb.set_style(style);
+    pb.set_message(msg.to_string());
+    pb
+}
+
+/// Prints decoded text as it grows, never splitting a character and holding back
+/// what could still become a stop string.
+struct Streamer<'a> {
+    tok: Option<&'a TextTokenizer>,
+    stops: &'a [String],
+    ids: Vec<u32>,
+    printed: usize,
+    hit_stop: bool,
+}
+
+impl Streamer<'_> {
+    fn push(&mut self, id: u32, out: &mut impl Write) -> Result<()> {
+        let Some(tok) = self.tok else {
+            write!(out, "{id} ")?;
+            return Ok(out.flush()?);
+        };
+        self.ids.push(id);
+        let text = tok.decode(&self.ids)?;
+        if text.ends_with('\u{FFFD}') {
+            return Ok(()); // an incomplete multi-byte character: wait for more bytes
+        }
+        if let Some(at) = self
+            .stops
+            .iter()
+            .filter_map(|s| text.find(s.as_str()))
+            .min()
+        {
+            self.hit_stop = true;
+            return self.emit(&text, at, out);
+        }
+        let hold = self
+            .stops
+            .iter()
+            .map(|s| s.len().saturating_sub(1))
+            .max()
+            .unwrap_or(0);
+        let mut end = text.len().saturating_sub(hold);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.emit(&text, end, out)
+    }
+
+    fn emit(&mut self, text: &str, end: usize, out: &mut impl Write) -> Result<()> {
+        if end > self.printed && text.is_char_boundary(self.printed) {
+            out.write_all(&text.as_bytes()[self.printed..end])?;
+            out.flush()?;
+            self.printed = end;
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self, out: &mut impl Write) -> Result<()> {
+        if let (Some(tok), false) = (self.tok, self.hit_stop) {
+            let text = tok.decode(&self.ids)?;
+            let end = text.len();
+            self.emit(&text, end, out)?;
+        }
+        writeln!(out)?;
+        Ok(())
+    }
+}
+
 pub fn run(a: Args) -> Result<()> {
+    let _ = ctrlc::set_handler(|| INTERRUPTED.store(true, Ordering::SeqCst));
     let model = a.model.load()?;
-    let c = model.config.clone();
-    let ids = a.ids.map(|i| i.0).unwrap_or_else(|| vec![c.bos]);
-    let mut engine = make_engine(model, &a.backend, true)?;
+    let tok = match (&a.prompt, model.tokenizer.is_some()) {
+        (Some(_), false) => bail!("this archive has no embedded tokenizer (cqlm.tokenizer): give --ids instead of --prompt"),
+        (_, true) => Some(TextTokenizer::for_model(&model)?),
+        (None, false) => None,
+    };
+    if !a.stop.is_empty() && tok.is_none() {
+        bail!("--stop needs the archive's tokenizer to see text");
+    }
+    let ids = match (&a.prompt, &a.ids) {
+        (Some(text), _) => tok
+            .as_ref()
+            .map(|t| t.encode(text))
+            .transpose()?
+            .unwrap_or_default(),
+        (None, Some(ids)) => ids.0.clone(),
+        (None, None) => vec![model.config.bos],
+    };
+    let mut sampler = Sampler::new(SamplerConfig {
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        repeat_penalty: a.repeat_penalty,
+        seed: a.seed,
+        ..SamplerConfig::default()
+    })?;
+    let opts = cqlm::gpu::GpuOptions {
+        adapter: a.backend.adapter.clone(),
+        ..Default::default()
+    };
+    let backend = match a.backend.backend {
+        Some(super::Backend::Cpu) => Backend::Cpu,
+        Some(super::Backend::Gpu) => Backend::Gpu(opts),
+        None => Backend::Auto(opts),
+    };
+    let load = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+    load.set_message("loading the model onto the device");
+    load.enable_steady_tick(std::time::Duration::from_millis(120));
+    let mut session = Session::new(Arc::clone(&model), backend)?;
+    load.finish_and_clear();
+    if let Some(why) = session.fallback_reason() {
+        eprintln!("note: using the cpu backend ({why})");
+    }
+
     let t0 = Instant::now();
-    let mut logits = engine.prefill(&ids)?;
+    let pb = bar(ids.len() as u64, "prefill");
+    if ids.len() < 64 {
+        pb.set_draw_target(ProgressDrawTarget::hidden());
+    }
+    let done = session.prefill_with(&ids, |n| {
+        pb.set_position(n as u64);
+        !INTERRUPTED.load(Ordering::SeqCst)
+    })?;
+    pb.finish_and_clear();
     let prefill_s = t0.elapsed().as_secs_f64();
-    let mut out = std::io::stdout().lock();
+
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let mut streamer = Streamer {
+        tok: tok.as_ref(),
+        stops: &a.stop,
+        ids: Vec::new(),
+        printed: 0,
+        hit_stop: false,
+    };
     let t1 = Instant::now();
     let mut generated = 0usize;
-    while generated < a.max_tokens {
-        let next = argmax(&logits);
-        generated += 1;
-        write!(out, "{next} ")?;
-        out.flush()?;
-        if next == c.eos || generated == a.max_tokens {
-            break;
-        }
-        logits = engine
-            .step(next, true)?
-            .map(<[f32]>::to_vec)
-            .unwrap_or_default();
+    let mut error = None;
+    if done == ids.len() {
+        session.generate(&mut sampler, a.max_tokens, |id| {
+            generated += 1;
+            if let Err(e) = streamer.push(id, &mut out) {
+                error = Some(e);
+                return false;
+            }
+            !streamer.hit_stop && !INTERRUPTED.load(Ordering::SeqCst)
+        })?;
     }
-    writeln!(out)?;
+    if let Some(e) = error {
+        return Err(e);
+    }
+    streamer.finish(&mut out)?;
     let decode_s = t1.elapsed().as_secs_f64();
     eprintln!(
-        "prompt {} tokens, prefill {:.1} tok/s | generated {generated} tokens, decode {:.1} tok/s | {}",
-        ids.len(),
-        ids.len() as f64 / prefill_s.max(1e-9),
+        "{}prompt {} tokens, prefill {:.1} tok/s | generated {generated} tokens, decode {:.1} tok/s | {}",
+        if INTERRUPTED.load(Ordering::SeqCst) { "interrupted | " } else { "" },
+        done,
+        done as f64 / prefill_s.max(1e-9),
         generated as f64 / decode_s.max(1e-9),
-        engine.describe()
+        session.engine().describe()
     );
     Ok(())
 }

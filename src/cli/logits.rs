@@ -61,5 +61,6 @@ pub fn run(a: Args) -> Result<()> {
         with_path(w.flush(), &a.out)?;
     }
     with_path(tmp.persist(&a.out).map_err(|e| e.error), &a.out)?;
+    with_path(cqlm::archive::set_file_mode(&a.out), &a.out)?;
     Ok(())
 }

@@ -5,6 +5,7 @@ mod devices;
 mod generate;
 mod inspect;
 mod logits;
+mod pack;
 mod parity;
 mod profile;
 mod synth;
@@ -32,7 +33,9 @@ enum Command {
     Inspect(inspect::Args),
     /// Write a random but well-conditioned archive for a preset or config.
     Synth(synth::Args),
-    /// Generate tokens greedily from a prompt of ids.
+    /// Quantize a float checkpoint into an archive, with a per-tensor error report.
+    Pack(pack::Args),
+    /// Generate from a text or id prompt, greedy or sampled, streamed to stdout.
     Generate(generate::Args),
     /// Measure prefill and decode throughput.
     Bench(bench::Args),
@@ -50,6 +53,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Logits(a) => logits::run(a),
         Command::Inspect(a) => inspect::run(a),
         Command::Synth(a) => synth::run(a),
+        Command::Pack(a) => pack::run(a),
         Command::Generate(a) => generate::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Profile(a) => profile::run(a),
@@ -79,9 +83,9 @@ pub struct ModelArgs {
     /// Synthesize this preset in memory instead (random weights): tiny, default or large.
     #[arg(long, value_name = "NAME")]
     preset: Option<String>,
-    /// Seed for `--preset`.
+    /// Seed of the `--preset` weights.
     #[arg(long, default_value_t = BUILTIN_SEED)]
-    seed: u64,
+    weights_seed: u64,
 }
 
 impl ModelArgs {
@@ -97,12 +101,12 @@ impl ModelArgs {
         };
         eprintln!(
             "note: no --model given: using the `{name}` preset synthesized with seed {} (random weights, the output is meaningless)",
-            self.seed
+            self.weights_seed
         );
         Ok(Arc::new(synth_model(
             &config,
             &plan_for_preset(name),
-            self.seed,
+            self.weights_seed,
         )?))
     }
 }

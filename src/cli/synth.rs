@@ -1,7 +1,9 @@
-//! `cqlm synth`: write a random but well-conditioned archive.
+//! `cqlm synth`: write a random but well-conditioned archive, or (`--float`) a
+//! random float checkpoint for `cqlm pack`.
 
 use anyhow::{bail, Context, Result};
-use cqlm::synth::{plan_for_preset, synth_tensors, BitsPlan};
+use cqlm::pack::{write_float_checkpoint, FloatDtype};
+use cqlm::synth::{plan_for_preset, synth_float_tensors, synth_tensors, BitsPlan};
 use cqlm::Config;
 use std::path::PathBuf;
 
@@ -21,9 +23,26 @@ pub struct Args {
     /// Seed; the same seed gives the same bytes.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Output archive path.
+    /// Write a float checkpoint (dense random weights, the input of `cqlm pack`) instead of an archive.
+    #[arg(long)]
+    float: bool,
+    /// Storage dtype of `--float` checkpoints.
+    #[arg(long, value_enum, default_value = "f32", requires = "float")]
+    dtype: Dtype,
+    /// Output path.
     #[arg(long, value_name = "PATH")]
     out: PathBuf,
+}
+
+/// Storage dtype of a float checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Dtype {
+    /// IEEE single precision.
+    F32,
+    /// IEEE half precision.
+    F16,
+    /// bfloat16.
+    Bf16,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -39,6 +58,22 @@ pub fn run(a: Args) -> Result<()> {
         }
         (None, None) => bail!("give --preset or --config"),
     };
+    if a.float {
+        let tensors = synth_float_tensors(&config, a.seed);
+        let dtype = match a.dtype {
+            Dtype::F32 => FloatDtype::F32,
+            Dtype::F16 => FloatDtype::F16,
+            Dtype::Bf16 => FloatDtype::BF16,
+        };
+        write_float_checkpoint(&a.out, Some(&config), &tensors, dtype)?;
+        let bytes = std::fs::metadata(&a.out).map(|m| m.len()).unwrap_or(0);
+        eprintln!(
+            "wrote float checkpoint {} ({bytes} bytes, {dtype:?}, seed {})",
+            a.out.display(),
+            a.seed
+        );
+        return Ok(());
+    }
     let tensors = synth_tensors(&config, &plan, a.seed);
     cqlm::archive::write_archive_file(&a.out, &config, None, &tensors)?;
     let bytes = std::fs::metadata(&a.out).map(|m| m.len()).unwrap_or(0);

@@ -9,11 +9,17 @@
 //! the int8 codes of the KV cache, which the SPEC makes part of the arithmetic.
 //!
 //! Only plain data is read from the crate: the config, the stored tensors of each
-//! CQ matrix (codebook, norms, packed bytes) and the F32 vectors.
+//! CQ matrix (codebook, norms, packed bytes) and the F32 vectors. The same step
+//! also runs on dense float weights ([`NaiveModel::from_dense`]: a float
+//! checkpoint of `cqlm pack`, unquantized).
 #![allow(clippy::needless_range_loop)]
 
+use cqlm::archive::engram_table_names;
 use cqlm::cq::CqMatrix;
-use cqlm::Model;
+use cqlm::pack::FloatTensor;
+use cqlm::weights::SiteWeights;
+use cqlm::{Config, Model};
+use std::collections::BTreeMap;
 
 const EPS: f64 = 1e-6;
 
@@ -224,54 +230,172 @@ pub struct NaiveModel {
 impl NaiveModel {
     /// Densify every tensor of `model` (meant for small configs such as `tiny`).
     pub fn new(model: &Model) -> NaiveModel {
-        let c = &model.config;
         let w = &model.weights;
+        let tables = engram_table_names(&model.config);
+        let layer = |name: &str| -> (usize, String) {
+            let rest = name.strip_prefix("layers.").expect("a layer tensor");
+            let (l, field) = rest.split_once('.').expect("layers.L.field");
+            (l.parse().expect("layer index"), field.to_string())
+        };
+        let site = |name: &str| -> (&SiteWeights, String) {
+            let rest = name.strip_prefix("engram.").expect("an engram tensor");
+            let (s, field) = rest.split_once('.').expect("engram.S.field");
+            let s: usize = s.parse().expect("site layer");
+            let e = w.engram.as_ref().expect("engram weights");
+            let sw = e.sites.iter().find(|x| x.layer == s).expect("site");
+            (sw, field.to_string())
+        };
+        let matrix = |name: &str| -> Dense {
+            let m: &CqMatrix = match name {
+                "embed" => &w.embed,
+                "mhc.phi_pre" => &w.mhc.phi_pre,
+                "mhc.phi_post" => &w.mhc.phi_post,
+                "mhc.phi_res" => &w.mhc.phi_res,
+                n if n.starts_with("layers.") => {
+                    let (l, f) = layer(n);
+                    let lw = &w.layers[l];
+                    match f.as_str() {
+                        "wq" => &lw.wq,
+                        "wk" => &lw.wk,
+                        "wv" => &lw.wv,
+                        "wg" => &lw.wg,
+                        "wo" => &lw.wo,
+                        _ => panic!("no matrix {n}"),
+                    }
+                }
+                n if n.starts_with("engram.table.") => {
+                    let k = tables.iter().position(|t| t == n).expect("table");
+                    &w.engram.as_ref().expect("engram weights").tables[k]
+                }
+                n => {
+                    let (sw, f) = site(n);
+                    match f.as_str() {
+                        "wk" => &sw.wk,
+                        "wv" => &sw.wv,
+                        _ => panic!("no matrix {n}"),
+                    }
+                }
+            };
+            Dense::from_cq(m)
+        };
+        let vector = |name: &str| -> Vec<f64> {
+            let v: Vec<f32> = match name {
+                "final_norm" => w.final_norm.clone(),
+                "mhc.a_pre" => w.mhc.a_pre.clone(),
+                "mhc.a_post" => w.mhc.a_post.clone(),
+                "mhc.a_res" => w.mhc.a_res.clone(),
+                "mhc.b_pre" => w.mhc.b_pre.clone(),
+                "mhc.b_post" => w.mhc.b_post.clone(),
+                "mhc.b_res" => w.mhc.b_res.clone(),
+                n if n.starts_with("layers.") => {
+                    let (l, f) = layer(n);
+                    let lw = &w.layers[l];
+                    match f.as_str() {
+                        "attn_norm" => lw.attn_norm.clone(),
+                        "attn_post_norm" => lw.attn_post_norm.clone(),
+                        "mlp_norm" => lw.mlp_norm.clone(),
+                        "q_norm" => lw.q_norm.clone(),
+                        "k_norm" => lw.k_norm.clone(),
+                        "attn_out_scale" => vec![lw.attn_out_scale],
+                        "mlp_d1" => lw.mlp_d1.clone(),
+                        "mlp_d2" => lw.mlp_d2.clone(),
+                        "mlp_d3" => lw.mlp_d3.clone(),
+                        _ => panic!("no vector {n}"),
+                    }
+                }
+                n => {
+                    let (sw, f) = site(n);
+                    match f.as_str() {
+                        "conv" => sw.conv.clone(),
+                        "norm_u" => sw.norm_u.clone(),
+                        "norm_k" => sw.norm_k.clone(),
+                        _ => panic!("no vector {n}"),
+                    }
+                }
+            };
+            widen(&v)
+        };
+        assert_eq!(
+            model.config.engram.is_some(),
+            w.engram.is_some(),
+            "config and weights disagree about engram"
+        );
+        NaiveModel::from_parts(&model.config, &matrix, &vector)
+    }
+
+    /// The dense model of a float checkpoint: every CQ role straight from its
+    /// `[rows, cols]` f32 tensor (widened), no quantization anywhere.
+    pub fn from_dense(config: &Config, tensors: &BTreeMap<String, FloatTensor>) -> NaiveModel {
+        let get = |name: &str| {
+            tensors
+                .get(name)
+                .unwrap_or_else(|| panic!("the checkpoint has no {name}"))
+        };
+        let matrix = |name: &str| {
+            let t = get(name);
+            assert_eq!(t.shape.len(), 2, "{name}");
+            Dense {
+                rows: t.shape[0],
+                cols: t.shape[1],
+                w: widen(&t.data),
+            }
+        };
+        let vector = |name: &str| widen(&get(name).data);
+        NaiveModel::from_parts(config, &matrix, &vector)
+    }
+
+    /// Build from SPEC §3 names: `matrix(name)` gives the dense weights of a CQ role,
+    /// `vector(name)` the values of an F32 tensor.
+    pub fn from_parts(
+        c: &Config,
+        matrix: &dyn Fn(&str) -> Dense,
+        vector: &dyn Fn(&str) -> Vec<f64>,
+    ) -> NaiveModel {
         assert_eq!(c.lanes, 4);
-        let layer_w = w
-            .layers
-            .iter()
-            .map(|l| NaiveLayer {
-                attn_norm: widen(&l.attn_norm),
-                attn_post_norm: widen(&l.attn_post_norm),
-                mlp_norm: widen(&l.mlp_norm),
-                wq: Dense::from_cq(&l.wq),
-                wk: Dense::from_cq(&l.wk),
-                wv: Dense::from_cq(&l.wv),
-                wg: Dense::from_cq(&l.wg),
-                wo: Dense::from_cq(&l.wo),
-                q_norm: widen(&l.q_norm),
-                k_norm: widen(&l.k_norm),
-                attn_out_scale: l.attn_out_scale as f64,
-                d1: widen(&l.mlp_d1),
-                d2: widen(&l.mlp_d2),
-                d3: widen(&l.mlp_d3),
+        let layer_w = (0..c.layers)
+            .map(|l| {
+                let p = |s: &str| format!("layers.{l}.{s}");
+                NaiveLayer {
+                    attn_norm: vector(&p("attn_norm")),
+                    attn_post_norm: vector(&p("attn_post_norm")),
+                    mlp_norm: vector(&p("mlp_norm")),
+                    wq: matrix(&p("wq")),
+                    wk: matrix(&p("wk")),
+                    wv: matrix(&p("wv")),
+                    wg: matrix(&p("wg")),
+                    wo: matrix(&p("wo")),
+                    q_norm: vector(&p("q_norm")),
+                    k_norm: vector(&p("k_norm")),
+                    attn_out_scale: vector(&p("attn_out_scale"))[0],
+                    d1: vector(&p("mlp_d1")),
+                    d2: vector(&p("mlp_d2")),
+                    d3: vector(&p("mlp_d3")),
+                }
             })
             .collect();
-        let engram = match (&c.engram, &w.engram) {
-            (Some(ec), Some(ew)) => Some(NaiveEngram {
-                orders: ec.orders.clone(),
-                hash_heads: ec.hash_heads,
-                dim: ec.dim,
-                taps: ec.taps,
-                dilation: ec.dilation,
-                tables: ew.tables.iter().map(Dense::from_cq).collect(),
-                sites: ew
-                    .sites
-                    .iter()
-                    .map(|s| NaiveSite {
-                        layer: s.layer,
-                        wk: Dense::from_cq(&s.wk),
-                        wv: Dense::from_cq(&s.wv),
-                        conv: widen(&s.conv),
-                        norm_u: widen(&s.norm_u),
-                        norm_k: widen(&s.norm_k),
-                    })
-                    .collect(),
-            }),
-            (None, None) => None,
-            _ => panic!("config and weights disagree about engram"),
-        };
-        let m = &w.mhc;
+        let engram = c.engram.as_ref().map(|ec| NaiveEngram {
+            orders: ec.orders.clone(),
+            hash_heads: ec.hash_heads,
+            dim: ec.dim,
+            taps: ec.taps,
+            dilation: ec.dilation,
+            tables: engram_table_names(c).iter().map(|n| matrix(n)).collect(),
+            sites: ec
+                .sites
+                .iter()
+                .map(|&s| {
+                    let p = |x: &str| format!("engram.{s}.{x}");
+                    NaiveSite {
+                        layer: s,
+                        wk: matrix(&p("wk")),
+                        wv: matrix(&p("wv")),
+                        conv: vector(&p("conv")),
+                        norm_u: vector(&p("norm_u")),
+                        norm_k: vector(&p("norm_k")),
+                    }
+                })
+                .collect(),
+        });
         NaiveModel {
             vocab: c.vocab,
             hidden: c.hidden,
@@ -284,17 +408,17 @@ impl NaiveModel {
             sink: c.sink,
             window: c.window,
             sinkhorn_iters: c.sinkhorn_iters,
-            embed: Dense::from_cq(&w.embed),
-            final_norm: widen(&w.final_norm),
-            phi_pre: Dense::from_cq(&m.phi_pre),
-            phi_post: Dense::from_cq(&m.phi_post),
-            phi_res: Dense::from_cq(&m.phi_res),
-            a_pre: widen(&m.a_pre),
-            a_post: widen(&m.a_post),
-            a_res: widen(&m.a_res),
-            b_pre: widen(&m.b_pre),
-            b_post: widen(&m.b_post),
-            b_res: widen(&m.b_res),
+            embed: matrix("embed"),
+            final_norm: vector("final_norm"),
+            phi_pre: matrix("mhc.phi_pre"),
+            phi_post: matrix("mhc.phi_post"),
+            phi_res: matrix("mhc.phi_res"),
+            a_pre: vector("mhc.a_pre"),
+            a_post: vector("mhc.a_post"),
+            a_res: vector("mhc.a_res"),
+            b_pre: vector("mhc.b_pre"),
+            b_post: vector("mhc.b_post"),
+            b_res: vector("mhc.b_res"),
             layer_w,
             engram,
         }

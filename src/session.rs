@@ -1,0 +1,176 @@
+//! [`Session`]: a model, an engine and the tokens so far — prefill, then generate.
+
+use crate::cpu::CpuEngine;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::gpu::{GpuEngine, GpuOptions};
+use crate::sample::Sampler;
+use crate::weights::Model;
+use std::sync::Arc;
+
+/// Which engine a session runs on.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    /// The CPU reference engine.
+    Cpu,
+    /// The GPU engine; fails without an adapter.
+    Gpu(GpuOptions),
+    /// The GPU engine when an adapter exists, else the CPU engine.
+    Auto(GpuOptions),
+}
+
+/// Why [`Session::generate`] stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// It produced the requested number of tokens.
+    Length,
+    /// The model chose its end-of-sequence token (not emitted).
+    Eos,
+    /// The callback asked to stop.
+    Callback,
+}
+
+/// A running conversation with one model.
+pub struct Session {
+    model: Arc<Model>,
+    engine: Box<dyn Engine>,
+    tokens: Vec<u32>,
+    logits: Vec<f32>,
+    fallback: Option<String>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("engine", &self.engine.describe())
+            .field("tokens", &self.tokens.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Session {
+    /// A session at position 0 on `backend`.
+    ///
+    /// # Errors
+    /// [`Error::Gpu`] for `Backend::Gpu` without a usable adapter; allocation errors.
+    pub fn new(model: Arc<Model>, backend: Backend) -> Result<Session> {
+        let mut fallback = None;
+        let engine: Box<dyn Engine> = match backend {
+            Backend::Cpu => Box::new(CpuEngine::new(Arc::clone(&model))?),
+            Backend::Gpu(o) => Box::new(GpuEngine::new(Arc::clone(&model), &o)?),
+            Backend::Auto(o) => match GpuEngine::new(Arc::clone(&model), &o) {
+                Ok(g) => Box::new(g),
+                Err(Error::Gpu(why)) => {
+                    fallback = Some(why);
+                    Box::new(CpuEngine::new(Arc::clone(&model))?)
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        Ok(Session {
+            model,
+            engine,
+            tokens: Vec::new(),
+            logits: Vec::new(),
+            fallback,
+        })
+    }
+
+    /// The engine (e.g. for [`Engine::describe`]).
+    pub fn engine(&self) -> &dyn Engine {
+        self.engine.as_ref()
+    }
+
+    /// Why `Backend::Auto` fell back to the CPU, if it did.
+    pub fn fallback_reason(&self) -> Option<&str> {
+        self.fallback.as_deref()
+    }
+
+    /// Every token processed so far (prompt and generated), oldest first.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// The logits after the last processed token (empty before any).
+    pub fn logits(&self) -> &[f32] {
+        &self.logits
+    }
+
+    /// Forget all tokens.
+    pub fn reset(&mut self) {
+        self.engine.reset();
+        self.tokens.clear();
+        self.logits.clear();
+    }
+
+    /// Append `ids` (logits only for the last one).
+    ///
+    /// # Errors
+    /// [`Error::TokenOutOfRange`] for an id `>= vocab` (checked before any is processed).
+    pub fn prefill(&mut self, ids: &[u32]) -> Result<()> {
+        self.prefill_with(ids, |_| true).map(|_| ())
+    }
+
+    /// [`Session::prefill`] calling `progress(done)` after each token; it stops early
+    /// when `progress` returns false, and then no logits are kept (generation needs a
+    /// complete prefill). Returns how many ids were processed.
+    ///
+    /// # Errors
+    /// As [`Session::prefill`].
+    pub fn prefill_with(
+        &mut self,
+        ids: &[u32],
+        mut progress: impl FnMut(usize) -> bool,
+    ) -> Result<usize> {
+        let vocab = self.model.config.vocab;
+        if let Some(&token) = ids.iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::TokenOutOfRange { token, vocab });
+        }
+        self.logits.clear();
+        for (i, &id) in ids.iter().enumerate() {
+            let last = i + 1 == ids.len();
+            if let Some(l) = self.engine.step(id, last)? {
+                self.logits.extend_from_slice(l);
+            }
+            self.tokens.push(id);
+            if !progress(i + 1) && !last {
+                return Ok(i + 1);
+            }
+        }
+        Ok(ids.len())
+    }
+
+    /// Generate up to `n` tokens with `sampler`, calling `on_token` with each (it
+    /// returns false to stop). Every emitted token is also stepped, so the session
+    /// can continue. Stops early at the model's EOS (which is not emitted).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] before any prefill; step errors.
+    pub fn generate(
+        &mut self,
+        sampler: &mut Sampler,
+        n: usize,
+        mut on_token: impl FnMut(u32) -> bool,
+    ) -> Result<Stop> {
+        if self.logits.is_empty() {
+            return Err(Error::InvalidArgument(
+                "generate needs a prefilled prompt".into(),
+            ));
+        }
+        let eos = self.model.config.eos;
+        for _ in 0..n {
+            let next = sampler.sample(&self.logits, &self.tokens);
+            if next == eos {
+                return Ok(Stop::Eos);
+            }
+            let l = self.engine.step(next, true)?.unwrap_or_default();
+            self.logits.clear();
+            self.logits.extend_from_slice(l);
+            self.tokens.push(next);
+            if !on_token(next) {
+                return Ok(Stop::Callback);
+            }
+        }
+        Ok(Stop::Length)
+    }
+}

@@ -1,0 +1,700 @@
+//! `cqlm pack`: float checkpoint → archive. The packed model's logits against a
+//! dense f64 forward pass of the float weights (`tests/common/naive.rs`), what
+//! `cqlm inspect` reports of the result, rejections of broken checkpoints, and
+//! `cqlm synth --float`.
+
+mod common;
+
+use common::naive::{rel_l2, Dense, NaiveModel, NaiveState};
+use cqlm::archive::{expected_tensors, read_archive_file, write_archive, Tensor, TensorKind};
+use cqlm::pack::{
+    pack, read_float_checkpoint, write_float_checkpoint, FloatDtype, FloatTensor, PackPlan,
+    PackReportRow,
+};
+use cqlm::synth::synth_float_tensors;
+use cqlm::{Config, CpuEngine, Engine, Error, Model};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Arc;
+
+fn cqlm(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cqlm"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run cqlm")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn assert_ok(out: &Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what}: exit {:?}\nstdout: {}\nstderr: {}",
+        out.status,
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert!(!text(&out.stderr).contains("panicked"), "{what}");
+}
+
+/// A failure: non-zero exit, exactly one stderr line, starting `error:`; returns it.
+fn assert_one_error(out: &Output, what: &str) -> String {
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{what}: succeeded\n{err}");
+    assert!(!err.contains("panicked"), "{what}: {err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "{what}: want one stderr line, got {err:?}");
+    assert!(lines[0].starts_with("error: "), "{what}: {err:?}");
+    lines[0].to_string()
+}
+
+/// Pseudo-random token ids `< vocab` (splitmix64).
+fn token_ids(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = s;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            (z % vocab as u64) as u32
+        })
+        .collect()
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
+}
+
+/// A pack and the per-position relative L2 error of its logits (CpuEngine) against
+/// reference logits.
+struct Packed {
+    tensors: BTreeMap<String, Tensor>,
+    report: Vec<PackReportRow>,
+    errs: Vec<f64>,
+}
+
+fn pack_and_run(
+    config: &Config,
+    floats: &BTreeMap<String, FloatTensor>,
+    plan: &PackPlan,
+    ids: &[u32],
+    reference: &[Vec<f64>],
+) -> Packed {
+    let (tensors, report) = pack(config, floats, plan, |_| {}).expect("pack");
+    let bytes = write_archive(config, None, &tensors).expect("write");
+    let model = Arc::new(Model::from_bytes(&bytes, "<packed>").expect("load packed"));
+    let mut engine = CpuEngine::new(model).expect("engine");
+    let errs = ids
+        .iter()
+        .zip(reference)
+        .map(|(&id, want)| {
+            let got = engine.step(id, true).expect("step").expect("logits");
+            assert!(got.iter().all(|v| v.is_finite()));
+            rel_l2(got, want)
+        })
+        .collect();
+    Packed {
+        tensors,
+        report,
+        errs,
+    }
+}
+
+/// Relative RMS weight error over all CQ matrices of a pack: `sqrt(Σ rel_mse·n / Σ n)`.
+fn weight_error(report: &[PackReportRow]) -> f64 {
+    let n: usize = report.iter().map(|r| r.rows * r.cols).sum();
+    let e: f64 = report
+        .iter()
+        .map(|r| r.rel_mse * (r.rows * r.cols) as f64)
+        .sum();
+    (e / n as f64).sqrt()
+}
+
+fn widen(v: &[f32]) -> Vec<f64> {
+    v.iter().map(|&x| x as f64).collect()
+}
+
+/// The packed model against the dense float model it came from.
+///
+/// The logits error is consistent with the bit widths: at most 3× the relative RMS
+/// weight error of the pack (a random model amplifies it about 2×), falling
+/// monotonically with the bits. At 4 bits the weights are off by about 8.7%
+/// (relative MSE ≈ 0.0075 per matrix, below the Gaussian Lloyd–Max 0.0095), and the
+/// tied embedding alone, quantized once where a token is looked up and once where
+/// the logits are read, puts √2 of that (≈ 0.12) into the logits; with every other
+/// matrix at 4 bits too, the median lands near 0.18 for this model, so the 4-bit
+/// bound here is 0.25.
+#[test]
+fn packed_logits_track_the_dense_float_model() {
+    let c = Config::preset_tiny();
+    let floats = synth_float_tensors(&c, 11);
+    let dense = NaiveModel::from_dense(&c, &floats);
+    let mut naive = NaiveState::new(&dense);
+    let ids = token_ids(5, 16, c.vocab);
+    let reference: Vec<Vec<f64>> = ids.iter().map(|&id| naive.step(id)).collect();
+    // The dense model is not degenerate: its logits vary across positions.
+    let spread = rel_l2(
+        &reference[3].iter().map(|&v| v as f32).collect::<Vec<_>>(),
+        &reference[9],
+    );
+    assert!(
+        spread > 0.3,
+        "logits barely change with the token: {spread}"
+    );
+
+    let mut medians = Vec::new();
+    let mut packs = Vec::new();
+    for bits in [2, 4, 8] {
+        let p = pack_and_run(&c, &floats, &PackPlan::uniform(bits, 32), &ids, &reference);
+        let med = median(&p.errs);
+        let w = weight_error(&p.report);
+        eprintln!(
+            "{bits} bits: weight error {w:.4}, median logits rel L2 {med:.4}, per position {:.3?}",
+            p.errs
+        );
+        assert!(p.report.iter().all(|r| r.bits == bits && r.group == 32));
+        assert!(
+            med <= 3.0 * w,
+            "{bits} bits: logits error {med} is more than 3x the weight error {w}"
+        );
+        medians.push(med);
+        packs.push(p);
+    }
+    let [m2, m4, m8] = [medians[0], medians[1], medians[2]];
+    assert!(m4 <= 0.25, "4 bits: median logits relative L2 {m4} > 0.25");
+    assert!(m8 < m4 && m4 < m2, "not monotone in bits: {medians:?}");
+    assert!(
+        m8 * 10.0 < m2,
+        "8 bits is not much better than 2: {medians:?}"
+    );
+
+    // Per matrix, the quantizer's error falls with the bits and sits near the
+    // Gaussian Lloyd–Max distortion (0.1175, 0.0095, 4.2e-5).
+    let (r2, r4, r8) = (&packs[0].report, &packs[1].report, &packs[2].report);
+    for ((a, b), d) in r2.iter().zip(r4).zip(r8) {
+        assert_eq!((&a.name, &b.name), (&d.name, &d.name));
+        assert!(
+            d.rel_mse < b.rel_mse && b.rel_mse < a.rel_mse,
+            "{}: {} {} {}",
+            a.name,
+            a.rel_mse,
+            b.rel_mse,
+            d.rel_mse
+        );
+        assert!(a.rel_mse < 0.15, "{} {}", a.name, a.rel_mse);
+        assert!(b.rel_mse < 0.015, "{} {}", b.name, b.rel_mse);
+        assert!(d.rel_mse < 1e-4, "{} {}", d.name, d.rel_mse);
+    }
+
+    // The floor: only the 4-bit embedding quantized (in the dense f64 pass) moves the
+    // logits by about √2 × its relative weight error.
+    let Tensor::Cq(embed4) = &packs[1].tensors["embed"] else {
+        panic!("embed is not CQ")
+    };
+    let embed_only = NaiveModel::from_parts(
+        &c,
+        &|name| {
+            if name == "embed" {
+                Dense::from_cq(embed4)
+            } else {
+                let t = &floats[name];
+                Dense {
+                    rows: t.shape[0],
+                    cols: t.shape[1],
+                    w: widen(&t.data),
+                }
+            }
+        },
+        &|name| widen(&floats[name].data),
+    );
+    let mut st = NaiveState::new(&embed_only);
+    let errs: Vec<f64> = ids
+        .iter()
+        .zip(&reference)
+        .map(|(&id, want)| {
+            let got: Vec<f32> = st.step(id).iter().map(|&v| v as f32).collect();
+            rel_l2(&got, want)
+        })
+        .collect();
+    let embed_mse = r4.iter().find(|r| r.name == "embed").unwrap().rel_mse;
+    let ratio = median(&errs) / (2.0 * embed_mse).sqrt();
+    eprintln!(
+        "4-bit embed only: median logits rel L2 {:.4} = {ratio:.2} × sqrt(2 · {embed_mse:.2e})",
+        median(&errs)
+    );
+    assert!((0.7..1.4).contains(&ratio), "{ratio}");
+    assert!(median(&errs) < m4);
+}
+
+#[test]
+fn pack_keeps_f32_vectors_and_matches_the_plan() {
+    let c = Config::preset_tiny();
+    let floats = synth_float_tensors(&c, 2);
+    let plan = PackPlan::standard()
+        .with_bits("attn_kv=8,attn_o=1")
+        .unwrap();
+    let mut seen = Vec::new();
+    let (tensors, report) = pack(&c, &floats, &plan, |p| {
+        seen.push((p.tensor.map(str::to_string), p.done, p.total))
+    })
+    .unwrap();
+    // Progress: one call per matrix in order, then a final one with everything done.
+    assert_eq!(seen.len(), report.len() + 1);
+    for (s, r) in seen.iter().zip(&report) {
+        assert_eq!(s.0.as_deref(), Some(r.name.as_str()));
+    }
+    let last = seen.last().unwrap();
+    assert_eq!((last.0.as_deref(), last.1), (None, last.2));
+    assert_eq!(
+        last.2,
+        report.iter().map(|r| r.rows * r.cols).sum::<usize>()
+    );
+
+    for spec in expected_tensors(&c) {
+        match (&spec.kind, &tensors[&spec.name]) {
+            (TensorKind::F32 { .. }, Tensor::F32 { data, .. }) => {
+                assert_eq!(data, &floats[&spec.name].data, "{}", spec.name)
+            }
+            (TensorKind::Cq { cols, .. }, Tensor::Cq(m)) => {
+                assert_eq!(m.bits(), plan.bits_for(&spec.name), "{}", spec.name);
+                assert_eq!(m.group(), plan.group_for(*cols), "{}", spec.name);
+                assert_eq!(m.rows(), floats[&spec.name].shape[0]);
+            }
+            _ => panic!("{}: wrong kind", spec.name),
+        }
+    }
+    assert_eq!(plan.bits_for("layers.0.wk"), 8);
+    assert_eq!(plan.bits_for("layers.0.wo"), 1);
+    assert_eq!(plan.bits_for("layers.0.wq"), 2);
+}
+
+#[test]
+fn library_errors_name_the_tensor() {
+    let c = Config::preset_tiny();
+    let good = synth_float_tensors(&c, 4);
+    let plan = PackPlan::uniform(4, 32);
+    let check = |t: &BTreeMap<String, FloatTensor>, name: &str, what: &str| match pack(
+        &c,
+        t,
+        &plan,
+        |_| {},
+    ) {
+        Err(Error::Pack { tensor, reason }) => {
+            assert_eq!(tensor, name, "{reason}");
+            assert!(reason.contains(what), "{reason}");
+        }
+        other => panic!("expected Error::Pack for {name}, got {other:?}"),
+    };
+    let mut t = good.clone();
+    t.remove("layers.1.wk");
+    check(&t, "layers.1.wk", "missing");
+    let mut t = good.clone();
+    t.get_mut("engram.table.3.1").unwrap().data[7] = f32::INFINITY;
+    check(&t, "engram.table.3.1", "not finite");
+    let mut t = good.clone();
+    t.get_mut("layers.0.q_norm").unwrap().data[0] = f32::NAN;
+    check(&t, "layers.0.q_norm", "not finite");
+    let mut t = good.clone();
+    t.get_mut("layers.2.wo").unwrap().shape = vec![64, 80];
+    check(&t, "layers.2.wo", "expected [80, 64]");
+    let mut t = good.clone();
+    t.insert(
+        "layers.9.wq".into(),
+        FloatTensor {
+            shape: vec![1],
+            data: vec![0.0],
+        },
+    );
+    check(&t, "layers.9.wq", "not a tensor");
+    // Weights too large for an f16 norm: the quantizer's error, with the name.
+    let mut t = good;
+    t.get_mut("mhc.phi_res")
+        .unwrap()
+        .data
+        .iter_mut()
+        .for_each(|v| *v *= 1e30);
+    check(&t, "mhc.phi_res", "f16");
+}
+
+/// Expected `(bits, group) → (matrices, weights)` of a pack, from the spec and the plan.
+fn expected_histogram(
+    c: &Config,
+    floats: &BTreeMap<String, FloatTensor>,
+    plan: &PackPlan,
+) -> BTreeMap<(u32, usize), (usize, usize)> {
+    let mut hist = BTreeMap::new();
+    for spec in expected_tensors(c) {
+        if let TensorKind::Cq { cols, .. } = spec.kind {
+            let e: &mut (usize, usize) = hist
+                .entry((plan.bits_for(&spec.name), plan.group_for(cols)))
+                .or_default();
+            e.0 += 1;
+            e.1 += floats[&spec.name].data.len();
+        }
+    }
+    hist
+}
+
+/// The `bits group matrices weights` table of `cqlm inspect`.
+fn inspect_histogram(stdout: &str) -> BTreeMap<(u32, usize), (usize, usize)> {
+    let mut lines = stdout.lines().skip_while(|l| !l.starts_with("bits"));
+    lines.next().expect("histogram header");
+    lines
+        .take_while(|l| !l.trim().is_empty())
+        .map(|l| {
+            let f: Vec<usize> = l
+                .split_whitespace()
+                .map(|x| x.parse().expect("number"))
+                .collect();
+            assert_eq!(f.len(), 4, "{l}");
+            ((f[0] as u32, f[1]), (f[2], f[3]))
+        })
+        .collect()
+}
+
+/// A minimal Hugging Face word-level tokenizer.
+const TOKENIZER: &str = r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],
+"normalizer":null,"pre_tokenizer":{"type":"Whitespace"},"post_processor":null,"decoder":null,
+"model":{"type":"WordLevel","vocab":{"<unk>":0,"<s>":1,"</s>":2,"hello":3,"world":4},"unk_token":"<unk>"}}"#;
+
+#[test]
+fn inspect_reports_what_pack_was_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    assert_ok(
+        &cqlm(
+            d,
+            &[
+                "synth",
+                "--float",
+                "--preset",
+                "tiny",
+                "--seed",
+                "5",
+                "--out",
+                "f.safetensors",
+            ],
+        ),
+        "synth --float",
+    );
+    std::fs::write(d.join("tok.json"), TOKENIZER).unwrap();
+    let bits = "embed=8,attn=2,phi=4,engram=1,attn_o=4";
+    let out = cqlm(
+        d,
+        &[
+            "pack",
+            "--model",
+            "f.safetensors",
+            "--bits",
+            bits,
+            "--group",
+            "64",
+            "--tokenizer",
+            "tok.json",
+            "--out",
+            "p.cqlm",
+        ],
+    );
+    assert_ok(&out, "pack");
+    let c = Config::preset_tiny();
+    let mut plan = PackPlan::standard().with_bits(bits).unwrap();
+    plan.group = 64;
+    let floats = read_float_checkpoint(&d.join("f.safetensors"), None)
+        .unwrap()
+        .tensors;
+
+    // The report: one row per CQ matrix with its bits and group, then the totals.
+    let report = text(&out.stdout);
+    let cq: Vec<_> = expected_tensors(&c)
+        .into_iter()
+        .filter_map(|s| match s.kind {
+            TensorKind::Cq { cols, .. } => Some((s.name, cols)),
+            _ => None,
+        })
+        .collect();
+    for (name, cols) in &cq {
+        let row = report
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name.as_str()))
+            .unwrap_or_else(|| panic!("no report row for {name}:\n{report}"));
+        let f: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(f.len(), 6, "{row}");
+        let rows = floats[name].shape[0];
+        assert_eq!(f[1], format!("{rows}×{cols}"), "{row}");
+        assert_eq!(f[2], plan.bits_for(name).to_string(), "{row}");
+        assert_eq!(f[3], plan.group_for(*cols).to_string(), "{row}");
+        let mse: f64 = f[4].parse().unwrap();
+        assert!(mse > 0.0 && mse < 0.5, "{row}");
+    }
+    let total = report
+        .lines()
+        .find(|l| l.starts_with("total:"))
+        .expect("totals line");
+    assert!(
+        total.contains(&format!("{} CQ matrices", cq.len())),
+        "{total}"
+    );
+    let bpw: f64 = total
+        .split(", ")
+        .find_map(|p| p.strip_suffix(" bits per weight"))
+        .expect("bits per weight")
+        .parse()
+        .unwrap();
+    assert!(bpw > 1.0 && bpw < 10.0, "{total}");
+    let archive_bytes = std::fs::metadata(d.join("p.cqlm")).unwrap().len();
+    assert!(
+        report.contains(&format!("({archive_bytes} bytes)")),
+        "{report}"
+    );
+
+    // inspect: the bits/group histogram is exactly the plan's.
+    let out = cqlm(d, &["inspect", "p.cqlm"]);
+    assert_ok(&out, "inspect");
+    let stdout = text(&out.stdout);
+    assert_eq!(
+        inspect_histogram(&stdout),
+        expected_histogram(&c, &floats, &plan),
+        "{stdout}"
+    );
+    assert!(stdout.contains("tokenizer embedded"), "{stdout}");
+    let raw = read_archive_file(&d.join("p.cqlm")).unwrap();
+    assert_eq!(raw.config, c);
+    assert_eq!(raw.tokenizer.as_deref(), Some(TOKENIZER));
+}
+
+#[test]
+fn config_comes_from_the_checkpoint_or_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let c = Config::preset_tiny();
+    let floats = synth_float_tensors(&c, 8);
+    write_float_checkpoint(&d.join("bare.safetensors"), None, &floats, FloatDtype::F16).unwrap();
+    let err = assert_one_error(
+        &cqlm(
+            d,
+            &["pack", "--model", "bare.safetensors", "--out", "a.cqlm"],
+        ),
+        "no config",
+    );
+    assert!(err.contains("--config"), "{err}");
+    assert!(!d.join("a.cqlm").exists());
+
+    std::fs::write(d.join("c.json"), c.to_json()).unwrap();
+    let out = cqlm(
+        d,
+        &[
+            "pack",
+            "--model",
+            "bare.safetensors",
+            "--config",
+            "c.json",
+            "--bits",
+            "all=4",
+            "--group",
+            "32",
+            "--out",
+            "a.cqlm",
+        ],
+    );
+    assert_ok(&out, "pack --config");
+    let model = Model::load(&d.join("a.cqlm")).unwrap();
+    assert_eq!(model.config, c);
+    assert!(model.tokenizer.is_none());
+
+    // A config that does not fit the tensors: the first mismatching tensor is named.
+    let other = Config {
+        hidden: 96,
+        ..c.clone()
+    };
+    std::fs::write(d.join("other.json"), other.to_json()).unwrap();
+    let err = assert_one_error(
+        &cqlm(
+            d,
+            &[
+                "pack",
+                "--model",
+                "bare.safetensors",
+                "--config",
+                "other.json",
+                "--out",
+                "b.cqlm",
+            ],
+        ),
+        "mismatched config",
+    );
+    assert!(
+        err.contains("bare.safetensors") && err.contains("`embed`"),
+        "{err}"
+    );
+    assert!(!d.join("b.cqlm").exists());
+}
+
+/// Write a broken variant of a good checkpoint, pack it, expect one `error:` line
+/// naming the file and the tensor, and no output.
+fn expect_pack_error(
+    dir: &Path,
+    file: &str,
+    tensors: &BTreeMap<String, FloatTensor>,
+    name: &str,
+    what: &str,
+) {
+    let c = Config::preset_tiny();
+    write_float_checkpoint(&dir.join(file), Some(&c), tensors, FloatDtype::F32).unwrap();
+    let out = cqlm(dir, &["pack", "--model", file, "--out", "out.cqlm"]);
+    let err = assert_one_error(&out, file);
+    assert!(
+        err.contains(file) && err.contains(&format!("`{name}`")) && err.contains(what),
+        "{file}: {err}"
+    );
+    assert!(!dir.join("out.cqlm").exists(), "{file}: wrote an archive");
+    assert!(out.stdout.is_empty(), "{file}: {}", text(&out.stdout));
+}
+
+#[test]
+fn broken_float_checkpoints_are_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let good = synth_float_tensors(&Config::preset_tiny(), 6);
+
+    let mut t = good.clone();
+    t.remove("layers.2.wv");
+    expect_pack_error(d, "missing.safetensors", &t, "layers.2.wv", "missing");
+
+    let mut t = good.clone();
+    let wq = t.get_mut("layers.1.wq").unwrap();
+    wq.shape = vec![64, 79];
+    wq.data.truncate(64 * 79);
+    expect_pack_error(d, "shape.safetensors", &t, "layers.1.wq", "[64, 80]");
+
+    let mut t = good.clone();
+    t.get_mut("layers.3.wg").unwrap().data[100] = f32::NAN;
+    expect_pack_error(d, "nan.safetensors", &t, "layers.3.wg", "not finite");
+
+    let mut t = good.clone();
+    t.get_mut("final_norm").unwrap().data[5] = f32::NEG_INFINITY;
+    expect_pack_error(d, "inf.safetensors", &t, "final_norm", "not finite");
+
+    let mut t = good.clone();
+    t.insert("lm_head".into(), t["embed"].clone());
+    expect_pack_error(d, "unknown.safetensors", &t, "lm_head", "unknown");
+
+    let mut t = good.clone();
+    let e = t.get_mut("engram.table.2.0").unwrap();
+    e.shape = vec![0, 24];
+    e.data.clear();
+    expect_pack_error(
+        d,
+        "table.safetensors",
+        &t,
+        "engram.table.2.0",
+        "[T >= 1, 24]",
+    );
+
+    // Nothing but the inputs is left in the folder (no temporary files).
+    let mut names: Vec<String> = std::fs::read_dir(d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert!(
+        names.iter().all(|n| n.ends_with(".safetensors")),
+        "{names:?}"
+    );
+
+    // Bad options are one `error:` line too.
+    write_float_checkpoint(
+        &d.join("good.safetensors"),
+        Some(&Config::preset_tiny()),
+        &good,
+        FloatDtype::F32,
+    )
+    .unwrap();
+    for (bits, group, what) in [
+        ("embed=3", "128", "1, 2, 4 or 8"),
+        ("embed4", "128", "CLASS=BITS"),
+        ("lm_head=4", "128", "unknown class"),
+        ("all=4", "48", "power of two"),
+    ] {
+        let out = cqlm(
+            d,
+            &[
+                "pack",
+                "--model",
+                "good.safetensors",
+                "--bits",
+                bits,
+                "--group",
+                group,
+                "--out",
+                "out.cqlm",
+            ],
+        );
+        let err = assert_one_error(&out, bits);
+        assert!(err.contains(what), "{bits} {group}: {err}");
+        assert!(!d.join("out.cqlm").exists());
+    }
+}
+
+fn synth_float(dir: &Path, seed: u64, extra: &[&str], name: &str) -> PathBuf {
+    let seed = seed.to_string();
+    let mut args = vec![
+        "synth", "--float", "--preset", "tiny", "--seed", &seed, "--out", name,
+    ];
+    args.extend_from_slice(extra);
+    assert_ok(&cqlm(dir, &args), "synth --float");
+    dir.join(name)
+}
+
+#[test]
+fn synth_float_is_deterministic_per_seed() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let a = std::fs::read(synth_float(d, 7, &[], "a.safetensors")).unwrap();
+    let b = std::fs::read(synth_float(d, 7, &[], "b.safetensors")).unwrap();
+    let c = std::fs::read(synth_float(d, 8, &[], "c.safetensors")).unwrap();
+    assert_eq!(a, b, "same seed, different bytes");
+    assert_ne!(a, c, "different seeds, same bytes");
+
+    // What it holds: the library's tensors for that seed, with unit-ish scales.
+    let config = Config::preset_tiny();
+    let ckpt = read_float_checkpoint(&d.join("a.safetensors"), None).unwrap();
+    assert_eq!(ckpt.config, config);
+    assert_eq!(ckpt.tensors, synth_float_tensors(&config, 7));
+    let rms = |v: &[f32]| (v.iter().map(|x| x * x).sum::<f32>() / v.len() as f32).sqrt();
+    let wq = &ckpt.tensors["layers.0.wq"];
+    assert_eq!(wq.shape, vec![config.q_dim(), config.hidden]);
+    let want = 1.0 / (config.hidden as f32).sqrt();
+    assert!(
+        (rms(&wq.data) / want - 1.0).abs() < 0.1,
+        "{}",
+        rms(&wq.data)
+    );
+    let table = &ckpt.tensors["engram.table.2.0"];
+    assert!((rms(&table.data) - 1.0).abs() < 0.1);
+
+    // A bf16 checkpoint is half the size and packs.
+    let h = synth_float(d, 7, &["--dtype", "bf16"], "h.safetensors");
+    let hb = std::fs::metadata(&h).unwrap().len() as f64;
+    assert!(
+        (hb / a.len() as f64 - 0.5).abs() < 0.05,
+        "{hb} vs {}",
+        a.len()
+    );
+    let out = cqlm(d, &["pack", "--model", "h.safetensors", "--out", "h.cqlm"]);
+    assert_ok(&out, "pack bf16");
+    Model::load(&d.join("h.cqlm")).unwrap();
+}
