@@ -32,6 +32,16 @@ pub enum Error {
         /// The model's vocabulary size.
         vocab: usize,
     },
+    /// A step produced a non-finite value (NaN or ±inf). `tensor` is the first
+    /// intermediate that went non-finite (CPU), or `logits` (GPU: `cqlm parity`
+    /// names the first non-finite tensor). The step was taken: reset before reuse.
+    #[error("a non-finite value appeared in {tensor} at position {position} (an Inf/NaN weight or an overflow); reset the session before reusing it")]
+    NonFinite {
+        /// The tensor, e.g. `layer 1 q`.
+        tensor: String,
+        /// The logical position of the step.
+        position: u64,
+    },
     /// A buffer (KV cache, ring, …) could not be allocated.
     #[error("cannot allocate {what}: {bytes} bytes")]
     Alloc {

@@ -219,9 +219,13 @@ impl CpuEngine {
         &mut self,
         token: u32,
         want_logits: bool,
-        mut probe: Option<&mut dyn Probe>,
+        probe: Option<&mut dyn Probe>,
         timer: Option<&mut dyn KernelTimer>,
     ) -> Result<Option<&[f32]>> {
+        let mut probe = Sink {
+            probe,
+            non_finite: None,
+        };
         let model = Arc::clone(&self.model);
         let c = &model.config;
         if token as usize >= c.vocab {
@@ -294,7 +298,7 @@ impl CpuEngine {
                     *val = vv + silu(*m);
                 }
                 clk.lap("engram_conv", || bytes::engram_conv(h, ec.taps));
-                if probe.is_some() {
+                if probe.is_probed() {
                     emit(
                         &mut probe,
                         &format!("engram.key.{}", site.layer),
@@ -479,7 +483,7 @@ impl CpuEngine {
                 &m.b_res[16 * l..16 * l + 16],
                 c.sinkhorn_iters,
             );
-            if probe.is_some() {
+            if probe.is_probed() {
                 let flat: Vec<f32> = route.iter().flatten().copied().collect();
                 emit(&mut probe, "route", lo, &flat);
             }
@@ -499,7 +503,7 @@ impl CpuEngine {
         self.pos += 1;
 
         if !want_logits {
-            return Ok(None);
+            return non_finite_check(probe.non_finite, t).map(|_| None);
         }
         // 4.4 Logits.
         for (col, dst) in s.a.iter_mut().enumerate() {
@@ -516,7 +520,22 @@ impl CpuEngine {
             .matvec_rows_prepared(s.prep.get(&s.a, &w.embed), 0, &mut self.logits);
         clk.lap_matvec(&w.embed, c.vocab);
         emit(&mut probe, "logits", None, &self.logits);
+        non_finite_check(probe.non_finite, t)?;
         Ok(Some(&self.logits))
+    }
+}
+
+/// The error for the first non-finite tensor of the step at position `t`, if any.
+fn non_finite_check(bad: Option<(String, Option<usize>)>, t: u64) -> Result<()> {
+    match bad {
+        None => Ok(()),
+        Some((tensor, layer)) => Err(Error::NonFinite {
+            tensor: match layer {
+                Some(l) => format!("layer {l} {tensor}"),
+                None => tensor,
+            },
+            position: t,
+        }),
     }
 }
 
@@ -581,8 +600,25 @@ fn prepare_bytes(n: usize, lanes: usize, gain: bool, mats: &[&CqMatrix]) -> u64 
     total
 }
 
-fn emit(probe: &mut Option<&mut dyn Probe>, name: &str, layer: Option<usize>, data: &[f32]) {
-    if let Some(p) = probe.as_deref_mut() {
+/// Where a step's intermediates go: the optional probe, and the first tensor that
+/// went non-finite (checked at every probe point, probe or not: one scan of each
+/// activation, small beside the matvecs).
+struct Sink<'a> {
+    probe: Option<&'a mut dyn Probe>,
+    non_finite: Option<(String, Option<usize>)>,
+}
+
+impl Sink<'_> {
+    fn is_probed(&self) -> bool {
+        self.probe.is_some()
+    }
+}
+
+fn emit(sink: &mut Sink, name: &str, layer: Option<usize>, data: &[f32]) {
+    if sink.non_finite.is_none() && !data.iter().all(|v| v.is_finite()) {
+        sink.non_finite = Some((name.to_string(), layer));
+    }
+    if let Some(p) = sink.probe.as_deref_mut() {
         p.tensor(name, layer, data);
     }
 }

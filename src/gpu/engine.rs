@@ -971,17 +971,21 @@ impl Engine for GpuEngine {
             }
         }
         if want_logits {
-            enc.copy_buffer_to_buffer(&self.logits, 0, &self.staging, 0, self.staging.size());
+            self.encode_logits_copy(&mut enc);
         }
         self.ctx.queue.submit([enc.finish()]);
         self.pos += 1;
         if !want_logits {
             return Ok(None);
         }
-        self.ctx.map_read_into(
-            &self.staging,
-            bytemuck::cast_slice_mut(&mut self.logits_host),
-        )?;
+        let t = self.pos - 1;
+        let logits = self.fetch_logits()?;
+        if !logits.iter().all(|v| v.is_finite()) {
+            return Err(Error::NonFinite {
+                tensor: "logits (`cqlm parity` names the first non-finite tensor)".into(),
+                position: t,
+            });
+        }
         Ok(Some(&self.logits_host))
     }
 
