@@ -1,6 +1,6 @@
 //! `cqlm bench`: prefill and decode throughput, median over repetitions.
 
-use super::{make_engine, peak_rss_bytes, BackendArgs, ModelArgs};
+use super::{make_engine, peak_rss_bytes, rss_bytes, BackendArgs, ModelArgs};
 use anyhow::{bail, Result};
 use cqlm::sample::argmax;
 use std::time::Instant;
@@ -48,18 +48,35 @@ pub fn run(a: Args) -> Result<()> {
         .map(|i| ((i.wrapping_mul(2654435761) >> 7) % vocab as u64) as u32)
         .collect();
     let (mut prefill, mut decode) = (Vec::new(), Vec::new());
-    for _ in 0..a.reps {
+    // Soak figures of the first repetition, for runs of at least 2,000 tokens:
+    // (RSS, device bytes, ms/token over the first 1,000 tokens) at token 1,000 and at the end.
+    let mut soak: Option<[(u64, u64, f64); 2]> = None;
+    for rep in 0..a.reps {
         engine.reset();
         let t0 = Instant::now();
         let mut logits = engine.prefill(&prompt)?;
         prefill.push(a.prompt_len as f64 / t0.elapsed().as_secs_f64());
         let t1 = Instant::now();
-        for _ in 0..a.tokens {
+        let mut window = Instant::now();
+        let mut first = (0, 0, 0.0);
+        for i in 0..a.tokens {
             let next = argmax(&logits);
             logits = engine
                 .step(next, true)?
                 .map(<[f32]>::to_vec)
                 .unwrap_or_default();
+            if rep == 0 && a.tokens >= 2000 {
+                let ms = window.elapsed().as_secs_f64() * 1e3 / 1000.0;
+                if i + 1 == 1000 {
+                    first = (rss_bytes().unwrap_or(0), engine.device_bytes(), ms);
+                }
+                if i + 1 == a.tokens - 1000 {
+                    window = Instant::now();
+                }
+                if i + 1 == a.tokens {
+                    soak = Some([first, (rss_bytes().unwrap_or(0), engine.device_bytes(), ms)]);
+                }
+            }
         }
         decode.push(a.tokens as f64 / t1.elapsed().as_secs_f64());
     }
@@ -91,6 +108,11 @@ pub fn run(a: Args) -> Result<()> {
             "dispatches_per_token": engine.dispatches_per_token(),
             "peak_rss_bytes": rss,
             "gpu_buffer_bytes": engine.device_bytes(),
+            "soak": soak.map(|[a, b]| serde_json::json!({
+                "rss_bytes_at_1000": a.0, "rss_bytes_at_end": b.0,
+                "gpu_bytes_at_1000": a.1, "gpu_bytes_at_end": b.1,
+                "ms_per_token_first_1000": a.2, "ms_per_token_last_1000": b.2,
+            })),
         });
         println!("{v}");
     } else {
@@ -111,6 +133,19 @@ pub fn run(a: Args) -> Result<()> {
             bytes_per_step as f64 * d / 1e9
         );
         println!("peak RSS  {:.1} MB", rss as f64 / 1e6);
+        if let Some([x, y]) = soak {
+            println!(
+                "soak      RSS {:.2} MB at token 1000, {:.2} MB at token {} ({:+.2}%); device {} -> {} bytes; {:.3} ms/token over the first 1000, {:.3} over the last 1000",
+                x.0 as f64 / 1e6,
+                y.0 as f64 / 1e6,
+                a.tokens,
+                (y.0 as f64 / x.0.max(1) as f64 - 1.0) * 100.0,
+                x.1,
+                y.1,
+                x.2,
+                y.2
+            );
+        }
         if let Some(d) = engine.dispatches_per_token() {
             println!(
                 "gpu       {d} dispatches per token, {:.1} MB of device buffers",

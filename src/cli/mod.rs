@@ -168,12 +168,22 @@ pub fn parse_ids(s: &str) -> std::result::Result<Ids, String> {
         .map(Ids)
 }
 
-/// Peak resident set size of this process in bytes (Linux `VmHWM`), if known.
-pub fn peak_rss_bytes() -> Option<u64> {
+/// A `/proc/self/status` size field in bytes (Linux), if known.
+fn status_bytes(field: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
+}
+
+/// Peak resident set size of this process in bytes (Linux `VmHWM`), if known.
+pub fn peak_rss_bytes() -> Option<u64> {
+    status_bytes("VmHWM:")
+}
+
+/// Current resident set size of this process in bytes (Linux `VmRSS`), if known.
+pub fn rss_bytes() -> Option<u64> {
+    status_bytes("VmRSS:")
 }
 
 /// Context helper: attach the path to I/O errors.
