@@ -108,3 +108,19 @@ fn two_sessions_in_two_threads_match_running_alone() {
     assert_eq!(ra, alone_a);
     assert_eq!(rb, alone_b);
 }
+
+#[test]
+fn an_archive_larger_than_memory_fails_cleanly() {
+    // A sparse file of 1 TiB: no disk used, but far past any machine's free memory.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("huge.cqlm");
+    let f = std::fs::File::create(&path).unwrap();
+    f.set_len(1 << 40).unwrap();
+    let err = Model::load(&path).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, Error::Alloc { .. }), "{msg}");
+    assert!(
+        msg.contains("huge.cqlm") && msg.contains("available memory"),
+        "{msg}"
+    );
+}

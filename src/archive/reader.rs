@@ -55,10 +55,33 @@ pub(crate) fn map_file(path: &Path) -> Result<memmap2::Mmap> {
             )),
         });
     }
+    // Loading copies the tensors into memory (norms widen from f16 to f32): refuse
+    // up front, with a clear error, a file that can't fit, instead of dying in the
+    // allocator halfway through.
+    if let Some(avail) = available_memory() {
+        if meta.len() > avail {
+            return Err(Error::Alloc {
+                what: format!(
+                    "{}: the archive ({} bytes) exceeds the available memory ({avail} bytes)",
+                    path.display(),
+                    meta.len()
+                ),
+                bytes: meta.len(),
+            });
+        }
+    }
     // SAFETY: the map is read-only and lives only while its caller reads the file;
     // cqlm never writes to a file it reads. A file truncated by another process
     // while mapped is outside what any reader can defend against.
     unsafe { memmap2::Mmap::map(&file) }.map_err(io)
+}
+
+/// `MemAvailable` of `/proc/meminfo` in bytes (Linux); `None` elsewhere.
+fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
 
 fn truncated(msg: impl Into<String>) -> ArchiveError {
