@@ -71,24 +71,13 @@ impl EngramKernels {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use naga::valid::{Capabilities, ValidationFlags, Validator};
+    use crate::gpu::shader_check::{validate_wgsl, wgsl_struct_size};
 
     #[test]
     fn wgsl_validates_and_params_match() {
-        let m = naga::front::wgsl::parse_str(SOURCE)
-            .unwrap_or_else(|e| panic!("{}", e.emit_to_string(SOURCE)));
-        Validator::new(ValidationFlags::all(), Capabilities::all())
-            .validate(&m)
-            .unwrap_or_else(|e| panic!("{}", e.emit_to_string(SOURCE)));
-        let span = |name: &str| {
-            m.types
-                .iter()
-                .find(|(_, t)| t.name.as_deref() == Some(name))
-                .map(|(_, t)| t.inner.size(m.to_ctx()))
-        };
-        assert_eq!(
-            span("EngramConvParams"),
-            Some(std::mem::size_of::<EngramConvParams>() as u32)
-        );
+        let m = validate_wgsl(SOURCE).unwrap_or_else(|e| panic!("engram.wgsl: {e}"));
+        for (name, size) in [("EngramConvParams", std::mem::size_of::<EngramConvParams>())] {
+            assert_eq!(wgsl_struct_size(&m, name), Some(size as u32), "{name}");
+        }
     }
 }
