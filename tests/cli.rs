@@ -8,32 +8,11 @@ use cqlm::synth::{plan_for_preset, synth_model};
 use cqlm::{Config, CpuEngine, Engine, Model};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::Arc;
 
-fn cqlm(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cqlm"))
-        .args(args)
-        .current_dir(dir)
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("run cqlm")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn assert_ok(out: &Output, what: &str) {
-    assert!(
-        out.status.success(),
-        "{what}: exit {:?}\nstdout: {}\nstderr: {}",
-        out.status,
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    assert!(!text(&out.stderr).contains("panicked"), "{what}");
-}
+mod common;
+use common::cli::{assert_ok, cqlm, text};
 
 /// `cqlm synth --preset tiny --seed SEED --out NAME` in `dir`.
 fn synth(dir: &Path, seed: u64, name: &str) -> PathBuf {

@@ -15,32 +15,10 @@ use cqlm::synth::synth_float_tensors;
 use cqlm::{Config, CpuEngine, Engine, Error, Model};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::Arc;
 
-fn cqlm(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cqlm"))
-        .args(args)
-        .current_dir(dir)
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("run cqlm")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn assert_ok(out: &Output, what: &str) {
-    assert!(
-        out.status.success(),
-        "{what}: exit {:?}\nstdout: {}\nstderr: {}",
-        out.status,
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    assert!(!text(&out.stderr).contains("panicked"), "{what}");
-}
+use common::cli::{assert_ok, cqlm, text};
 
 /// A failure: non-zero exit, exactly one stderr line, starting `error:`; returns it.
 fn assert_one_error(out: &Output, what: &str) -> String {

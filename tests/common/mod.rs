@@ -3,5 +3,6 @@
 //! Not every test binary uses every helper.
 #![allow(dead_code)]
 
+pub mod cli;
 pub mod gpu;
 pub mod naive;
