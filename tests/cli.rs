@@ -668,3 +668,45 @@ fn unknown_preset_is_one_error_line() {
     assert_one_line_error(&out, "synth --preset huge");
     assert!(!dir.path().join("x.cqlm").exists());
 }
+
+#[test]
+fn bench_soak_reports_memory_and_every_window_of_a_long_run() {
+    // 3,000 tiny CPU tokens (well past sink + window): memory at token 1,000 and
+    // at the end, and one ms/token figure per window of 1,000 tokens.
+    let dir = tempfile::tempdir().unwrap();
+    let out = cqlm(
+        dir.path(),
+        &[
+            "bench",
+            "--preset",
+            "tiny",
+            "--backend",
+            "cpu",
+            "--prompt-len",
+            "4",
+            "--tokens",
+            "3000",
+            "--reps",
+            "1",
+            "--json",
+        ],
+    );
+    assert_ok(&out, "bench soak");
+    let v: serde_json::Value = serde_json::from_str(text(&out.stdout).trim()).expect("JSON");
+    let s = v["soak"]
+        .as_object()
+        .expect("a soak object for >= 2,000 tokens");
+    let windows = s["ms_per_token_per_1000"].as_array().expect("windows");
+    assert_eq!(windows.len(), 3, "{s:?}");
+    assert!(windows.iter().all(|w| w.as_f64().is_some_and(|x| x > 0.0)));
+    let (a, b) = (
+        s["rss_bytes_at_1000"].as_u64().unwrap(),
+        s["rss_bytes_at_end"].as_u64().unwrap(),
+    );
+    assert!(a > 0 && b > 0);
+    // Everything is allocated before the first token: RSS within 1% (plus a page).
+    assert!(
+        (b as f64) <= a as f64 * 1.01 + 4096.0,
+        "RSS grew from {a} to {b}"
+    );
+}

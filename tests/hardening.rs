@@ -124,3 +124,74 @@ fn an_archive_larger_than_memory_fails_cleanly() {
         "{msg}"
     );
 }
+
+/// `tiny` with random weights (mixed bit widths, engram on).
+fn tiny_model(seed: u64) -> Arc<Model> {
+    let c = Config::preset_tiny();
+    Arc::new(cqlm::synth::synth_model(&c, &BitsPlan::mixed(), seed).unwrap())
+}
+
+/// The message of an expected [`Error::Gpu`].
+fn gpu_error<T: std::fmt::Debug>(r: cqlm::Result<T>, what: &str) -> String {
+    match r {
+        Err(Error::Gpu(msg)) => msg,
+        other => panic!("{what}: expected Error::Gpu, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_validation_error_inside_the_step_is_an_error_not_a_panic() {
+    // Each gpu() call opens its own device, so the sticky error stays in this test.
+    let Some(ctx) = gpu() else { return };
+    let model = tiny_model(21);
+    let mut g =
+        GpuEngine::with_fault(model, Arc::clone(&ctx), cqlm::gpu::Fault::InvalidDispatch).unwrap();
+    for want_logits in [true, false] {
+        let msg = gpu_error(
+            g.step(1, want_logits).map(|l| l.map(<[f32]>::len)),
+            "bad step",
+        );
+        assert!(msg.contains("dispatch"), "{msg}");
+    }
+    // Once the device reported an error, every later step says so again.
+    assert!(matches!(g.step(2, true), Err(Error::Gpu(_))));
+}
+
+#[test]
+fn device_loss_is_an_error_from_step_not_a_panic_or_hang() {
+    let Some(ctx) = gpu() else { return };
+    let model = tiny_model(22);
+    let mut g = GpuEngine::with_context(Arc::clone(&model), Arc::clone(&ctx)).unwrap();
+    let before = g.step(1, true).unwrap().unwrap().to_vec();
+    assert!(before.iter().all(|v| v.is_finite()));
+    ctx.lose_device_for_test();
+    for (token, want_logits) in [(2, true), (3, false), (4, true)] {
+        let msg = gpu_error(
+            g.step(token, want_logits).map(|l| l.map(<[f32]>::len)),
+            "step after device loss",
+        );
+        assert!(msg.contains("lost"), "{msg}");
+    }
+    // A new engine on the lost device fails cleanly too.
+    let e = GpuEngine::with_context(model, ctx).map(|_| ());
+    assert!(matches!(e, Err(Error::Gpu(_))), "{e:?}");
+}
+
+#[test]
+fn a_row_larger_than_the_storage_binding_names_the_tensor_and_the_limit() {
+    // Splitting works by whole rows (tested in gpu_engine.rs); a single row that
+    // can't fit one binding is refused up front, naming the tensor and the limit.
+    let Some(_) = gpu() else { return };
+    let opts = cqlm::gpu::GpuOptions {
+        max_storage_binding: Some(64),
+        ..Default::default()
+    };
+    let ctx = cqlm::gpu::GpuContext::new(&opts, 0).unwrap();
+    let model = tiny_model(23);
+    let msg = gpu_error(
+        GpuEngine::with_context(model, ctx).map(|_| ()),
+        "64-byte bindings",
+    );
+    assert!(msg.contains("tensor `"), "{msg}");
+    assert!(msg.contains("64 bytes"), "{msg}");
+}

@@ -25,6 +25,17 @@ pub struct Args {
     json: bool,
 }
 
+/// Memory and speed over a long decode (see `run`).
+#[derive(Debug, Default)]
+struct Soak {
+    /// (RSS bytes, device bytes) after 1,000 tokens.
+    at_1000: (u64, u64),
+    /// (RSS bytes, device bytes) after the last token.
+    at_end: (u64, u64),
+    /// ms/token of each consecutive window of 1,000 tokens.
+    window_ms: Vec<f64>,
+}
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     let n = v.len();
@@ -49,8 +60,9 @@ pub fn run(a: Args) -> Result<()> {
         .collect();
     let (mut prefill, mut decode) = (Vec::new(), Vec::new());
     // Soak figures of the first repetition, for runs of at least 2,000 tokens:
-    // (RSS, device bytes, ms/token over the first 1,000 tokens) at token 1,000 and at the end.
-    let mut soak: Option<[(u64, u64, f64); 2]> = None;
+    // RSS and device bytes at token 1,000 and at the end, and ms/token of every
+    // whole window of 1,000 tokens (a growth with position shows as a trend).
+    let mut soak: Option<Soak> = None;
     for rep in 0..a.reps {
         engine.reset();
         let t0 = Instant::now();
@@ -58,25 +70,25 @@ pub fn run(a: Args) -> Result<()> {
         prefill.push(a.prompt_len as f64 / t0.elapsed().as_secs_f64());
         let t1 = Instant::now();
         let mut window = Instant::now();
-        let mut first = (0, 0, 0.0);
+        let mut s = Soak::default();
         for i in 0..a.tokens {
             let next = argmax(&logits);
             logits = engine
                 .step(next, true)?
                 .map(<[f32]>::to_vec)
                 .unwrap_or_default();
-            if rep == 0 && a.tokens >= 2000 {
-                let ms = window.elapsed().as_secs_f64() * 1e3 / 1000.0;
+            if rep == 0 && a.tokens >= 2000 && (i + 1) % 1000 == 0 {
+                // Seconds per 1,000 tokens is milliseconds per token.
+                s.window_ms.push(window.elapsed().as_secs_f64());
+                window = Instant::now();
                 if i + 1 == 1000 {
-                    first = (rss_bytes().unwrap_or(0), engine.device_bytes(), ms);
-                }
-                if i + 1 == a.tokens - 1000 {
-                    window = Instant::now();
-                }
-                if i + 1 == a.tokens {
-                    soak = Some([first, (rss_bytes().unwrap_or(0), engine.device_bytes(), ms)]);
+                    s.at_1000 = (rss_bytes().unwrap_or(0), engine.device_bytes());
                 }
             }
+        }
+        if rep == 0 && a.tokens >= 2000 {
+            s.at_end = (rss_bytes().unwrap_or(0), engine.device_bytes());
+            soak = Some(s);
         }
         decode.push(a.tokens as f64 / t1.elapsed().as_secs_f64());
     }
@@ -108,10 +120,10 @@ pub fn run(a: Args) -> Result<()> {
             "dispatches_per_token": engine.dispatches_per_token(),
             "peak_rss_bytes": rss,
             "gpu_buffer_bytes": engine.device_bytes(),
-            "soak": soak.map(|[a, b]| serde_json::json!({
-                "rss_bytes_at_1000": a.0, "rss_bytes_at_end": b.0,
-                "gpu_bytes_at_1000": a.1, "gpu_bytes_at_end": b.1,
-                "ms_per_token_first_1000": a.2, "ms_per_token_last_1000": b.2,
+            "soak": soak.as_ref().map(|s| serde_json::json!({
+                "rss_bytes_at_1000": s.at_1000.0, "rss_bytes_at_end": s.at_end.0,
+                "gpu_bytes_at_1000": s.at_1000.1, "gpu_bytes_at_end": s.at_end.1,
+                "ms_per_token_per_1000": s.window_ms,
             })),
         });
         println!("{v}");
@@ -133,17 +145,27 @@ pub fn run(a: Args) -> Result<()> {
             bytes_per_step as f64 * d / 1e9
         );
         println!("peak RSS  {:.1} MB", rss as f64 / 1e6);
-        if let Some([x, y]) = soak {
+        if let Some(s) = &soak {
+            let (x, y) = (s.at_1000, s.at_end);
+            let w = &s.window_ms;
+            let (lo, hi) = (
+                w.iter().cloned().fold(f64::MAX, f64::min),
+                w.iter().cloned().fold(0.0, f64::max),
+            );
             println!(
-                "soak      RSS {:.2} MB at token 1000, {:.2} MB at token {} ({:+.2}%); device {} -> {} bytes; {:.3} ms/token over the first 1000, {:.3} over the last 1000",
+                "soak      RSS {:.2} MB at token 1000, {:.2} MB at token {} ({:+.2}%); device {} -> {} bytes",
                 x.0 as f64 / 1e6,
                 y.0 as f64 / 1e6,
                 a.tokens,
                 (y.0 as f64 / x.0.max(1) as f64 - 1.0) * 100.0,
                 x.1,
                 y.1,
-                x.2,
-                y.2
+            );
+            println!(
+                "soak      ms/token per 1000 tokens: first {:.3}, last {:.3}, min {lo:.3}, max {hi:.3}; all: {}",
+                w.first().copied().unwrap_or(0.0),
+                w.last().copied().unwrap_or(0.0),
+                w.iter().map(|v| format!("{v:.3}")).collect::<Vec<_>>().join(" ")
             );
         }
         if let Some(d) = engine.dispatches_per_token() {

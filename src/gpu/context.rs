@@ -198,6 +198,15 @@ impl GpuContext {
                 slot.get_or_insert_with(|| e.to_string().replace('\n', " "));
             }
         }));
+        let lost = Arc::clone(&errors);
+        device.set_device_lost_callback(move |reason, msg| {
+            log::error!("wgpu: device lost ({reason:?}): {msg}");
+            if let Ok(mut slot) = lost.lock() {
+                slot.get_or_insert_with(|| {
+                    format!("the GPU device was lost ({reason:?}): {msg}").replace('\n', " ")
+                });
+            }
+        });
         Ok(Arc::new(GpuContext {
             device,
             queue,
@@ -207,7 +216,10 @@ impl GpuContext {
         }))
     }
 
-    /// The first uncaptured wgpu error so far, if any, as an [`Error::Gpu`].
+    /// The first uncaptured wgpu error (validation, out of memory, internal) or
+    /// device loss so far, if any, as an [`Error::Gpu`]. Errors are sticky: once
+    /// one happened, the device's buffers may hold garbage, so every later call
+    /// reports it again.
     ///
     /// # Errors
     /// [`Error::Gpu`] with wgpu's message once any error has happened on this device.
@@ -216,6 +228,22 @@ impl GpuContext {
             Some(msg) => Err(Error::Gpu(msg)),
             None => Ok(()),
         }
+    }
+
+    /// Record an error found outside wgpu's error callbacks (the first one wins).
+    pub(crate) fn record_error(&self, msg: String) {
+        log::error!("{msg}");
+        if let Ok(mut slot) = self.errors.lock() {
+            slot.get_or_insert(msg.replace('\n', " "));
+        }
+    }
+
+    /// Destroy the device, as a driver reset or an unplugged GPU would: every later
+    /// step on this context returns [`Error::Gpu`]. For testing that device loss
+    /// surfaces as an error, never use otherwise.
+    #[doc(hidden)]
+    pub fn lose_device_for_test(&self) {
+        self.device.destroy();
     }
 
     /// `name (backend, type)` of the adapter.

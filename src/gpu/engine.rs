@@ -29,6 +29,9 @@ pub enum Fault {
     SkipMinusU,
     /// Rotate queries and keys by the physical cache slot instead of the logical position.
     RopeAtPhysicalSlot,
+    /// Record one dispatch with more workgroups than the device allows (a wgpu
+    /// validation error inside the step).
+    InvalidDispatch,
 }
 
 /// One tensor copied out of a captured step.
@@ -660,6 +663,15 @@ impl GpuEngine {
             cache.k_scale.clone(),
             cache.v_scale.clone(),
         ]);
+        if fault == Some(Fault::InvalidDispatch) {
+            if let Some(first) = head.first() {
+                let mut bad = first.clone();
+                bad.groups = [ctx.caps.max_workgroups_per_dim.saturating_add(1), 1, 1];
+                head.push(bad);
+            }
+        }
+        // A device lost or out of memory while uploading is reported here, not later.
+        ctx.check_errors()?;
         let gpu_bytes = keep.iter().map(|b| b.size()).sum::<u64>()
             + lanes.size()
             + step_buf.size()
@@ -975,6 +987,8 @@ impl Engine for GpuEngine {
         }
         self.ctx.queue.submit([enc.finish()]);
         self.pos += 1;
+        // wgpu reports validation errors of the recorded work at submit time.
+        self.ctx.check_errors()?;
         if !want_logits {
             return Ok(None);
         }

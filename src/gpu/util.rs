@@ -2,7 +2,6 @@
 
 use super::context::GpuContext;
 use crate::error::{Error, Result};
-use wgpu::util::DeviceExt;
 
 /// Usage of storage buffers: read/write in shaders, copy in and out.
 pub const STORAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
@@ -11,17 +10,29 @@ pub const STORAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
 
 impl GpuContext {
     /// A storage buffer holding `data` (at least 4 bytes, so empty inputs still bind).
+    /// On a lost device the buffer is invalid and the failure is recorded, so the
+    /// next [`GpuContext::check_errors`] reports it (no panic).
     pub fn storage_init(&self, label: &str, data: &[u8]) -> wgpu::Buffer {
-        let mut bytes = data.to_vec();
-        bytes.resize(data.len().max(4).div_ceil(4) * 4, 0);
-        self.device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some(label),
-                contents: &bytes,
-                usage: STORAGE,
-            })
+        self.buffer_init(label, data, STORAGE)
     }
 
+    /// A buffer of `usage` holding `data`, padded to whole 4-byte words (at least one).
+    fn buffer_init(&self, label: &str, data: &[u8], usage: wgpu::BufferUsages) -> wgpu::Buffer {
+        let size = (data.len() as u64).max(4).div_ceil(4) * 4;
+        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage,
+            mapped_at_creation: true,
+        });
+        match buf.get_mapped_range_mut(..) {
+            // A buffer mapped at creation starts zeroed, so the padding is 0.
+            Ok(mut view) => view.slice(..data.len()).copy_from_slice(data),
+            Err(e) => self.record_error(format!("cannot fill buffer `{label}`: {e:?}")),
+        }
+        buf.unmap();
+        buf
+    }
     /// A zero-filled storage buffer of `bytes` bytes (rounded up to 4, at least 4).
     ///
     /// # Errors
@@ -42,14 +53,13 @@ impl GpuContext {
         }))
     }
 
-    /// A uniform buffer holding `data`.
+    /// A uniform buffer holding `data` (failures as for [`GpuContext::storage_init`]).
     pub fn uniform_init(&self, label: &str, data: &[u8]) -> wgpu::Buffer {
-        self.device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some(label),
-                contents: data,
-                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-            })
+        self.buffer_init(
+            label,
+            data,
+            wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        )
     }
 
     /// Block until the queue is idle, turning a lost device into an error.

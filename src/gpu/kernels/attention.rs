@@ -227,7 +227,7 @@ impl AttentionKernels {
 
 /// Debug-build consistency checks between the params and the cache.
 fn debug_check(p: &AttnParams, cache: &KvCache) {
-    debug_assert!(p.head_dim as usize <= MAX_HEAD_DIM && p.head_dim % 2 == 0);
+    debug_assert!(p.head_dim as usize <= MAX_HEAD_DIM && p.head_dim.is_multiple_of(2));
     debug_assert_eq!(p.head_dim as usize, cache.head_dim);
     debug_assert_eq!(p.words as usize, cache.words_per_vector());
     debug_assert_eq!(p.rows as usize, cache.rows);
@@ -235,7 +235,7 @@ fn debug_check(p: &AttnParams, cache: &KvCache) {
     debug_assert!(p.window >= 1);
     debug_assert_eq!(p.kv_heads as usize, cache.kv_heads);
     debug_assert!((p.layer as usize) < cache.layers);
-    debug_assert!(p.kv_heads >= 1 && p.heads % p.kv_heads == 0);
+    debug_assert!(p.kv_heads >= 1 && p.heads.is_multiple_of(p.kv_heads));
 }
 
 #[cfg(test)]
