@@ -1,7 +1,8 @@
 //! Criterion benchmarks of the CPU CQ matvec at 2 and 4 bits (group 128) on the
-//! shapes of the `default` preset's attention (512×512) and vocabulary (32000×512).
+//! shapes of the `default` preset's attention (512×512) and vocabulary (32000×512),
+//! for every row-kernel variant this CPU has (compare them as ratios of one run).
 
-use cqlm::cq::prepare;
+use cqlm::cq::{prepare, CpuKernels};
 use cqlm::synth::random_cq;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use rand::SeedableRng;
@@ -18,9 +19,13 @@ fn matvec(c: &mut Criterion) {
             let prep = prepare(&m, &x).expect("input length");
             let mut out = vec![0.0f32; rows];
             g.throughput(Throughput::Bytes(m.stored_bytes() as u64));
-            g.bench_function(format!("{rows}x{cols}/{bits}bit"), |b| {
-                b.iter(|| m.matvec_rows_prepared(black_box(&prep), 0, black_box(&mut out)))
-            });
+            for k in CpuKernels::available() {
+                g.bench_function(format!("{rows}x{cols}/{bits}bit/{}", k.name()), |b| {
+                    b.iter(|| {
+                        m.matvec_rows_prepared_with(k, black_box(&prep), 0, black_box(&mut out))
+                    })
+                });
+            }
         }
     }
     g.finish();

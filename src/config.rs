@@ -248,13 +248,13 @@ impl Config {
         in_range("heads", self.heads, 1, 1024)?;
         in_range("kv_heads", self.kv_heads, 1, 1024)?;
         in_range("head_dim", self.head_dim, 1, 1024)?;
-        if self.heads % self.kv_heads != 0 {
+        if !self.heads.is_multiple_of(self.kv_heads) {
             return Err(ConfigError::new(
                 "kv_heads",
                 format!("{} does not divide heads = {}", self.kv_heads, self.heads),
             ));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(ConfigError::new(
                 "head_dim",
                 format!("{} is odd", self.head_dim),

@@ -122,7 +122,7 @@ fn config_meta(config: &Config) -> Vec<(String, String)> {
 /// The 8-byte length plus `header` padded with spaces to a multiple of 8.
 fn frame(header: &str, data: &[u8]) -> Vec<u8> {
     let mut h = header.as_bytes().to_vec();
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     let mut out = (h.len() as u64).to_le_bytes().to_vec();

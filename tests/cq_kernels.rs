@@ -1,14 +1,14 @@
 //! CQ kernels (SPEC §2) against a naive f64 dense reconstruction written here,
 //! independently of the crate's transform and inner loops.
 
-use cqlm::cq::{cq_matvec, cq_matvec_rows, dequantize_row, prepare, CqMatrix};
+use cqlm::cq::{cq_matvec, cq_matvec_rows, dequantize_row, prepare, CpuKernels, CqMatrix};
 use half::f16;
 use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 /// `H[i][j] / sqrt(n)` from the Sylvester definition: `(-1)^popcount(i & j)`.
 fn hadamard_entry(i: usize, j: usize, n: usize) -> f64 {
-    let s = if (i & j).count_ones() % 2 == 0 {
+    let s = if (i & j).count_ones().is_multiple_of(2) {
         1.0
     } else {
         -1.0
@@ -223,4 +223,68 @@ fn constructor_rejects_broken_geometry() {
     assert!(CqMatrix::new(64, cb4.clone(), n(2, 1), [2, 1], vec![0; 32], [1, 32]).is_err());
     // The valid neighbour of these cases is accepted.
     assert!(CqMatrix::new(64, cb4, n(1, 1), [1, 1], vec![0; 32], [1, 32]).is_ok());
+}
+
+#[test]
+fn every_cpu_kernel_variant_matches_naive_dense() {
+    // Each SIMD variant this CPU has (and the scalar one) on every bit width and
+    // group, odd row counts and a row offset, against the naive f64 rows; outputs
+    // start as NaN so an unwritten row fails.
+    let variants = CpuKernels::available();
+    eprintln!("CPU kernel variants here: {variants:?}");
+    let mut rng = ChaCha8Rng::seed_from_u64(17);
+    let mut simd_runs = 0;
+    for bits in [1u32, 2, 4, 8] {
+        for group in [32usize, 64, 128, 256, 512, 1024] {
+            for cols in [group * 2 + 7, group * 3] {
+                let rows = 13;
+                let m = random_matrix(&mut rng, rows, cols, bits, group);
+                let x: Vec<f32> = (0..cols).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+                let prep = prepare(&m, &x).unwrap();
+                let want: Vec<f64> = (0..rows)
+                    .map(|r| {
+                        naive_dense_row(&m, r)
+                            .iter()
+                            .zip(&x)
+                            .map(|(w, v)| w * *v as f64)
+                            .sum()
+                    })
+                    .collect();
+                for &k in &variants {
+                    let mut out = vec![f32::NAN; rows - 2];
+                    m.matvec_rows_prepared_with(k, &prep, 2, &mut out);
+                    let got: Vec<f64> = out.iter().map(|v| *v as f64).collect();
+                    let e = rel_l2(&got, &want[2..]);
+                    let kernel = m.row_kernel(k);
+                    assert!(
+                        e <= 1e-5,
+                        "{k:?} ({kernel}) bits {bits} group {group} cols {cols}: {e}"
+                    );
+                    if kernel != "scalar" {
+                        simd_runs += 1;
+                    }
+                }
+            }
+        }
+    }
+    // Where the CPU has AVX2, the SIMD kernels were really exercised.
+    if variants.len() > 1 {
+        assert!(simd_runs >= 12, "only {simd_runs} SIMD runs");
+    }
+}
+
+#[test]
+fn simd_kernels_apply_to_the_default_presets_shapes() {
+    // default: 2-bit attention and 4-bit embedding/Φ at group 128.
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    for k in CpuKernels::available() {
+        let two = random_matrix(&mut rng, 4, 512, 2, 128);
+        let four = random_matrix(&mut rng, 4, 512, 4, 128);
+        let (a, b) = (two.row_kernel(k), four.row_kernel(k));
+        match k {
+            CpuKernels::Scalar => assert_eq!((a, b), ("scalar", "scalar")),
+            CpuKernels::Avx2 => assert_eq!((a, b), ("simd8", "simd8")),
+            CpuKernels::Avx512 => assert_eq!((a, b), ("simd8", "simd16")),
+        }
+    }
 }

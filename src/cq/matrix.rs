@@ -1,6 +1,7 @@
 //! SPEC §2: the codebook-quantized matrix and its CPU kernels (prepare, matvec, row gather).
 
 use super::fwht::nfwht;
+use super::simd::{self, CpuKernels, Plan};
 use crate::error::{Error, Result};
 use half::f16;
 use rayon::prelude::*;
@@ -31,6 +32,11 @@ pub struct CqMatrix {
     norms: Vec<f32>,
     packed: Vec<u8>,
     lut: Lut,
+}
+
+thread_local! {
+    /// The prepared activation in the SIMD kernels' order (reused between calls).
+    static PERMUTED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Packed rows at or above this many bytes in one call are split across threads.
@@ -214,21 +220,86 @@ impl CqMatrix {
     }
 
     /// Rows `first .. first + out.len()` of `P · x` for an input already prepared for
-    /// this matrix's group (`prep.len() == padded`).
+    /// this matrix's group (`prep.len() == padded`), with the CPU's best row
+    /// kernels ([`CpuKernels::selected`]).
     ///
     /// # Panics
     /// If `prep.len() != padded` or the rows run past `rows`.
     pub fn matvec_rows_prepared(&self, prep: &[f32], first: usize, out: &mut [f32]) {
+        self.matvec_rows_prepared_with(CpuKernels::selected(), prep, first, out);
+    }
+
+    /// [`CqMatrix::matvec_rows_prepared`] with the given row kernels (for tests and
+    /// benchmarks that compare them; a variant this CPU lacks runs the scalar path).
+    ///
+    /// # Panics
+    /// As [`CqMatrix::matvec_rows_prepared`].
+    pub fn matvec_rows_prepared_with(
+        &self,
+        kernels: CpuKernels,
+        prep: &[f32],
+        first: usize,
+        out: &mut [f32],
+    ) {
         assert_eq!(prep.len(), self.padded(), "matvec: prepared input length");
         assert!(first + out.len() <= self.rows, "matvec: rows out of range");
+        let kernels = if CpuKernels::available().contains(&kernels) {
+            kernels
+        } else {
+            CpuKernels::Scalar
+        };
+        let gb = self.group * self.bits as usize / 8;
+        match Plan::choose(kernels, self.bits, gb) {
+            None => self.split_rows(first, out, |f, o| self.rows_into(prep, f, o)),
+            Some(plan) => PERMUTED.with(|cell| {
+                let mut own = Vec::new();
+                let mut guard = cell.try_borrow_mut();
+                let xp = match guard.as_mut() {
+                    Ok(v) => &mut **v,
+                    Err(_) => &mut own,
+                };
+                plan.permute(self.bits, prep, xp);
+                let xp = &*xp;
+                let rb = self.row_bytes();
+                self.split_rows(first, out, |f, o| {
+                    let r = simd::Rows {
+                        codebook: &self.codebook,
+                        packed: &self.packed[f * rb..(f + o.len()) * rb],
+                        norms: &self.norms[f * self.groups..(f + o.len()) * self.groups],
+                        xp,
+                        bits: self.bits,
+                        group: self.group,
+                        groups: self.groups,
+                    };
+                    simd::rows(plan, &r, o);
+                });
+            }),
+        }
+    }
+
+    /// Which row kernel [`CqMatrix::matvec_rows_prepared_with`] runs for this
+    /// matrix under `kernels`: `"scalar"`, `"simd8"` (8 lanes) or `"simd16"` (16 lanes).
+    pub fn row_kernel(&self, kernels: CpuKernels) -> &'static str {
+        if !CpuKernels::available().contains(&kernels) {
+            return "scalar";
+        }
+        match Plan::choose(kernels, self.bits, self.group * self.bits as usize / 8) {
+            None => "scalar",
+            Some(Plan { lanes: 8 }) => "simd8",
+            Some(_) => "simd16",
+        }
+    }
+
+    /// Run `rows(first_row, out_chunk)` over `out`, split across threads when large.
+    fn split_rows(&self, first: usize, out: &mut [f32], rows: impl Fn(usize, &mut [f32]) + Sync) {
         let rb = self.row_bytes();
         if out.len() * rb >= PARALLEL_BYTES {
             let chunk = (PARALLEL_BYTES / 4 / rb).max(16);
-            out.par_chunks_mut(chunk).enumerate().for_each(|(i, o)| {
-                self.rows_into(prep, first + i * chunk, o);
-            });
+            out.par_chunks_mut(chunk)
+                .enumerate()
+                .for_each(|(i, o)| rows(first + i * chunk, o));
         } else {
-            self.rows_into(prep, first, out);
+            rows(first, out);
         }
     }
 
@@ -311,7 +382,7 @@ impl CqMatrix {
 /// If `out` is shorter than `x` or not a multiple of `group`.
 pub fn prepare_into(x: &[f32], group: usize, out: &mut [f32]) {
     assert!(
-        x.len() <= out.len() && out.len() % group == 0,
+        x.len() <= out.len() && out.len().is_multiple_of(group),
         "prepare: bad lengths"
     );
     out[..x.len()].copy_from_slice(x);

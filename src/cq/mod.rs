@@ -4,6 +4,8 @@
 mod fwht;
 mod matrix;
 pub mod quantize;
+mod simd;
 
 pub use fwht::{fwht, nfwht};
 pub use matrix::{cq_matvec, cq_matvec_rows, dequantize_row, prepare, prepare_into, CqMatrix};
+pub use simd::CpuKernels;

@@ -59,7 +59,7 @@ pub fn lse(v: &[f64]) -> f64 {
 
 /// Sylvester Hadamard sign: `(−1)^popcount(i & j)`.
 fn hsign(i: usize, j: usize) -> f64 {
-    if (i & j).count_ones() % 2 == 0 {
+    if (i & j).count_ones().is_multiple_of(2) {
         1.0
     } else {
         -1.0

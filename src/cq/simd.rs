@@ -1,0 +1,314 @@
+//! SIMD row kernels of the CQ matvec (x86-64 AVX2+FMA and AVX-512F), chosen at
+//! run time, with the scalar LUT loops of `matrix.rs` as the fallback and check.
+//!
+//! # The idea
+//!
+//! A packed row is read as 32-bit words; word `i` of a block holds `C = 32 / bits`
+//! codes, code `j` (bits `j·bits ..`) being column `C·i + j` of the block. With `L`
+//! words in a vector register (8 for AVX2, 16 for AVX-512), shifting the whole
+//! register right by `j·bits` puts code `j` of every word in the low bits of its
+//! lane, and a *register permute* with the codebook as the table
+//! (`vpermps`: lanes are indexed by the low 3 or 4 bits) turns those codes into
+//! levels, with no per-code memory load. The prepared activation is permuted once
+//! per call into the matching order (`xp[j·L + i] = prep[C·i + j]` inside each block
+//! of `L·C` columns), so each level vector meets its activations with one FMA.
+//!
+//! Codebooks of 2 or 4 entries are repeated to fill the permute table (the upper
+//! index bits of a lane then don't matter); 16-entry codebooks on AVX2 take two
+//! 8-entry permutes and a blend on bit 3. 8-bit codebooks stay on the scalar path.
+//!
+//! A block must not straddle groups (norms are per group), so a kernel applies
+//! when a group's packed bytes are a multiple of the block's (`4·L`): AVX-512
+//! needs 64 bytes per group (4-bit group ≥ 128, 2-bit ≥ 256, 1-bit ≥ 512), AVX2
+//! 32 bytes (4-bit ≥ 64, 2-bit ≥ 128, 1-bit ≥ 256); others use the scalar path.
+
+use std::sync::OnceLock;
+
+/// Which row kernels the CPU matvec uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CpuKernels {
+    /// The portable loops (byte lookup tables for 2 and 4 bits): the reference.
+    Scalar,
+    /// 8-lane AVX2 + FMA permute kernels.
+    Avx2,
+    /// 16-lane AVX-512F permute kernels (8-lane AVX2 where a group is too narrow).
+    Avx512,
+}
+
+impl CpuKernels {
+    /// Every variant this CPU can run, the scalar one first.
+    pub fn available() -> Vec<CpuKernels> {
+        let mut v = vec![CpuKernels::Scalar];
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx2 = std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma");
+            if avx2 {
+                v.push(CpuKernels::Avx2);
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    v.push(CpuKernels::Avx512);
+                }
+            }
+        }
+        v
+    }
+
+    /// The variant the engines use: the best available, unless the environment
+    /// variable `CQLM_CPU_KERNELS` names one (`scalar`, `avx2`, `avx512`; a variant
+    /// this CPU lacks falls back to the best it has). Decided once per process.
+    pub fn selected() -> CpuKernels {
+        static SEL: OnceLock<CpuKernels> = OnceLock::new();
+        *SEL.get_or_init(|| {
+            let avail = CpuKernels::available();
+            let best = *avail.last().unwrap_or(&CpuKernels::Scalar);
+            let want = match std::env::var("CQLM_CPU_KERNELS").as_deref() {
+                Ok("scalar") => Some(CpuKernels::Scalar),
+                Ok("avx2") => Some(CpuKernels::Avx2),
+                Ok("avx512") => Some(CpuKernels::Avx512),
+                _ => None,
+            };
+            match want {
+                Some(w) if avail.contains(&w) => w,
+                _ => best,
+            }
+        })
+    }
+
+    /// Lowercase name (`scalar`, `avx2`, `avx512`).
+    pub fn name(self) -> &'static str {
+        match self {
+            CpuKernels::Scalar => "scalar",
+            CpuKernels::Avx2 => "avx2",
+            CpuKernels::Avx512 => "avx512",
+        }
+    }
+}
+
+/// A SIMD kernel choice for one matrix: lanes per vector (8 or 16).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Plan {
+    pub(crate) lanes: usize,
+}
+
+impl Plan {
+    /// The kernel `k` would use for `bits`-bit codes in groups of `group_bytes`
+    /// packed bytes, or `None` for the scalar path.
+    pub(crate) fn choose(k: CpuKernels, bits: u32, group_bytes: usize) -> Option<Plan> {
+        if !matches!(bits, 1 | 2 | 4) {
+            return None;
+        }
+        match k {
+            CpuKernels::Avx512 if group_bytes.is_multiple_of(64) => Some(Plan { lanes: 16 }),
+            CpuKernels::Avx512 | CpuKernels::Avx2 if group_bytes.is_multiple_of(32) => {
+                Some(Plan { lanes: 8 })
+            }
+            _ => None,
+        }
+    }
+
+    /// Permute a prepared activation into this kernel's order: within each block of
+    /// `lanes · C` columns (`C = 32 / bits`), `xp[j·lanes + i] = prep[C·i + j]`.
+    pub(crate) fn permute(self, bits: u32, prep: &[f32], xp: &mut Vec<f32>) {
+        let c = 32 / bits as usize;
+        let l = self.lanes;
+        let block = l * c;
+        xp.clear();
+        xp.resize(prep.len(), 0.0);
+        for (src, dst) in prep.chunks_exact(block).zip(xp.chunks_exact_mut(block)) {
+            for i in 0..l {
+                for j in 0..c {
+                    dst[j * l + i] = src[c * i + j];
+                }
+            }
+        }
+    }
+}
+
+/// The inputs of one run of rows.
+pub(crate) struct Rows<'a> {
+    /// Codebook (2, 4 or 16 levels).
+    pub(crate) codebook: &'a [f32],
+    /// Packed rows, `row_bytes` each, starting at the first row to compute.
+    pub(crate) packed: &'a [u8],
+    /// Norms, `groups` per row, starting at the first row.
+    pub(crate) norms: &'a [f32],
+    /// Activation permuted by [`Plan::permute`].
+    pub(crate) xp: &'a [f32],
+    pub(crate) bits: u32,
+    pub(crate) group: usize,
+    pub(crate) groups: usize,
+}
+
+/// Compute `out.len()` consecutive rows with the kernel of `plan`.
+///
+/// The caller guarantees the CPU has the plan's features (a plan comes only from
+/// [`Plan::choose`] with a variant of [`CpuKernels::available`]) and the slice
+/// lengths (`packed`: `out.len()·groups·group·bits/8`, `norms`: `out.len()·groups`,
+/// `xp`: `groups·group`).
+pub(crate) fn rows(plan: Plan, r: &Rows<'_>, out: &mut [f32]) {
+    let gb = r.group * r.bits as usize / 8;
+    assert!(
+        r.packed.len() >= out.len() * r.groups * gb,
+        "simd rows: packed"
+    );
+    assert!(r.norms.len() >= out.len() * r.groups, "simd rows: norms");
+    assert!(r.xp.len() >= r.groups * r.group, "simd rows: activation");
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the plan was chosen for a variant whose features were detected at
+    // run time, and the slice lengths were checked above.
+    unsafe {
+        match (plan.lanes, r.bits) {
+            (16, 4) => x86::rows16::<4>(r, out),
+            (16, 2) => x86::rows16::<2>(r, out),
+            (16, 1) => x86::rows16::<1>(r, out),
+            (8, 4) => x86::rows8_16levels(r, out),
+            (8, 2) => x86::rows8::<2>(r, out),
+            (8, 1) => x86::rows8::<1>(r, out),
+            _ => unreachable!("no SIMD kernel for {plan:?} at {} bits", r.bits),
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (plan, out);
+        unreachable!("SIMD kernels exist only on x86-64");
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::Rows;
+    use std::arch::x86_64::*;
+
+    /// The codebook repeated to `n` entries (`n` a multiple of its length).
+    fn repeated<const N: usize>(cb: &[f32]) -> [f32; N] {
+        std::array::from_fn(|i| cb[i % cb.len()])
+    }
+
+    /// 16 lanes, `B ∈ {1, 2, 4}`: one `vpermps` per 16 codes.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn rows16<const B: u32>(r: &Rows<'_>, out: &mut [f32]) {
+        let table = repeated::<16>(r.codebook);
+        let cb = _mm512_loadu_ps(table.as_ptr());
+        let c = 32 / B as usize;
+        let gb = r.group * B as usize / 8;
+        let blocks = gb / 64;
+        let row_bytes = gb * r.groups;
+        for (n, o) in out.iter_mut().enumerate() {
+            let row = r.packed.as_ptr().add(n * row_bytes);
+            let norms = &r.norms[n * r.groups..(n + 1) * r.groups];
+            let mut acc = _mm512_setzero_ps();
+            for (k, &norm) in norms.iter().enumerate() {
+                let mut a0 = _mm512_setzero_ps();
+                let mut a1 = _mm512_setzero_ps();
+                for b in 0..blocks {
+                    let mut w = _mm512_loadu_si512(row.add(k * gb + b * 64) as *const _);
+                    let x = r.xp.as_ptr().add(k * r.group + b * 16 * c);
+                    let mut j = 0;
+                    while j < c {
+                        let lv0 = _mm512_permutexvar_ps(w, cb);
+                        a0 = _mm512_fmadd_ps(lv0, _mm512_loadu_ps(x.add(j * 16)), a0);
+                        w = _mm512_srli_epi32::<B>(w);
+                        let lv1 = _mm512_permutexvar_ps(w, cb);
+                        a1 = _mm512_fmadd_ps(lv1, _mm512_loadu_ps(x.add(j * 16 + 16)), a1);
+                        w = _mm512_srli_epi32::<B>(w);
+                        j += 2;
+                    }
+                }
+                acc = _mm512_fmadd_ps(_mm512_add_ps(a0, a1), _mm512_set1_ps(norm), acc);
+            }
+            *o = _mm512_reduce_add_ps(acc);
+        }
+    }
+
+    /// Horizontal sum of 8 lanes.
+    #[target_feature(enable = "avx2")]
+    unsafe fn hsum8(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
+        _mm_cvtss_f32(s)
+    }
+
+    /// 8 lanes, `B ∈ {1, 2}`: the codebook repeated to 8 entries, one `vpermps` per 8 codes.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn rows8<const B: i32>(r: &Rows<'_>, out: &mut [f32]) {
+        let table = repeated::<8>(r.codebook);
+        let cb = _mm256_loadu_ps(table.as_ptr());
+        let c = 32 / B as usize;
+        let gb = r.group * B as usize / 8;
+        let blocks = gb / 32;
+        let row_bytes = gb * r.groups;
+        for (n, o) in out.iter_mut().enumerate() {
+            let row = r.packed.as_ptr().add(n * row_bytes);
+            let norms = &r.norms[n * r.groups..(n + 1) * r.groups];
+            let mut acc = _mm256_setzero_ps();
+            for (k, &norm) in norms.iter().enumerate() {
+                let mut a0 = _mm256_setzero_ps();
+                let mut a1 = _mm256_setzero_ps();
+                for b in 0..blocks {
+                    let mut w = _mm256_loadu_si256(row.add(k * gb + b * 32) as *const _);
+                    let x = r.xp.as_ptr().add(k * r.group + b * 8 * c);
+                    let mut j = 0;
+                    while j < c {
+                        let lv0 = _mm256_permutevar8x32_ps(cb, w);
+                        a0 = _mm256_fmadd_ps(lv0, _mm256_loadu_ps(x.add(j * 8)), a0);
+                        w = _mm256_srli_epi32::<B>(w);
+                        let lv1 = _mm256_permutevar8x32_ps(cb, w);
+                        a1 = _mm256_fmadd_ps(lv1, _mm256_loadu_ps(x.add(j * 8 + 8)), a1);
+                        w = _mm256_srli_epi32::<B>(w);
+                        j += 2;
+                    }
+                }
+                acc = _mm256_fmadd_ps(_mm256_add_ps(a0, a1), _mm256_set1_ps(norm), acc);
+            }
+            *o = hsum8(acc);
+        }
+    }
+
+    /// Levels of the low 4 bits of each lane from a 16-entry codebook held in two halves.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn level16(lo: __m256, hi: __m256, w: __m256i) -> __m256 {
+        let sel = _mm256_castsi256_ps(_mm256_slli_epi32::<28>(w));
+        _mm256_blendv_ps(
+            _mm256_permutevar8x32_ps(lo, w),
+            _mm256_permutevar8x32_ps(hi, w),
+            sel,
+        )
+    }
+
+    /// 8 lanes, 4-bit: two 8-entry permutes blended on bit 3 of each code.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn rows8_16levels(r: &Rows<'_>, out: &mut [f32]) {
+        let lo = _mm256_loadu_ps(r.codebook.as_ptr());
+        let hi = _mm256_loadu_ps(r.codebook.as_ptr().add(8));
+        let gb = r.group / 2;
+        let blocks = gb / 32;
+        let row_bytes = gb * r.groups;
+        for (n, o) in out.iter_mut().enumerate() {
+            let row = r.packed.as_ptr().add(n * row_bytes);
+            let norms = &r.norms[n * r.groups..(n + 1) * r.groups];
+            let mut acc = _mm256_setzero_ps();
+            for (k, &norm) in norms.iter().enumerate() {
+                let mut a0 = _mm256_setzero_ps();
+                let mut a1 = _mm256_setzero_ps();
+                for b in 0..blocks {
+                    let mut w = _mm256_loadu_si256(row.add(k * gb + b * 32) as *const _);
+                    let x = r.xp.as_ptr().add(k * r.group + b * 64);
+                    for j in (0..8).step_by(2) {
+                        a0 = _mm256_fmadd_ps(level16(lo, hi, w), _mm256_loadu_ps(x.add(j * 8)), a0);
+                        w = _mm256_srli_epi32::<4>(w);
+                        a1 = _mm256_fmadd_ps(
+                            level16(lo, hi, w),
+                            _mm256_loadu_ps(x.add(j * 8 + 8)),
+                            a1,
+                        );
+                        w = _mm256_srli_epi32::<4>(w);
+                    }
+                }
+                acc = _mm256_fmadd_ps(_mm256_add_ps(a0, a1), _mm256_set1_ps(norm), acc);
+            }
+            *o = hsum8(acc);
+        }
+    }
+}
