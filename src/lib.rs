@@ -37,6 +37,7 @@ pub mod gpu;
 pub mod kernels;
 pub mod pack;
 pub mod parity;
+pub mod pool;
 pub mod profile;
 pub mod sample;
 pub mod session;

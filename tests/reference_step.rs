@@ -485,3 +485,39 @@ fn logits_are_finite_and_well_scaled() {
         100,
     );
 }
+
+#[test]
+fn kernel_selection_follows_cqlm_cpu_kernels() {
+    let avail = cqlm::cq::CpuKernels::available();
+    let sel = cqlm::cq::CpuKernels::selected();
+    eprintln!("CPU kernels: {} (available: {avail:?})", sel.name());
+    match std::env::var("CQLM_CPU_KERNELS").as_deref() {
+        Ok("scalar") => assert_eq!(sel, cqlm::cq::CpuKernels::Scalar),
+        _ => assert_eq!(Some(&sel), avail.last()),
+    }
+}
+
+#[test]
+fn the_parity_tests_pass_with_the_scalar_kernels_too() {
+    // This process runs the SIMD kernels where the CPU has them; rerun the naive
+    // reference tests in a child with the scalar loops forced, so both paths are
+    // held to the same SPEC §6 bounds.
+    if std::env::var_os("CQLM_CPU_KERNELS").is_some() {
+        return; // already a child (or forced by the caller): no recursion
+    }
+    let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .env("CQLM_CPU_KERNELS", "scalar")
+        .args(["naive_reference", "kernel_selection", "prefill_and_reset"])
+        .output()
+        .expect("rerun the tests");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "scalar-kernel run failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("test result: ok. 5 passed"),
+        "expected the 5 filtered tests to run: {stdout}"
+    );
+}

@@ -6,13 +6,15 @@ use crate::cq::CqMatrix;
 use crate::engine::Engine;
 use crate::engram::{table_rows_for, TokenHistory};
 use crate::error::{Error, Result};
-use crate::kernels::attention::{attend_head, KvHeadView};
+use crate::kernels::attention::{attend_group, KvHeadView};
 use crate::kernels::kv::{attended_ranges, physical_slot, quantize_int8};
 use crate::kernels::mhc::{post_gates, pre_gates, sinkhorn_route};
 use crate::kernels::mlp::hadamard_mlp;
 use crate::kernels::norm::{rms_unit_into, zcrms_in_place, zcrms_into};
 use crate::kernels::rope::{apply_rope, rope_table};
+use crate::kernels::vmath::gate_in_place;
 use crate::kernels::{sigmoid, silu};
+use crate::pool::{Pool, SharedSlice};
 use crate::profile::{bytes, KernelTimer};
 use crate::weights::Model;
 use std::sync::Arc;
@@ -159,7 +161,7 @@ impl CpuEngine {
             z: alloc("MLP scratch", c.hadamard_dim)?,
             cos: vec![0.0; c.head_dim / 2],
             sin: vec![0.0; c.head_dim / 2],
-            scores: alloc("attention scores", rows)?,
+            scores: alloc("attention scores", c.heads * rows)?,
             slots: Vec::with_capacity(rows),
             codes: vec![0; c.head_dim],
             e: vec![0.0; e_dim],
@@ -419,27 +421,33 @@ impl CpuEngine {
                 st.v_codes[cell * hd..(cell + 1) * hd].copy_from_slice(&s.codes);
             }
             clk.lap("qk_store", || bytes::qk_store(c.heads, c.kv_heads, hd));
-            for hq in 0..c.heads {
-                let j = c.group_of_head(hq);
-                let base = (l * c.kv_heads + j) * rows;
-                let view = KvHeadView {
-                    k: &st.k_codes[base * hd..(base + rows) * hd],
-                    v: &st.v_codes[base * hd..(base + rows) * hd],
-                    k_scale: &st.k_scale[base..base + rows],
-                    v_scale: &st.v_scale[base..base + rows],
-                };
-                let oh = &mut s.o[hq * hd..(hq + 1) * hd];
-                attend_head(
-                    &s.q[hq * hd..(hq + 1) * hd],
-                    &view,
-                    &s.slots,
-                    &mut s.scores,
-                    oh,
-                );
-                for (o, g) in oh.iter_mut().zip(&s.g[hq * hd..(hq + 1) * hd]) {
-                    *o *= sigmoid(*g);
+            // Each KV head with its query heads, the KV heads split over the pool.
+            let g = c.heads / c.kv_heads;
+            let (q, gate, slots) = (&s.q, &s.g, &s.slots);
+            let (o, scores) = (SharedSlice::new(&mut s.o), SharedSlice::new(&mut s.scores));
+            let (kc, vc, ks, vs) = (&st.k_codes, &st.v_codes, &st.k_scale, &st.v_scale);
+            let pool = Pool::global();
+            pool.run(&|part| {
+                for j in (part..c.kv_heads).step_by(pool.threads()) {
+                    let base = (l * c.kv_heads + j) * rows;
+                    let view = KvHeadView {
+                        k: &kc[base * hd..(base + rows) * hd],
+                        v: &vc[base * hd..(base + rows) * hd],
+                        k_scale: &ks[base..base + rows],
+                        v_scale: &vs[base..base + rows],
+                    };
+                    let heads = j * g * hd..(j + 1) * g * hd;
+                    // SAFETY: KV head j owns these ranges of `o` and `scores`.
+                    let (oj, sj) = unsafe {
+                        (
+                            o.range(heads.clone()),
+                            scores.range(j * g * rows..(j + 1) * g * rows),
+                        )
+                    };
+                    attend_group(&q[heads.clone()], hd, &view, slots, sj, oj);
+                    gate_in_place(oj, &gate[heads]);
                 }
-            }
+            });
             clk.lap("attend", || bytes::attend(c.heads, hd, s.slots.len()));
             emit(&mut probe, "attn_o", lo, &s.o);
             s.prep.clear();
@@ -487,13 +495,15 @@ impl CpuEngine {
                 let flat: Vec<f32> = route.iter().flatten().copied().collect();
                 emit(&mut probe, "route", lo, &flat);
             }
+            let (l0, rest) = s.lanes.split_at(h);
+            let (l1, rest) = rest.split_at(h);
+            let (l2, l3) = rest.split_at(h);
             for (i, nl) in s.next_lanes.chunks_exact_mut(h).enumerate() {
-                for (col, dst) in nl.iter_mut().enumerate() {
-                    let mut acc = 0.0f32;
-                    for (j, r) in route[i].iter().enumerate() {
-                        acc += r * s.lanes[j * h + col];
-                    }
-                    *dst = acc + hpost[i] * s.out[col];
+                let ([r0, r1, r2, r3], hp) = (route[i], hpost[i]);
+                for (((((dst, a), b), c), d), o) in
+                    nl.iter_mut().zip(l0).zip(l1).zip(l2).zip(l3).zip(&s.out)
+                {
+                    *dst = (((r0 * a + r1 * b) + r2 * c) + r3 * d) + hp * o;
                 }
             }
             std::mem::swap(&mut s.lanes, &mut s.next_lanes);

@@ -3,11 +3,32 @@
 /// Unnormalised in-place fast Walsh–Hadamard transform: `x ← H_n · x`.
 ///
 /// `x.len()` must be a power of two (a length of 0 or 1 is the identity).
-/// `fwht(fwht(x)) = n · x`.
+/// `fwht(fwht(x)) = n · x`. Uses 8-lane AVX2 butterflies where the CPU has them
+/// (and [`crate::cq::CpuKernels::selected`] allows), bit-identical to
+/// [`fwht_scalar`]: every output is the same `u + v` or `u − v` of the same inputs.
 ///
 /// # Panics
 /// If `x.len()` is not a power of two (a programming error: every caller passes a group or `hadamard_dim`).
 pub fn fwht(x: &mut [f32]) {
+    let n = x.len();
+    assert!(
+        n <= 1 || n.is_power_of_two(),
+        "fwht length {n} is not a power of two"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if n >= 8 && super::CpuKernels::selected() != super::CpuKernels::Scalar {
+        // SAFETY: a non-scalar selection implies AVX2 was detected; n is a power of two >= 8.
+        unsafe { fwht_avx2(x) };
+        return;
+    }
+    fwht_scalar(x);
+}
+
+/// The plain butterfly loops of [`fwht`] (the reference the SIMD path is tested against).
+///
+/// # Panics
+/// If `x.len()` is not a power of two.
+pub fn fwht_scalar(x: &mut [f32]) {
     let n = x.len();
     if n <= 1 {
         return;
@@ -21,6 +42,41 @@ pub fn fwht(x: &mut [f32]) {
                 let (u, v) = (*a, *b);
                 *a = u + v;
                 *b = u - v;
+            }
+        }
+        h *= 2;
+    }
+}
+
+/// AVX2 butterflies: stages 1, 2, 4 inside each 8-lane vector (permute, add,
+/// subtract, blend), then whole-vector stages.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn fwht_avx2(x: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let n = x.len();
+    let p = x.as_mut_ptr();
+    for b in (0..n).step_by(8) {
+        let mut v = _mm256_loadu_ps(p.add(b));
+        // h = 1: t = [a1 a0 a3 a2 ..]; even lanes u + v, odd lanes u − v.
+        let t = _mm256_permute_ps::<0b10_11_00_01>(v);
+        v = _mm256_blend_ps::<0b1010_1010>(_mm256_add_ps(v, t), _mm256_sub_ps(t, v));
+        // h = 2: t = [a2 a3 a0 a1 ..].
+        let t = _mm256_permute_ps::<0b01_00_11_10>(v);
+        v = _mm256_blend_ps::<0b1100_1100>(_mm256_add_ps(v, t), _mm256_sub_ps(t, v));
+        // h = 4: t = the other 128-bit half.
+        let t = _mm256_permute2f128_ps::<0x01>(v, v);
+        v = _mm256_blend_ps::<0b1111_0000>(_mm256_add_ps(v, t), _mm256_sub_ps(t, v));
+        _mm256_storeu_ps(p.add(b), v);
+    }
+    let mut h = 8;
+    while h < n {
+        for block in (0..n).step_by(2 * h) {
+            for i in (block..block + h).step_by(8) {
+                let a = _mm256_loadu_ps(p.add(i));
+                let b = _mm256_loadu_ps(p.add(i + h));
+                _mm256_storeu_ps(p.add(i), _mm256_add_ps(a, b));
+                _mm256_storeu_ps(p.add(i + h), _mm256_sub_ps(a, b));
             }
         }
         h *= 2;
@@ -86,6 +142,29 @@ mod tests {
                     (*a as f64 - b).abs() <= 1e-5 * (1.0 + b.abs()),
                     "n={n}: {a} vs {b}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn every_path_is_bit_identical_to_the_scalar_loops() {
+        for n in [1usize, 2, 4, 8, 16, 64, 128, 2048] {
+            let x = pseudo_random(n, 99 + n as u64);
+            let mut a = x.clone();
+            let mut b = x.clone();
+            fwht(&mut a);
+            fwht_scalar(&mut b);
+            assert_eq!(
+                a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                b.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "n = {n}"
+            );
+            #[cfg(target_arch = "x86_64")]
+            if n >= 8 && std::arch::is_x86_feature_detected!("avx2") {
+                let mut c = x.clone();
+                // SAFETY: AVX2 detected, n a power of two >= 8.
+                unsafe { fwht_avx2(&mut c) };
+                assert!(c.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()));
             }
         }
     }

@@ -3,8 +3,8 @@
 use super::fwht::nfwht;
 use super::simd::{self, CpuKernels, Plan};
 use crate::error::{Error, Result};
+use crate::pool::{Pool, SharedSlice};
 use half::f16;
-use rayon::prelude::*;
 
 /// Byte lookup tables of SEED §3: one packed byte yields 4 (2-bit) or 2 (4-bit) levels.
 #[derive(Debug, Clone)]
@@ -39,8 +39,9 @@ thread_local! {
     static PERMUTED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Packed rows at or above this many bytes in one call are split across threads.
-const PARALLEL_BYTES: usize = 1 << 18;
+/// Packed rows at or above this many bytes in one call are split across threads
+/// (a hand-out costs about a microsecond; 16 KiB of 2-bit rows take several).
+const PARALLEL_BYTES: usize = 1 << 14;
 
 impl CqMatrix {
     /// Build a matrix from its three stored tensors and its role's `cols`.
@@ -290,17 +291,21 @@ impl CqMatrix {
         }
     }
 
-    /// Run `rows(first_row, out_chunk)` over `out`, split across threads when large.
+    /// Run `rows(first_row, out_chunk)` over `out`, split across the CPU pool's
+    /// threads when the rows hold at least [`PARALLEL_BYTES`].
     fn split_rows(&self, first: usize, out: &mut [f32], rows: impl Fn(usize, &mut [f32]) + Sync) {
-        let rb = self.row_bytes();
-        if out.len() * rb >= PARALLEL_BYTES {
-            let chunk = (PARALLEL_BYTES / 4 / rb).max(16);
-            out.par_chunks_mut(chunk)
-                .enumerate()
-                .for_each(|(i, o)| rows(first + i * chunk, o));
-        } else {
+        let pool = Pool::global();
+        if out.len() * self.row_bytes() < PARALLEL_BYTES || pool.threads() == 1 {
             rows(first, out);
+            return;
         }
+        let n = out.len();
+        let shared = SharedSlice::new(out);
+        pool.for_ranges(n, 4, &|r| {
+            // SAFETY: the ranges of one for_ranges call are disjoint.
+            let o = unsafe { shared.range(r.clone()) };
+            rows(first + r.start, o);
+        });
     }
 
     fn rows_into(&self, prep: &[f32], first: usize, out: &mut [f32]) {

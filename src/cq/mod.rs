@@ -6,6 +6,6 @@ mod matrix;
 pub mod quantize;
 mod simd;
 
-pub use fwht::{fwht, nfwht};
+pub use fwht::{fwht, fwht_scalar, nfwht};
 pub use matrix::{cq_matvec, cq_matvec_rows, dequantize_row, prepare, prepare_into, CqMatrix};
 pub use simd::CpuKernels;

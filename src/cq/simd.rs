@@ -161,7 +161,7 @@ pub(crate) fn rows(plan: Plan, r: &Rows<'_>, out: &mut [f32]) {
             (16, 4) => x86::rows16::<4>(r, out),
             (16, 2) => x86::rows16::<2>(r, out),
             (16, 1) => x86::rows16::<1>(r, out),
-            (8, 4) => x86::rows8_16levels(r, out),
+            (8, 4) => x86::rows8::<4>(r, out),
             (8, 2) => x86::rows8::<2>(r, out),
             (8, 1) => x86::rows8::<1>(r, out),
             _ => unreachable!("no SIMD kernel for {plan:?} at {} bits", r.bits),
@@ -176,6 +176,8 @@ pub(crate) fn rows(plan: Plan, r: &Rows<'_>, out: &mut [f32]) {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
+    // Index loops over small register arrays read clearer than iterator chains here.
+    #![allow(clippy::needless_range_loop)]
     use super::Rows;
     use std::arch::x86_64::*;
 
@@ -220,7 +222,16 @@ mod x86 {
         }
     }
 
+    /// Horizontal sums of four 8-lane vectors: `[Σa, Σb, Σc, Σd]`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn hsum4x8(a: __m256, b: __m256, c: __m256, d: __m256) -> __m128 {
+        let t = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+        _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps::<1>(t))
+    }
+
     /// Horizontal sum of 8 lanes.
+    #[inline]
     #[target_feature(enable = "avx2")]
     unsafe fn hsum8(v: __m256) -> f32 {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
@@ -229,86 +240,108 @@ mod x86 {
         _mm_cvtss_f32(s)
     }
 
-    /// 8 lanes, `B ∈ {1, 2}`: the codebook repeated to 8 entries, one `vpermps` per 8 codes.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn rows8<const B: i32>(r: &Rows<'_>, out: &mut [f32]) {
-        let table = repeated::<8>(r.codebook);
-        let cb = _mm256_loadu_ps(table.as_ptr());
-        let c = 32 / B as usize;
-        let gb = r.group * B as usize / 8;
-        let blocks = gb / 32;
-        let row_bytes = gb * r.groups;
-        for (n, o) in out.iter_mut().enumerate() {
-            let row = r.packed.as_ptr().add(n * row_bytes);
-            let norms = &r.norms[n * r.groups..(n + 1) * r.groups];
-            let mut acc = _mm256_setzero_ps();
-            for (k, &norm) in norms.iter().enumerate() {
-                let mut a0 = _mm256_setzero_ps();
-                let mut a1 = _mm256_setzero_ps();
-                for b in 0..blocks {
-                    let mut w = _mm256_loadu_si256(row.add(k * gb + b * 32) as *const _);
-                    let x = r.xp.as_ptr().add(k * r.group + b * 8 * c);
-                    let mut j = 0;
-                    while j < c {
-                        let lv0 = _mm256_permutevar8x32_ps(cb, w);
-                        a0 = _mm256_fmadd_ps(lv0, _mm256_loadu_ps(x.add(j * 8)), a0);
-                        w = _mm256_srli_epi32::<B>(w);
-                        let lv1 = _mm256_permutevar8x32_ps(cb, w);
-                        a1 = _mm256_fmadd_ps(lv1, _mm256_loadu_ps(x.add(j * 8 + 8)), a1);
-                        w = _mm256_srli_epi32::<B>(w);
-                        j += 2;
-                    }
-                }
-                acc = _mm256_fmadd_ps(_mm256_add_ps(a0, a1), _mm256_set1_ps(norm), acc);
-            }
-            *o = hsum8(acc);
+    /// Levels of the low bits of each lane: one permute for up to 8 entries
+    /// (`lo` holds the codebook repeated), two blended on bit 3 for 16 (`lo`, `hi`).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn level8<const B: i32>(lo: __m256, hi: __m256, w: __m256i) -> __m256 {
+        if B == 4 {
+            let sel = _mm256_castsi256_ps(_mm256_slli_epi32::<28>(w));
+            _mm256_blendv_ps(
+                _mm256_permutevar8x32_ps(lo, w),
+                _mm256_permutevar8x32_ps(hi, w),
+                sel,
+            )
+        } else {
+            _mm256_permutevar8x32_ps(lo, w)
         }
     }
 
-    /// Levels of the low 4 bits of each lane from a 16-entry codebook held in two halves.
+    /// One group of `R` rows (`R` ∈ {1, 2}) against the permuted activation `x`:
+    /// the `R` unnormalised group dots, each in two FMA chains (even and odd codes)
+    /// so `2·R` independent chains hide the FMA latency, sharing each activation load.
     #[inline]
-    #[target_feature(enable = "avx2")]
-    unsafe fn level16(lo: __m256, hi: __m256, w: __m256i) -> __m256 {
-        let sel = _mm256_castsi256_ps(_mm256_slli_epi32::<28>(w));
-        _mm256_blendv_ps(
-            _mm256_permutevar8x32_ps(lo, w),
-            _mm256_permutevar8x32_ps(hi, w),
-            sel,
-        )
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn group8<const R: usize, const B: i32>(
+        rows: [*const u8; R],
+        x: *const f32,
+        blocks: usize,
+        lo: __m256,
+        hi: __m256,
+    ) -> [__m256; R] {
+        let c = 32 / B as usize;
+        let mut even = [_mm256_setzero_ps(); R];
+        let mut odd = [_mm256_setzero_ps(); R];
+        for b in 0..blocks {
+            let mut w = [_mm256_setzero_si256(); R];
+            for i in 0..R {
+                w[i] = _mm256_loadu_si256(rows[i].add(b * 32) as *const __m256i);
+            }
+            let xb = x.add(b * 8 * c);
+            for j in (0..c).step_by(2) {
+                let x0 = _mm256_loadu_ps(xb.add(j * 8));
+                let x1 = _mm256_loadu_ps(xb.add(j * 8 + 8));
+                for i in 0..R {
+                    even[i] = _mm256_fmadd_ps(level8::<B>(lo, hi, w[i]), x0, even[i]);
+                    w[i] = _mm256_srli_epi32::<B>(w[i]);
+                    odd[i] = _mm256_fmadd_ps(level8::<B>(lo, hi, w[i]), x1, odd[i]);
+                    w[i] = _mm256_srli_epi32::<B>(w[i]);
+                }
+            }
+        }
+        for i in 0..R {
+            even[i] = _mm256_add_ps(even[i], odd[i]);
+        }
+        even
     }
 
-    /// 8 lanes, 4-bit: two 8-entry permutes blended on bit 3 of each code.
+    /// 8 lanes, `B ∈ {1, 2, 4}`, four rows at a time (two pairs), then single rows.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn rows8_16levels(r: &Rows<'_>, out: &mut [f32]) {
-        let lo = _mm256_loadu_ps(r.codebook.as_ptr());
-        let hi = _mm256_loadu_ps(r.codebook.as_ptr().add(8));
-        let gb = r.group / 2;
+    pub(super) unsafe fn rows8<const B: i32>(r: &Rows<'_>, out: &mut [f32]) {
+        let (lo, hi) = if B == 4 {
+            (
+                _mm256_loadu_ps(r.codebook.as_ptr()),
+                _mm256_loadu_ps(r.codebook.as_ptr().add(8)),
+            )
+        } else {
+            let table = repeated::<8>(r.codebook);
+            let t = _mm256_loadu_ps(table.as_ptr());
+            (t, t)
+        };
+        let gb = r.group * B as usize / 8;
         let blocks = gb / 32;
         let row_bytes = gb * r.groups;
-        for (n, o) in out.iter_mut().enumerate() {
-            let row = r.packed.as_ptr().add(n * row_bytes);
-            let norms = &r.norms[n * r.groups..(n + 1) * r.groups];
-            let mut acc = _mm256_setzero_ps();
-            for (k, &norm) in norms.iter().enumerate() {
-                let mut a0 = _mm256_setzero_ps();
-                let mut a1 = _mm256_setzero_ps();
-                for b in 0..blocks {
-                    let mut w = _mm256_loadu_si256(row.add(k * gb + b * 32) as *const _);
-                    let x = r.xp.as_ptr().add(k * r.group + b * 64);
-                    for j in (0..8).step_by(2) {
-                        a0 = _mm256_fmadd_ps(level16(lo, hi, w), _mm256_loadu_ps(x.add(j * 8)), a0);
-                        w = _mm256_srli_epi32::<4>(w);
-                        a1 = _mm256_fmadd_ps(
-                            level16(lo, hi, w),
-                            _mm256_loadu_ps(x.add(j * 8 + 8)),
-                            a1,
-                        );
-                        w = _mm256_srli_epi32::<4>(w);
-                    }
-                }
-                acc = _mm256_fmadd_ps(_mm256_add_ps(a0, a1), _mm256_set1_ps(norm), acc);
+        let g = r.groups;
+        let base = r.packed.as_ptr();
+        let mut n = 0;
+        while n + 4 <= out.len() {
+            let mut acc = _mm_setzero_ps();
+            for k in 0..g {
+                let x = r.xp.as_ptr().add(k * r.group);
+                let at = |i: usize| base.add((n + i) * row_bytes + k * gb);
+                let [a, b] = group8::<2, B>([at(0), at(1)], x, blocks, lo, hi);
+                let [c, d] = group8::<2, B>([at(2), at(3)], x, blocks, lo, hi);
+                let nr = _mm_setr_ps(
+                    r.norms[n * g + k],
+                    r.norms[(n + 1) * g + k],
+                    r.norms[(n + 2) * g + k],
+                    r.norms[(n + 3) * g + k],
+                );
+                acc = _mm_fmadd_ps(hsum4x8(a, b, c, d), nr, acc);
             }
-            *o = hsum8(acc);
+            _mm_storeu_ps(out.as_mut_ptr().add(n), acc);
+            n += 4;
+        }
+        while n < out.len() {
+            let mut acc = _mm256_setzero_ps();
+            for k in 0..g {
+                let row = [base.add(n * row_bytes + k * gb)];
+                let x = r.xp.as_ptr().add(k * r.group);
+                let [a] = group8::<1, B>(row, x, blocks, lo, hi);
+                acc = _mm256_fmadd_ps(a, _mm256_set1_ps(r.norms[n * g + k]), acc);
+            }
+            out[n] = hsum8(acc);
+            n += 1;
         }
     }
 }

@@ -50,3 +50,172 @@ pub fn attend_head(
         }
     }
 }
+
+/// Every query head of one KV head (SPEC §4.3 step 5): `qs` holds
+/// `g = qs.len() / head_dim` query heads back to back, `out` receives their outputs
+/// in the same layout, and `scores` is scratch of at least `g · slots.len()`.
+/// Equal to [`attend_head`] per head up to float rounding; with AVX2 (and
+/// [`crate::cq::CpuKernels::selected`] allowing it) the key and value codes are
+/// read once for all `g` heads, 8 lanes at a time.
+///
+/// # Panics
+/// If `head_dim` is 0, the lengths disagree, `scores` is too short or a slot is
+/// out of the cache.
+pub fn attend_group(
+    qs: &[f32],
+    head_dim: usize,
+    kv: &KvHeadView,
+    slots: &[usize],
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    let d = head_dim;
+    assert!(
+        d > 0 && qs.len().is_multiple_of(d) && out.len() == qs.len(),
+        "attend_group: lengths"
+    );
+    let g = qs.len() / d;
+    let n = slots.len();
+    assert!(scores.len() >= g * n, "attend_group: scores scratch");
+    let rows = kv.k_scale.len();
+    assert!(
+        slots.iter().all(|&s| s < rows) && kv.k.len() >= rows * d && kv.v.len() >= rows * d,
+        "attend_group: slot outside the cache"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if d.is_multiple_of(8) && crate::cq::CpuKernels::selected() != crate::cq::CpuKernels::Scalar {
+        // SAFETY: a non-scalar selection implies AVX2 and FMA; lengths and slots checked above.
+        unsafe { x86::attend_group(qs, d, kv, slots, &mut scores[..g * n], out) };
+        return;
+    }
+    for ((q, o), s) in qs
+        .chunks_exact(d)
+        .zip(out.chunks_exact_mut(d))
+        .zip(scores.chunks_exact_mut(n.max(1)))
+    {
+        attend_head(q, kv, slots, s, o);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    // Index loops over small register arrays read clearer than iterator chains here.
+    #![allow(clippy::needless_range_loop)]
+    use super::KvHeadView;
+    use crate::kernels::vmath::x86::exp_slice;
+    use std::arch::x86_64::*;
+
+    /// 8 int8 codes at `p` as f32 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn codes8(p: *const i8) -> __m256 {
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i)))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn hsum8(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
+        _mm_cvtss_f32(s)
+    }
+
+    /// Scores of up to 4 heads (`qs` rows `h0 .. h0 + H`) at every slot.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn scores<const H: usize>(
+        qs: &[f32],
+        h0: usize,
+        d: usize,
+        kv: &KvHeadView,
+        slots: &[usize],
+        scores: &mut [f32],
+    ) {
+        let n = slots.len();
+        let inv = 1.0 / (d as f32).sqrt();
+        for (i, &slot) in slots.iter().enumerate() {
+            let k = kv.k.as_ptr().add(slot * d);
+            let mut acc = [_mm256_setzero_ps(); H];
+            for c in (0..d).step_by(8) {
+                let kf = codes8(k.add(c));
+                for h in 0..H {
+                    let q = _mm256_loadu_ps(qs.as_ptr().add((h0 + h) * d + c));
+                    acc[h] = _mm256_fmadd_ps(q, kf, acc[h]);
+                }
+            }
+            let ks = kv.k_scale[slot];
+            for h in 0..H {
+                scores[(h0 + h) * n + i] = hsum8(acc[h]) * ks * inv;
+            }
+        }
+    }
+
+    /// Outputs of up to 4 heads from their softmax weights (already scaled by the value scales).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn values<const H: usize>(
+        w: &[f32],
+        h0: usize,
+        d: usize,
+        kv: &KvHeadView,
+        slots: &[usize],
+        out: &mut [f32],
+    ) {
+        let n = slots.len();
+        for c in (0..d).step_by(8) {
+            let mut acc = [_mm256_setzero_ps(); H];
+            for (i, &slot) in slots.iter().enumerate() {
+                let vf = codes8(kv.v.as_ptr().add(slot * d + c));
+                for h in 0..H {
+                    acc[h] = _mm256_fmadd_ps(_mm256_set1_ps(w[(h0 + h) * n + i]), vf, acc[h]);
+                }
+            }
+            for h in 0..H {
+                _mm256_storeu_ps(out.as_mut_ptr().add((h0 + h) * d + c), acc[h]);
+            }
+        }
+    }
+
+    /// See [`super::attend_group`]; `d % 8 == 0`, `scores.len() == heads · slots.len()`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn attend_group(
+        qs: &[f32],
+        d: usize,
+        kv: &KvHeadView,
+        slots: &[usize],
+        scores: &mut [f32],
+        out: &mut [f32],
+    ) {
+        let g = qs.len() / d;
+        let n = slots.len();
+        let mut h = 0;
+        while h + 4 <= g {
+            self::scores::<4>(qs, h, d, kv, slots, scores);
+            h += 4;
+        }
+        while h < g {
+            self::scores::<1>(qs, h, d, kv, slots, scores);
+            h += 1;
+        }
+        // Softmax per head, folded with the value scales.
+        for s in scores.chunks_exact_mut(n.max(1)).take(g) {
+            let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            s.iter_mut().for_each(|v| *v -= max);
+            exp_slice(s);
+            let total: f32 = s.iter().sum();
+            for (v, &slot) in s.iter_mut().zip(slots) {
+                *v = *v / total * kv.v_scale[slot];
+            }
+        }
+        let mut h = 0;
+        while h + 4 <= g {
+            values::<4>(scores, h, d, kv, slots, out);
+            h += 4;
+        }
+        while h < g {
+            values::<1>(scores, h, d, kv, slots, out);
+            h += 1;
+        }
+    }
+}

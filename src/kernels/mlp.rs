@@ -1,7 +1,7 @@
 //! The Hadamard MLP (SPEC §4.3 step 6).
 
 use super::norm::zcrms_into;
-use super::silu;
+use super::vmath::silu_of_product;
 use crate::cq::nfwht;
 
 /// `out = after + (d3 ⊙ nfwht(silu(d2 ⊙ nfwht(d1 ⊙ pad(zcrms(after, norm))))))[..hidden]`.
@@ -26,9 +26,7 @@ pub fn hadamard_mlp(
         *v *= w;
     }
     nfwht(z);
-    for (v, w) in z.iter_mut().zip(d2) {
-        *v = silu(w * *v);
-    }
+    silu_of_product(z, d2);
     nfwht(z);
     for (v, w) in z.iter_mut().zip(d3) {
         *v *= w;

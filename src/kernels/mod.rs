@@ -7,6 +7,7 @@ pub mod mhc;
 pub mod mlp;
 pub mod norm;
 pub mod rope;
+pub mod vmath;
 
 /// `σ(x) = 1 / (1 + exp(−x))` in f32.
 #[inline]
