@@ -34,6 +34,30 @@ pub trait Engine: Send {
         0
     }
 
+    /// Append `token` and return the greedy choice of the next one: the lowest index
+    /// of the largest logit, as [`crate::sample::argmax`]. The GPU picks it on the
+    /// device and reads back 8 bytes instead of `vocab` floats; the logits stay
+    /// available through [`Engine::last_logits`].
+    ///
+    /// # Errors
+    /// As [`Engine::step`]; [`crate::Error::NonFinite`] when a logit is NaN or infinite.
+    fn step_argmax(&mut self, token: u32) -> Result<u32> {
+        match self.step(token, true)? {
+            Some(l) => Ok(crate::sample::argmax(l)),
+            None => Err(crate::Error::InvalidArgument(
+                "the engine returned no logits".into(),
+            )),
+        }
+    }
+
+    /// The logits computed by the last step, if it computed them (a step with
+    /// logits or [`Engine::step_argmax`]); `None` after a step without logits or
+    /// at position 0.
+    ///
+    /// # Errors
+    /// [`crate::Error::Gpu`] if reading them back from the device fails.
+    fn last_logits(&mut self) -> Result<Option<&[f32]>>;
+
     /// Step every id of `ids` in order and return the logits after the last one
     /// (earlier ids run without logits). An empty `ids` returns an empty vector.
     ///

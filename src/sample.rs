@@ -122,6 +122,13 @@ impl Sampler {
         }
     }
 
+    /// Whether [`Sampler::sample`] is plain argmax of the logits (temperature 0 or
+    /// top-k 1, no repetition penalty), so an engine may pick on the device.
+    pub fn is_greedy(&self) -> bool {
+        let c = &self.cfg;
+        c.repeat_penalty == 1.0 && (c.temperature == 0.0 || c.top_k == 1)
+    }
+
     /// The settings.
     pub fn config(&self) -> &SamplerConfig {
         &self.cfg

@@ -158,19 +158,39 @@ impl Session {
             ));
         }
         let eos = self.model.config.eos;
+        // A greedy sampler lets the engine pick on the device (the GPU then reads
+        // back 8 bytes per token); the logits are fetched once at the end.
+        let greedy = sampler.is_greedy();
+        let mut picked: Option<u32> = None;
+        let mut stop = Stop::Length;
         for _ in 0..n {
-            let next = sampler.sample(&self.logits, &self.tokens);
+            let next = match picked.take() {
+                Some(id) => id,
+                None => sampler.sample(&self.logits, &self.tokens),
+            };
             if next == eos {
-                return Ok(Stop::Eos);
+                stop = Stop::Eos;
+                break;
             }
-            let l = self.engine.step(next, true)?.unwrap_or_default();
-            self.logits.clear();
-            self.logits.extend_from_slice(l);
+            if greedy {
+                picked = Some(self.engine.step_argmax(next)?);
+            } else {
+                let l = self.engine.step(next, true)?.unwrap_or_default();
+                self.logits.clear();
+                self.logits.extend_from_slice(l);
+            }
             self.tokens.push(next);
             if !on_token(next) {
-                return Ok(Stop::Callback);
+                stop = Stop::Callback;
+                break;
             }
         }
-        Ok(Stop::Length)
+        if greedy {
+            if let Some(l) = self.engine.last_logits()? {
+                self.logits.clear();
+                self.logits.extend_from_slice(l);
+            }
+        }
+        Ok(stop)
     }
 }

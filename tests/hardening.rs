@@ -69,6 +69,12 @@ fn gpu_refuses_non_finite_logits_and_parity_names_the_tensor() {
             other.map(|l| l.map(|l| l.len()))
         ),
     }
+    // The greedy step (argmax on the device) refuses them too.
+    let mut g = GpuEngine::with_context(Arc::clone(&model), Arc::clone(&ctx)).unwrap();
+    assert!(matches!(
+        g.step_argmax(1),
+        Err(Error::NonFinite { position: 0, .. })
+    ));
     let mut g = GpuEngine::with_context(Arc::clone(&model), Arc::clone(&ctx)).unwrap();
     let ladder = run_ladder(&model, &ctx, &mut g, &[1, 2, 3], 0).unwrap();
     assert_eq!(

@@ -25,6 +25,9 @@ pub struct Args {
     json: bool,
 }
 
+/// Greedy steps measured per repetition (a soak's long decode is not repeated).
+const GREEDY_TOKENS: usize = 256;
+
 /// Memory and speed over a long decode (see `run`).
 #[derive(Debug, Default)]
 struct Soak {
@@ -58,7 +61,7 @@ pub fn run(a: Args) -> Result<()> {
     let prompt: Vec<u32> = (0..a.prompt_len as u64)
         .map(|i| ((i.wrapping_mul(2654435761) >> 7) % vocab as u64) as u32)
         .collect();
-    let (mut prefill, mut decode) = (Vec::new(), Vec::new());
+    let (mut prefill, mut decode, mut greedy) = (Vec::new(), Vec::new(), Vec::new());
     // Soak figures of the first repetition, for runs of at least 2,000 tokens:
     // RSS and device bytes at token 1,000 and at the end, and ms/token of every
     // whole window of 1,000 tokens (a growth with position shows as a trend).
@@ -91,6 +94,14 @@ pub fn run(a: Args) -> Result<()> {
             soak = Some(s);
         }
         decode.push(a.tokens as f64 / t1.elapsed().as_secs_f64());
+        // Greedy decode as `generate` runs it: the engine picks the token (the GPU
+        // on the device, reading back 8 bytes), continuing from the same state.
+        let mut next = argmax(&logits);
+        let t2 = Instant::now();
+        for _ in 0..a.tokens.min(GREEDY_TOKENS) {
+            next = engine.step_argmax(next)?;
+        }
+        greedy.push(a.tokens.min(GREEDY_TOKENS) as f64 / t2.elapsed().as_secs_f64());
     }
     let (pmin, pmax) = (
         prefill.iter().cloned().fold(f64::MAX, f64::min),
@@ -102,6 +113,7 @@ pub fn run(a: Args) -> Result<()> {
     );
     let p = median(&mut prefill);
     let d = median(&mut decode);
+    let gd = median(&mut greedy);
     let rss = peak_rss_bytes().unwrap_or(0);
     if a.json {
         let v = serde_json::json!({
@@ -116,6 +128,7 @@ pub fn run(a: Args) -> Result<()> {
             "decode_tok_s_min": dmin,
             "decode_tok_s_max": dmax,
             "decode_ms_per_token": 1000.0 / d,
+            "decode_greedy_tok_s": gd,
             "weight_bytes_per_step": bytes_per_step,
             "dispatches_per_token": engine.dispatches_per_token(),
             "peak_rss_bytes": rss,
@@ -138,6 +151,11 @@ pub fn run(a: Args) -> Result<()> {
             a.reps,
             a.tokens,
             1000.0 / d
+        );
+        println!(
+            "greedy    {gd:10.1} tok/s  (median of {}; {} tokens picked by the engine, no logits read back)",
+            a.reps,
+            a.tokens.min(GREEDY_TOKENS)
         );
         println!(
             "weights   {:.2} MB read per decode step, {:.2} GB/s effective",

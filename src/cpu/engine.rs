@@ -90,6 +90,8 @@ pub struct CpuEngine {
     state: State,
     s: Scratch,
     logits: Vec<f32>,
+    /// Whether `logits` hold the last step's logits.
+    logits_valid: bool,
 }
 
 fn alloc<T: Clone + Default>(what: &str, n: usize) -> Result<Vec<T>> {
@@ -180,6 +182,7 @@ impl CpuEngine {
             state,
             s,
             logits,
+            logits_valid: false,
         })
     }
 
@@ -511,6 +514,7 @@ impl CpuEngine {
             emit(&mut probe, "lanes", lo, &s.lanes);
         }
         self.pos += 1;
+        self.logits_valid = false;
 
         if !want_logits {
             return non_finite_check(probe.non_finite, t).map(|_| None);
@@ -531,6 +535,7 @@ impl CpuEngine {
         clk.lap_matvec(&w.embed, c.vocab);
         emit(&mut probe, "logits", None, &self.logits);
         non_finite_check(probe.non_finite, t)?;
+        self.logits_valid = true;
         Ok(Some(&self.logits))
     }
 }
@@ -642,8 +647,13 @@ impl Engine for CpuEngine {
         self.step_probed(token, want_logits, None)
     }
 
+    fn last_logits(&mut self) -> Result<Option<&[f32]>> {
+        Ok(self.logits_valid.then_some(&self.logits[..]))
+    }
+
     fn reset(&mut self) {
         self.pos = 0;
+        self.logits_valid = false;
         self.state.history.clear();
         // Stale cache rows and ring rows are never read before being rewritten:
         // attention reads only slots of positions <= t, and the ring only rows

@@ -10,6 +10,7 @@ use super::kernels::cq::{CqKernels, PrepareMode};
 use super::kernels::engram::{EngramConvParams, EngramKernels};
 use super::kernels::mhc::{MhcKernels, PremixParams, RouteParams};
 use super::kernels::mlp::{MlpKernels, MlpParams};
+use super::kernels::sample::{ArgmaxParams, SampleKernels};
 use super::step::StepLayout;
 use super::{Dispatch, GpuContext, GpuOptions};
 use crate::config::Config;
@@ -102,6 +103,13 @@ pub struct GpuEngine {
     layers: Vec<Vec<Dispatch>>,
     tail: Vec<Dispatch>,
     logits_host: Vec<f32>,
+    /// Where the last step's logits are.
+    logits_at: LogitsAt,
+    /// Greedy sampling: argmax of `logits` into `argmax_out` (2 u32), read back
+    /// through `argmax_staging`.
+    argmax: Dispatch,
+    argmax_out: wgpu::Buffer,
+    argmax_staging: wgpu::Buffer,
     rows_scratch: Vec<usize>,
     cos_scratch: Vec<f32>,
     sin_scratch: Vec<f32>,
@@ -122,6 +130,17 @@ impl std::fmt::Debug for GpuEngine {
             .field("pos", &self.pos)
             .finish_non_exhaustive()
     }
+}
+
+/// Where the logits of the last step are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LogitsAt {
+    /// The last step computed none (or there was no step).
+    Nowhere,
+    /// In the device buffer only (after a greedy step).
+    Device,
+    /// Also in `logits_host`.
+    Host,
 }
 
 /// Prepared copies of one activation, one per distinct (group, padded).
@@ -670,15 +689,38 @@ impl GpuEngine {
                 head.push(bad);
             }
         }
+        let argmax_out = ctx.storage_zeroed("argmax", 8)?;
+        let argmax_staging = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("argmax staging"),
+            size: 8,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let argmax = SampleKernels::new(&ctx).argmax(
+            &ctx,
+            &ArgmaxParams {
+                n: c.vocab as u32,
+                off: 0,
+                _pad: [0; 2],
+            },
+            &logits,
+            &argmax_out,
+        );
         // A device lost or out of memory while uploading is reported here, not later.
         ctx.check_errors()?;
         let gpu_bytes = keep.iter().map(|b| b.size()).sum::<u64>()
             + lanes.size()
             + step_buf.size()
             + logits.size()
-            + staging.size();
+            + staging.size()
+            + argmax_out.size()
+            + argmax_staging.size();
         Ok(GpuEngine {
             logits_host: vec![0.0; c.vocab],
+            logits_at: LogitsAt::Nowhere,
+            argmax,
+            argmax_out,
+            argmax_staging,
             rows_scratch: Vec::with_capacity(table_rows.len()),
             cos_scratch: vec![0.0; c.head_dim / 2],
             sin_scratch: vec![0.0; c.head_dim / 2],
@@ -943,6 +985,14 @@ impl GpuEngine {
     }
 }
 
+/// The error for non-finite logits at position `t`.
+fn non_finite_logits(t: u64) -> Error {
+    Error::NonFinite {
+        tensor: "logits (`cqlm parity` names the first non-finite tensor)".into(),
+        position: t,
+    }
+}
+
 fn record(enc: &mut wgpu::CommandEncoder, ds: &[Dispatch]) {
     let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
         label: Some("cqlm step"),
@@ -987,6 +1037,7 @@ impl Engine for GpuEngine {
         }
         self.ctx.queue.submit([enc.finish()]);
         self.pos += 1;
+        self.logits_at = LogitsAt::Nowhere;
         // wgpu reports validation errors of the recorded work at submit time.
         self.ctx.check_errors()?;
         if !want_logits {
@@ -995,16 +1046,68 @@ impl Engine for GpuEngine {
         let t = self.pos - 1;
         let logits = self.fetch_logits()?;
         if !logits.iter().all(|v| v.is_finite()) {
-            return Err(Error::NonFinite {
-                tensor: "logits (`cqlm parity` names the first non-finite tensor)".into(),
-                position: t,
-            });
+            return Err(non_finite_logits(t));
         }
+        self.logits_at = LogitsAt::Host;
         Ok(Some(&self.logits_host))
+    }
+
+    fn step_argmax(&mut self, token: u32) -> Result<u32> {
+        self.check_token(token)?;
+        self.ctx.check_errors()?;
+        self.write_step(token);
+        let mut enc = self
+            .ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("cqlm greedy step"),
+            });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("cqlm greedy step"),
+                timestamp_writes: None,
+            });
+            for d in self.head.iter().chain(self.layers.iter().flatten()) {
+                d.record(&mut pass);
+            }
+            for d in &self.tail {
+                d.record(&mut pass);
+            }
+            self.argmax.record(&mut pass);
+        }
+        enc.copy_buffer_to_buffer(&self.argmax_out, 0, &self.argmax_staging, 0, 8);
+        self.ctx.queue.submit([enc.finish()]);
+        self.pos += 1;
+        self.logits_at = LogitsAt::Nowhere;
+        self.ctx.check_errors()?;
+        let mut out = [0u32; 2];
+        self.ctx
+            .map_read_into(&self.argmax_staging, bytemuck::cast_slice_mut(&mut out))?;
+        if out[1] != 0 {
+            return Err(non_finite_logits(self.pos - 1));
+        }
+        self.logits_at = LogitsAt::Device;
+        Ok(out[0])
+    }
+
+    fn last_logits(&mut self) -> Result<Option<&[f32]>> {
+        match self.logits_at {
+            LogitsAt::Nowhere => Ok(None),
+            LogitsAt::Host => Ok(Some(&self.logits_host)),
+            LogitsAt::Device => {
+                let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+                self.encode_logits_copy(&mut enc);
+                self.ctx.queue.submit([enc.finish()]);
+                self.fetch_logits()?;
+                self.logits_at = LogitsAt::Host;
+                Ok(Some(&self.logits_host))
+            }
+        }
     }
 
     fn reset(&mut self) {
         self.pos = 0;
+        self.logits_at = LogitsAt::Nowhere;
         self.history.clear();
         // Cache and ring rows of earlier runs are never read before being rewritten
         // (attention reads only positions <= t, the ring only positions >= 0).

@@ -5,3 +5,4 @@ pub mod cq;
 pub mod engram;
 pub mod mhc;
 pub mod mlp;
+pub mod sample;
