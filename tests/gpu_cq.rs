@@ -82,7 +82,11 @@ fn prepare_matches_cpu_in_every_mode() {
 #[test]
 fn matvec_matches_cpu_for_every_bits_and_group_with_fused_parts() {
     let Some(ctx) = gpu() else { return };
-    for red in [Reduction::Portable, Reduction::Subgroup] {
+    for red in [
+        Reduction::Portable,
+        Reduction::Subgroup,
+        Reduction::RowPerInvocation,
+    ] {
         let k = CqKernels::with_reduction(&ctx, red);
         if ctx.caps.subgroups {
             assert_eq!(k.reduction, red);

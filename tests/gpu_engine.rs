@@ -62,11 +62,29 @@ fn portable_kernels_match_cpu_too() {
     let Some(_) = gpu() else { return };
     let opts = cqlm::gpu::GpuOptions {
         no_subgroups: true,
+        row_matvec: Some(false),
         ..Default::default()
     };
     let ctx = cqlm::gpu::GpuContext::new(&opts, 1 << 20).unwrap();
-    assert!(!ctx.caps.subgroups);
+    assert!(!ctx.caps.subgroups && !ctx.caps.row_matvec);
     check_all_positions_on(ctx, tiny(true, 12), "tiny, portable kernels");
+}
+
+#[test]
+fn every_matvec_variant_matches_cpu_end_to_end() {
+    // Whatever the adapter picks by default, run the other matvec kernels too:
+    // one row per invocation (CPU adapters) and 16 lanes per row with the
+    // subgroup reduction (GPUs).
+    let Some(_) = gpu() else { return };
+    for (row_matvec, label) in [(true, "row per invocation"), (false, "16 lanes per row")] {
+        let opts = cqlm::gpu::GpuOptions {
+            row_matvec: Some(row_matvec),
+            ..Default::default()
+        };
+        let ctx = cqlm::gpu::GpuContext::new(&opts, 1 << 20).unwrap();
+        assert_eq!(ctx.caps.row_matvec, row_matvec);
+        check_all_positions_on(ctx, tiny(true, 13), label);
+    }
 }
 
 #[test]

@@ -15,6 +15,10 @@ pub struct GpuOptions {
     /// Treat the storage binding limit as at most this many bytes, as on a smaller
     /// adapter (tests use it to force weight splitting).
     pub max_storage_binding: Option<u64>,
+    /// Which matvec kernel to use; `None` picks by adapter (one row per invocation
+    /// on CPU adapters such as lavapipe, else 16 lanes per row), after the
+    /// `CQLM_MATVEC` environment variable (`rows` or `lanes`).
+    pub row_matvec: Option<bool>,
 }
 
 /// What the device can do, as far as cqlm's kernels care.
@@ -34,6 +38,9 @@ pub struct Capabilities {
     pub max_workgroups_per_dim: u32,
     /// Alignment of uniform-buffer binding offsets.
     pub uniform_align: u32,
+    /// Matvecs run one row per invocation (chosen for CPU adapters such as
+    /// lavapipe, or forced by [`GpuOptions::row_matvec`] / `CQLM_MATVEC`).
+    pub row_matvec: bool,
 }
 
 /// A device and its queue, shared by the engines on it.
@@ -188,6 +195,13 @@ impl GpuContext {
             max_workgroup_storage: required_limits.max_compute_workgroup_storage_size,
             max_workgroups_per_dim: required_limits.max_compute_workgroups_per_dimension,
             uniform_align: required_limits.min_uniform_buffer_offset_alignment,
+            row_matvec: opts.row_matvec.unwrap_or_else(|| {
+                match std::env::var("CQLM_MATVEC").as_deref() {
+                    Ok("rows") => true,
+                    Ok("lanes") => false,
+                    _ => info.device_type == wgpu::DeviceType::Cpu,
+                }
+            }),
         };
         log::info!("GPU: {} ({:?}), {:?}", info.name, info.backend, caps);
         let errors = Arc::new(std::sync::Mutex::new(None));

@@ -25,6 +25,8 @@ pub enum Reduction {
     Portable,
     /// `subgroupShuffleXor` (adapters with SUBGROUP; `CQLM_NO_SUBGROUPS=1` turns it off).
     Subgroup,
+    /// No reduction: one invocation per row (`matvec_rows`), for CPU adapters.
+    RowPerInvocation,
 }
 /// Largest group the shared-memory FWHT of `prepare`/`gather` handles.
 pub const MAX_GROUP: usize = 4096;
@@ -148,7 +150,9 @@ impl CqKernels {
     /// Compile every entry point (one matvec pipeline per bit width), with the
     /// subgroup reduction when the device has subgroups enabled.
     pub fn new(ctx: &GpuContext) -> CqKernels {
-        let r = if ctx.caps.subgroups {
+        let r = if ctx.caps.row_matvec {
+            Reduction::RowPerInvocation
+        } else if ctx.caps.subgroups {
             Reduction::Subgroup
         } else {
             Reduction::Portable
@@ -159,15 +163,16 @@ impl CqKernels {
     /// Compile with an explicit matvec reduction (tests cover both). `Subgroup`
     /// falls back to `Portable` on a device without subgroups enabled.
     pub fn with_reduction(ctx: &GpuContext, reduction: Reduction) -> CqKernels {
-        let reduction = if ctx.caps.subgroups {
-            reduction
-        } else {
+        let reduction = if reduction == Reduction::Subgroup && !ctx.caps.subgroups {
             Reduction::Portable
+        } else {
+            reduction
         };
         let sg_source = subgroup_source();
         let (src, entry) = match reduction {
             Reduction::Portable => (SOURCE, "matvec"),
             Reduction::Subgroup => (sg_source.as_str(), "matvec_sg"),
+            Reduction::RowPerInvocation => (SOURCE, "matvec_rows"),
         };
         let mv = |bits: u32, name| Kernel::new(ctx, src, name, entry, 4, &[("BITS", bits as f64)]);
         CqKernels {
@@ -294,8 +299,12 @@ impl CqKernels {
                 ];
                 params.total_rows += n as u32;
             }
+            let rows_per_wg = match self.reduction {
+                Reduction::RowPerInvocation => 64,
+                _ => 4,
+            };
             let g = grid(
-                params.total_rows.div_ceil(4),
+                params.total_rows.div_ceil(rows_per_wg),
                 ctx.caps.max_workgroups_per_dim,
             );
             params.grid_x = g[0];
