@@ -209,21 +209,25 @@ fn matvec(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
 }
 
 // Row-per-invocation variant for CPU adapters (lavapipe): dispatch
-// (ceil(total_rows / 64)) as a 2-D grid of width grid_x, workgroup 64, invocation
-// li computing row wg·64 + li alone, same bindings (4..7) and params. No workgroup
-// memory and no barrier (a CPU driver runs a barrier as a coroutine switch), the
-// activation index is the same in every invocation, and codebooks of up to 16
-// levels are copied into a private array first (on lavapipe that alone made the
-// matvecs 1.75x faster than reading levels from the arena). On a GPU the 16-lane
+// (ceil(total_rows / 256)) as a 2-D grid of width grid_x, workgroup 64, invocation
+// li computing the 4 rows 4·(wg·64 + li) + k alone, same bindings (4..7) and params.
+// No workgroup memory and no barrier (a CPU driver runs a barrier as a coroutine
+// switch); each activation value is loaded once per word for all 4 rows (on
+// lavapipe every load in the lane loop costs a scalar load per lane: loading x
+// once per word instead of once per code made the matvecs ~3x faster), and
+// codebooks of up to 16 levels sit in private arrays. On a GPU the 16-lane
 // `matvec` coalesces better.
-@compute @workgroup_size(64)
-fn matvec_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let ncb = 1u << BITS;
-    let per = 32u / BITS;
-    let wg = wid.x + wid.y * mp.grid_x;
-    let gr_raw = wg * 64u + li;
-    // Past the last row: compute on the last row, write nothing (keeps control uniform).
-    let gr = min(gr_raw, mp.total_rows - 1u);
+const ROWS_PER_INV: u32 = 4u;
+
+struct RowRef {
+    pbase: u32,   // first packed word of the row
+    nbase: u32,   // first norm (f16 index) of the row
+    cb: u32,      // codebook offset
+    out_at: u32,  // output index
+}
+
+// Where row `gr` (< total_rows) of the fused parts lives.
+fn row_ref(gr: u32) -> RowRef {
     var p = 0u;
     var start = 0u;
     loop {
@@ -235,36 +239,64 @@ fn matvec_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     }
     let a = mp.parts[2u * p];
     let row = a.w + (gr - start);
-    let pbase = a.x + row * mp.row_words;
-    let groups = mp.row_words / mp.group_words;
-    let nbase = a.y + row * groups;
-    // The codebook in registers (BITS <= 4), else read from the arena.
-    var cb: array<f32, 16>;
-    for (var i = 0u; i < min(ncb, 16u); i++) {
-        cb[i] = bitcast<f32>(arena[a.z + i]);
+    return RowRef(
+        a.x + row * mp.row_words,
+        a.y + row * (mp.row_words / mp.group_words),
+        a.z,
+        mp.parts[2u * p + 1u].y + (gr - start),
+    );
+}
+
+@compute @workgroup_size(64)
+fn matvec_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let ncb = 1u << BITS;
+    let per = 32u / BITS;
+    let wg = wid.x + wid.y * mp.grid_x;
+    let first = (wg * 64u + li) * ROWS_PER_INV;
+    // Rows past the last compute on the last row and write nothing.
+    var rr: array<RowRef, 4>;
+    var cb: array<array<f32, 16>, 4>;
+    for (var k = 0u; k < ROWS_PER_INV; k++) {
+        rr[k] = row_ref(min(first + k, mp.total_rows - 1u));
+        for (var i = 0u; i < min(ncb, 16u); i++) {
+            cb[k][i] = bitcast<f32>(arena[rr[k].cb + i]);
+        }
     }
-    var acc = 0.0;
-    for (var k = 0u; k < groups; k++) {
-        var gacc = 0.0;
+    let groups = mp.row_words / mp.group_words;
+    var acc = vec4<f32>(0.0);
+    var xv: array<f32, 32>;
+    for (var g = 0u; g < groups; g++) {
+        var gacc = vec4<f32>(0.0);
         for (var w = 0u; w < mp.group_words; w++) {
-            let wi = k * mp.group_words + w;
-            let word = arena[pbase + wi];
+            let wi = g * mp.group_words + w;
             let xb = mp.x_off + wi * per;
             for (var j = 0u; j < per; j++) {
-                let idx = (word >> (j * BITS)) & (ncb - 1u);
-                var level: f32;
-                if (BITS <= 4u) {
-                    level = cb[idx & 15u];
-                } else {
-                    level = bitcast<f32>(arena[a.z + idx]);
+                xv[j] = xin[xb + j];
+            }
+            for (var k = 0u; k < ROWS_PER_INV; k++) {
+                let word = arena[rr[k].pbase + wi];
+                var d = 0.0;
+                for (var j = 0u; j < per; j++) {
+                    let idx = (word >> (j * BITS)) & (ncb - 1u);
+                    var level: f32;
+                    if (BITS <= 4u) {
+                        level = cb[k][idx & 15u];
+                    } else {
+                        level = bitcast<f32>(arena[rr[k].cb + idx]);
+                    }
+                    d += level * xv[j];
                 }
-                gacc += level * xin[xb + j];
+                gacc[k] += d;
             }
         }
-        acc += norm_at(nbase + k) * gacc;
+        for (var k = 0u; k < ROWS_PER_INV; k++) {
+            acc[k] += norm_at(rr[k].nbase + g) * gacc[k];
+        }
     }
-    if (gr_raw < mp.total_rows) {
-        yout[mp.parts[2u * p + 1u].y + (gr - start)] = acc;
+    for (var k = 0u; k < ROWS_PER_INV; k++) {
+        if (first + k < mp.total_rows) {
+            yout[rr[k].out_at] = acc[k];
+        }
     }
 }
 

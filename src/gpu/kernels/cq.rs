@@ -300,7 +300,7 @@ impl CqKernels {
                 params.total_rows += n as u32;
             }
             let rows_per_wg = match self.reduction {
-                Reduction::RowPerInvocation => 64,
+                Reduction::RowPerInvocation => 256,
                 _ => 4,
             };
             let g = grid(
