@@ -11,14 +11,18 @@
 //            input is src (mode 0), rms_unit(src) (1), zcrms(src, w) (2), or
 //            zcrms(mean of 4 lanes of src, w) (3). Every workgroup recomputes the
 //            RMS itself (no extra pass). group <= 4096.
-//   matvec   bindings 4..7  dispatch (ceil(total_rows/4)) as a 2-D grid of width grid_x,
-//            workgroup 64 = 4 rows x 16 lanes. Up to 4 parts (matrices that share
-//            bits, group, arena and input) in one dispatch; codebooks staged in
-//            workgroup memory; shared-memory tree reduction per row.
+//   matvec   bindings 4..8  dispatch (ceil(total_rows/4)) as a 2-D grid of width
+//            grid_x, workgroup 64 = 4 rows x 16 lanes. Up to 4 parts (matrices that
+//            share bits, group, arena and input) in one dispatch. Every workgroup
+//            prepares the raw input itself, XW = 4096 columns at a time (input_rms +
+//            stage_chunk: the `prepare` of SPEC §2 with its pre-op, so no separate
+//            prepare dispatch), or copies one prepared earlier (mode 4); codebooks
+//            staged in workgroup memory; shared-memory tree reduction per row.
+//            Binding 8 holds the gains of modes 2 and 3.
 //            Specialised per bit width by the override BITS. A subgroup variant of
 //            the reduction, `matvec_sg`, lives in cq_subgroup.wgsl (appended to this
 //            file when the adapter has subgroups).
-//   gather   bindings 8..11 dispatch (groups, 1, 1), workgroup 256:
+//   gather   bindings 12..15 dispatch (groups, 1, 1), workgroup 256:
 //            dequantize_row of the row whose index is idx[idx_at], times `scale`,
 //            written `copies` times `copy_stride` apart. group <= 4096. A matrix
 //            split over arenas gets one dispatch per part; only the part holding
@@ -121,21 +125,112 @@ struct MatvecParams {
     group_words: u32, // u32 words per (row, group): group * BITS / 32
     row_words: u32,   // u32 words per row: groups * group_words
     total_rows: u32,  // rows of all parts together
-    x_off: u32,       // first prepared input element
+    x_off: u32,       // first input element in xin (prepared for mode 4, raw otherwise)
     grid_x: u32,      // workgroups per grid row (2-D dispatch)
+    mode: u32,        // 0..3: prepare the raw input as `prepare` does (copy, rms_unit,
+                      // zcrms, zcrms of the mean of 4 lanes); 4: xin is already prepared
+    n: u32,           // logical input length (cols) for modes 0..3
+    w_off: u32,       // first gain in gains (modes 2, 3)
+    lane_stride: u32, // distance between lanes in xin (mode 3)
+    group: u32,       // group width
     _pad0: u32,
-    _pad1: u32,
     // Per part p: parts[2p] = (packed_off, norms_off, cb_off, row_first),
     //             parts[2p+1] = (rows, out_off, 0, 0).
     parts: array<vec4<u32>, 8>,
 }
 @group(0) @binding(4) var<uniform> mp: MatvecParams;
 @group(0) @binding(5) var<storage, read> arena: array<u32>;
-@group(0) @binding(6) var<storage, read> xin: array<f32>;
+// read_write although only read: it may be the same buffer as yout (an activation
+// region in, another out), and wgpu allows that only for writable bindings.
+@group(0) @binding(6) var<storage, read_write> xin: array<f32>;
 @group(0) @binding(7) var<storage, read_write> yout: array<f32>;
+@group(0) @binding(8) var<storage, read> gains: array<f32>;
+
+// The prepared input of every matvec, staged by each workgroup in chunks of XW columns.
+const XW: u32 = 4096u;
+var<workgroup> xw: array<f32, 4096>;
 
 var<workgroup> lut: array<f32, 1024>;
 var<workgroup> red: array<f32, 64>;
+
+fn x_raw(i: u32) -> f32 {
+    if (mp.mode == 3u) {
+        let o = mp.x_off + i;
+        let s = mp.lane_stride;
+        return (xin[o] + xin[o + s] + xin[o + 2u * s] + xin[o + 3u * s]) / 4.0;
+    }
+    return xin[mp.x_off + i];
+}
+
+// 1 / sqrt(mean(x²) + ε) over the raw input for modes 1..3 (1 otherwise), by the
+// 64 invocations of the workgroup. Uniform control flow.
+fn input_rms(li: u32) -> f32 {
+    if (mp.mode == 0u || mp.mode == 4u) {
+        return 1.0;
+    }
+    var acc = 0.0;
+    for (var i = li; i < mp.n; i += 64u) {
+        let v = x_raw(i);
+        acc += v * v;
+    }
+    red[li] = acc;
+    workgroupBarrier();
+    for (var s = 32u; s > 0u; s = s >> 1u) {
+        if (li < s) {
+            red[li] += red[li + s];
+        }
+        workgroupBarrier();
+    }
+    let r = 1.0 / sqrt(red[0] / f32(mp.n) + 1e-6);
+    workgroupBarrier();
+    return r;
+}
+
+// xw[0 .. len] = columns c0 .. c0 + len of prepare(input) (SPEC §2), computed by the
+// 64 invocations as the `prepare` entry point does (pre-op with the RMS `r`, zero
+// padding, butterfly stages h = 1 .. group/2 within each group, then 1/sqrt(group));
+// mode 4 copies an input prepared earlier. `c0` and `len` are multiples of the group
+// (chunks of XW columns). Ends with a barrier; uniform control flow.
+fn stage_chunk(li: u32, c0: u32, len: u32, r: f32) {
+    if (mp.mode == 4u) {
+        for (var i = li; i < len; i += 64u) {
+            xw[i] = xin[mp.x_off + c0 + i];
+        }
+        workgroupBarrier();
+        return;
+    }
+    for (var i = li; i < len; i += 64u) {
+        let c = c0 + i;
+        var v = 0.0;
+        if (c < mp.n) {
+            v = x_raw(c);
+            if (mp.mode != 0u) {
+                v = v * r;
+                if (mp.mode >= 2u) {
+                    v = v * (1.0 + gains[mp.w_off + c]);
+                }
+            }
+        }
+        xw[i] = v;
+    }
+    workgroupBarrier();
+    for (var h = 1u; h < mp.group; h = h << 1u) {
+        for (var p = li; p < len / 2u; p += 64u) {
+            let i = (p / h) * 2u * h + (p % h);
+            let j = i + h;
+            let a = xw[i];
+            let b = xw[j];
+            xw[i] = a + b;
+            xw[j] = a - b;
+        }
+        workgroupBarrier();
+    }
+    let sc = 1.0 / sqrt(f32(mp.group));
+    for (var i = li; i < len; i += 64u) {
+        xw[i] = xw[i] * sc;
+    }
+    workgroupBarrier();
+}
 
 fn norm_at(i: u32) -> f32 {
     let w = unpack2x16float(arena[i >> 1u]);
@@ -147,45 +242,55 @@ struct Partial {
     out_at: u32,   // output index of its row, or 0xffffffff past the last row
 }
 
-// Stage the codebooks, then accumulate this invocation's words of its row.
-// Invocation li works on row li / 16 of the workgroup's 4, lane li % 16.
+// Stage the codebooks, then accumulate this invocation's words of its row, chunk by
+// chunk of the staged input. Invocation li works on row li / 16 of the workgroup's
+// 4, lane li % 16. Rows past the last compute on the last row and report
+// out_at = 0xffffffff (control flow stays uniform for the barriers).
 fn matvec_partial(wid: vec3<u32>, li: u32) -> Partial {
     let ncb = 1u << BITS;
     let per = 32u / BITS;
     for (var i = li; i < mp.n_parts * ncb; i += 64u) {
         lut[i] = bitcast<f32>(arena[mp.parts[2u * (i / ncb)].z + i % ncb]);
     }
-    workgroupBarrier();
+    let r = input_rms(li);
     let wg = wid.x + wid.y * mp.grid_x;
     let lane = li % 16u;
-    let gr = wg * 4u + li / 16u;
-    var res = Partial(0.0, 0xffffffffu);
-    if (gr < mp.total_rows) {
-        var p = 0u;
-        var start = 0u;
-        loop {
-            if (p + 1u >= mp.n_parts || gr < start + mp.parts[2u * p + 1u].x) {
-                break;
-            }
-            start += mp.parts[2u * p + 1u].x;
-            p += 1u;
+    let gr_raw = wg * 4u + li / 16u;
+    let gr = min(gr_raw, mp.total_rows - 1u);
+    var p = 0u;
+    var start = 0u;
+    loop {
+        if (p + 1u >= mp.n_parts || gr < start + mp.parts[2u * p + 1u].x) {
+            break;
         }
-        let a = mp.parts[2u * p];
+        start += mp.parts[2u * p + 1u].x;
+        p += 1u;
+    }
+    let a = mp.parts[2u * p];
+    var res = Partial(0.0, 0xffffffffu);
+    if (gr_raw < mp.total_rows) {
         res.out_at = mp.parts[2u * p + 1u].y + (gr - start);
-        let row = a.w + (gr - start);
-        let pbase = a.x + row * mp.row_words;
-        let nbase = a.y + row * (mp.row_words / mp.group_words);
-        let cb = p * ncb;
-        for (var w = lane; w < mp.row_words; w += 16u) {
+    }
+    let row = a.w + (gr - start);
+    let pbase = a.x + row * mp.row_words;
+    let nbase = a.y + row * (mp.row_words / mp.group_words);
+    let cb = p * ncb;
+    let padded = mp.row_words * per;
+    for (var c0 = 0u; c0 < padded; c0 += XW) {
+        let len = min(XW, padded - c0);
+        stage_chunk(li, c0, len, r);
+        let w0 = c0 / per;
+        for (var w = w0 + lane; w < w0 + len / per; w += 16u) {
             let word = arena[pbase + w];
-            let xb = mp.x_off + w * per;
+            let xb = (w - w0) * per;
             var d = 0.0;
             for (var j = 0u; j < per; j++) {
                 let idx = (word >> (j * BITS)) & (ncb - 1u);
-                d += lut[cb + idx] * xin[xb + j];
+                d += lut[cb + idx] * xw[xb + j];
             }
             res.acc += norm_at(nbase + w / mp.group_words) * d;
         }
+        workgroupBarrier();
     }
     return res;
 }
@@ -211,8 +316,8 @@ fn matvec(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
 // Row-per-invocation variant for CPU adapters (lavapipe): dispatch
 // (ceil(total_rows / 256)) as a 2-D grid of width grid_x, workgroup 64, invocation
 // li computing the 4 rows 4·(wg·64 + li) + k alone, same bindings (4..7) and params.
-// No workgroup memory and no barrier (a CPU driver runs a barrier as a coroutine
-// switch); each activation value is loaded once per word for all 4 rows (on
+// Apart from staging the input (stage_chunk), no workgroup memory and no barrier (a
+// CPU driver runs a barrier as a coroutine switch); each activation value is loaded once per word for all 4 rows (on
 // lavapipe every load in the lane loop costs a scalar load per lane: loading x
 // once per word instead of once per code made the matvecs ~3x faster), and
 // codebooks of up to 16 levels sit in private arrays. On a GPU the 16-lane
@@ -252,6 +357,13 @@ fn matvec_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     let ncb = 1u << BITS;
     let per = 32u / BITS;
     let wg = wid.x + wid.y * mp.grid_x;
+    let r = input_rms(li);
+    let padded = mp.row_words * per;
+    // An input of one chunk is staged once, before the rows' setup.
+    let single = padded <= XW;
+    if (single) {
+        stage_chunk(li, 0u, padded, r);
+    }
     let first = (wg * 64u + li) * ROWS_PER_INV;
     // Rows past the last compute on the last row and write nothing.
     var rr: array<RowRef, 4>;
@@ -262,35 +374,44 @@ fn matvec_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
             cb[k][i] = bitcast<f32>(arena[rr[k].cb + i]);
         }
     }
-    let groups = mp.row_words / mp.group_words;
     var acc = vec4<f32>(0.0);
     var xv: array<f32, 32>;
-    for (var g = 0u; g < groups; g++) {
-        var gacc = vec4<f32>(0.0);
-        for (var w = 0u; w < mp.group_words; w++) {
-            let wi = g * mp.group_words + w;
-            let xb = mp.x_off + wi * per;
-            for (var j = 0u; j < per; j++) {
-                xv[j] = xin[xb + j];
+    for (var c0 = 0u; c0 < padded; c0 += XW) {
+        let len = min(XW, padded - c0);
+        if (!single) {
+            stage_chunk(li, c0, len, r);
+        }
+        let g0 = c0 / (mp.group_words * per);
+        for (var g = g0; g < g0 + len / (mp.group_words * per); g++) {
+            var gacc = vec4<f32>(0.0);
+            for (var w = 0u; w < mp.group_words; w++) {
+                let wi = g * mp.group_words + w;
+                let xb = (wi - g0 * mp.group_words) * per;
+                for (var j = 0u; j < per; j++) {
+                    xv[j] = xw[xb + j];
+                }
+                for (var k = 0u; k < ROWS_PER_INV; k++) {
+                    let word = arena[rr[k].pbase + wi];
+                    var d = 0.0;
+                    for (var j = 0u; j < per; j++) {
+                        let idx = (word >> (j * BITS)) & (ncb - 1u);
+                        var level: f32;
+                        if (BITS <= 4u) {
+                            level = cb[k][idx & 15u];
+                        } else {
+                            level = bitcast<f32>(arena[rr[k].cb + idx]);
+                        }
+                        d += level * xv[j];
+                    }
+                    gacc[k] += d;
+                }
             }
             for (var k = 0u; k < ROWS_PER_INV; k++) {
-                let word = arena[rr[k].pbase + wi];
-                var d = 0.0;
-                for (var j = 0u; j < per; j++) {
-                    let idx = (word >> (j * BITS)) & (ncb - 1u);
-                    var level: f32;
-                    if (BITS <= 4u) {
-                        level = cb[k][idx & 15u];
-                    } else {
-                        level = bitcast<f32>(arena[rr[k].cb + idx]);
-                    }
-                    d += level * xv[j];
-                }
-                gacc[k] += d;
+                acc[k] += norm_at(rr[k].nbase + g) * gacc[k];
             }
         }
-        for (var k = 0u; k < ROWS_PER_INV; k++) {
-            acc[k] += norm_at(rr[k].nbase + g) * gacc[k];
+        if (!single) {
+            workgroupBarrier();
         }
     }
     for (var k = 0u; k < ROWS_PER_INV; k++) {
@@ -319,10 +440,10 @@ struct GatherParams {
     rows: u32,        // matrix (one arena part); other rows write nothing
     _pad0: u32,
 }
-@group(0) @binding(8) var<uniform> gp: GatherParams;
-@group(0) @binding(9) var<storage, read> garena: array<u32>;
-@group(0) @binding(10) var<storage, read> gidx: array<u32>;
-@group(0) @binding(11) var<storage, read_write> gout: array<f32>;
+@group(0) @binding(12) var<uniform> gp: GatherParams;
+@group(0) @binding(13) var<storage, read> garena: array<u32>;
+@group(0) @binding(14) var<storage, read> gidx: array<u32>;
+@group(0) @binding(15) var<storage, read_write> gout: array<f32>;
 
 @compute @workgroup_size(256)
 fn gather(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {

@@ -274,3 +274,77 @@ fn gather_reads_the_right_part_of_a_split_matrix() {
         assert!(rel_l2(&got, &want) <= 1e-5, "row {row}");
     }
 }
+
+#[test]
+fn matvec_from_a_raw_input_prepares_it_in_every_mode() {
+    // The matvec prepares its input itself (no prepare dispatch): every pre-op, a
+    // row count that is not a multiple of the workgroup's, and an input longer than
+    // one staged chunk of 4096 columns, with both matvec variants.
+    use cqlm::gpu::kernels::cq::MatvecInput;
+    let Some(ctx) = gpu() else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(33);
+    for red in [Reduction::Subgroup, Reduction::RowPerInvocation] {
+        let k = CqKernels::with_reduction(&ctx, red);
+        for (n, bits, group) in [(300usize, 4u32, 128usize), (5000, 2, 256), (777, 8, 64)] {
+            let rows = 37;
+            let m = random_cq(&mut rng, rows, n, bits, group, 0.05);
+            let lanes = random_vec(&mut rng, 4 * n);
+            let w = random_vec(&mut rng, n);
+            let mut ab = ArenaBuilder::new(ctx.caps.max_storage_binding);
+            let g = ab.push_cq(&m).expect("fits");
+            let arenas: Vec<wgpu::Buffer> = ab
+                .arenas
+                .iter()
+                .map(|a| ctx.storage_init("arena", bytemuck::cast_slice(a)))
+                .collect();
+            let src = ctx.storage_init("lanes", bytemuck::cast_slice(&lanes));
+            let wb = ctx.storage_init("w", bytemuck::cast_slice(&w));
+            for mode in [
+                PrepareMode::Copy,
+                PrepareMode::RmsUnit,
+                PrepareMode::Zcrms,
+                PrepareMode::MeanLanesZcrms,
+            ] {
+                let mut pre = vec![0.0f32; n];
+                match mode {
+                    PrepareMode::Copy => pre.copy_from_slice(&lanes[n..2 * n]),
+                    PrepareMode::RmsUnit => rms_unit_into(&lanes[n..2 * n], &mut pre),
+                    PrepareMode::Zcrms => zcrms_into(&lanes[n..2 * n], &w, &mut pre),
+                    PrepareMode::MeanLanesZcrms => {
+                        let mean: Vec<f32> = (0..n)
+                            .map(|i| {
+                                (lanes[i] + lanes[n + i] + lanes[2 * n + i] + lanes[3 * n + i])
+                                    / 4.0
+                            })
+                            .collect();
+                        zcrms_into(&mean, &w, &mut pre);
+                    }
+                }
+                let want = cqlm::cq::cq_matvec(&m, &pre).unwrap();
+                let out = poisoned(&ctx, rows + 3);
+                let input = MatvecInput::Raw {
+                    mode,
+                    n,
+                    src: (
+                        &src,
+                        if mode == PrepareMode::MeanLanesZcrms {
+                            0
+                        } else {
+                            n
+                        },
+                    ),
+                    lane_stride: n,
+                    gains: (&wb, 0),
+                };
+                let ds = k.matvec_from(&ctx, &arenas, &[(&g, 0, rows, 3)], input, &out);
+                run_dispatches(&ctx, &ds).unwrap();
+                let got = ctx.read_f32(&out, 3, rows).unwrap();
+                let e = rel_l2(&got, &want);
+                assert!(
+                    e <= 1e-5,
+                    "{red:?} {mode:?} n {n} bits {bits} group {group}: {e}"
+                );
+            }
+        }
+    }
+}

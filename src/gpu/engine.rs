@@ -6,7 +6,7 @@
 
 use super::arena::{ArenaBuilder, GpuCq};
 use super::kernels::attention::{AttentionKernels, AttnParams, KvCache};
-use super::kernels::cq::{CqKernels, PrepareMode};
+use super::kernels::cq::{CqKernels, MatvecInput, PrepareMode};
 use super::kernels::engram::{EngramConvParams, EngramKernels};
 use super::kernels::mhc::{MhcKernels, PremixParams, RouteParams};
 use super::kernels::mlp::{MlpKernels, MlpParams};
@@ -19,7 +19,6 @@ use crate::engine::Engine;
 use crate::engram::{table_rows_for, TokenHistory};
 use crate::error::{Error, Result};
 use crate::weights::Model;
-use std::collections::HashMap;
 use std::sync::Arc;
 
 /// A deliberate bug, for testing that parity tools find it (never use otherwise).
@@ -141,11 +140,6 @@ enum LogitsAt {
     Device,
     /// Also in `logits_host`.
     Host,
-}
-
-/// Prepared copies of one activation, one per distinct (group, padded).
-struct PrepSlots {
-    slots: HashMap<(usize, usize), usize>,
 }
 
 impl GpuEngine {
@@ -323,45 +317,6 @@ impl GpuEngine {
             .collect();
         let act = ctx.storage_zeroed("activations", act_r.len as u64 * 4)?;
 
-        // Prepared inputs: one region per (activation, group).
-        let mut prep_r = Regions::default();
-        let mut prep_slot = |slots: &mut PrepSlots, m: &GpuCq| -> usize {
-            *slots
-                .slots
-                .entry((m.group, m.padded()))
-                .or_insert_with(|| prep_r.take(m.padded()))
-        };
-        let mut xhat_slots = PrepSlots {
-            slots: HashMap::new(),
-        };
-        let mut a_slots = PrepSlots {
-            slots: HashMap::new(),
-        };
-        let mut o_slots = PrepSlots {
-            slots: HashMap::new(),
-        };
-        let mut e_slots = PrepSlots {
-            slots: HashMap::new(),
-        };
-        let mut f_slots = PrepSlots {
-            slots: HashMap::new(),
-        };
-        for m in [&phi_pre, &phi_post, &phi_res] {
-            prep_slot(&mut xhat_slots, m);
-        }
-        for l in &lw {
-            for m in &l[..4] {
-                prep_slot(&mut a_slots, m);
-            }
-            prep_slot(&mut o_slots, &l[4]);
-        }
-        for (wk, wv) in &sites {
-            prep_slot(&mut e_slots, wk);
-            prep_slot(&mut e_slots, wv);
-        }
-        prep_slot(&mut f_slots, &embed);
-        let prep = ctx.storage_zeroed("prepared inputs", prep_r.len as u64 * 4)?;
-
         // ---- state.
         let lanes = ctx.storage_zeroed("lanes", 4 * h as u64 * 4)?;
         let cache = KvCache::new(&ctx, c.layers, c.kv_heads, c.cache_rows(), c.head_dim)?;
@@ -381,37 +336,11 @@ impl GpuEngine {
         });
 
         // ---- dispatches.
-        let prepare_all = |slots: &PrepSlots,
-                           mode: PrepareMode,
-                           n: usize,
-                           src: (&wgpu::Buffer, usize),
-                           w_off: usize|
-         -> Result<Vec<Dispatch>> {
-            let mut v: Vec<_> = slots.slots.iter().collect();
-            v.sort();
-            v.into_iter()
-                .map(|(&(group, _), &at)| {
-                    cq.prepare(&ctx, mode, n, group, src, h, (&vectors, w_off), (&prep, at))
-                })
-                .collect()
-        };
-        let slot_of = |slots: &PrepSlots, m: &GpuCq| slots.slots[&(m.group, m.padded())];
+        // Every matvec prepares its raw input itself (no prepare dispatches).
         let matvec =
-            |items: &[(&GpuCq, usize, usize, usize)], slots: &PrepSlots, out: &wgpu::Buffer| {
-                // Group items by their prepared input, keeping order.
-                let mut ds = Vec::new();
-                let mut i = 0;
-                while i < items.len() {
-                    let at = slot_of(slots, items[i].0);
-                    let mut j = i + 1;
-                    while j < items.len() && slot_of(slots, items[j].0) == at {
-                        j += 1;
-                    }
-                    ds.extend(cq.matvec(&ctx, &arenas, &items[i..j], (&prep, at), out));
-                    i = j;
-                }
-                ds
-            };
+            |items: &[(&GpuCq, usize, usize, usize)],
+             input: MatvecInput<'_>,
+             out: &wgpu::Buffer| { cq.matvec_from(&ctx, &arenas, items, input, out) };
 
         let mut head = cq.gather(
             &ctx,
@@ -444,18 +373,11 @@ impl GpuEngine {
                     0,
                 )?);
             }
-            head.extend(prepare_all(
-                &e_slots,
-                PrepareMode::Copy,
-                e_dim,
-                (&act, e_at),
-                0,
-            )?);
             for (i, (wk, wv)) in sites.iter().enumerate() {
                 let (v_s, key_s, _) = site_at[i];
                 head.extend(matvec(
                     &[(wv, 0, h, v_s), (wk, 0, h, key_s)],
-                    &e_slots,
+                    raw_input(PrepareMode::Copy, e_dim, (&act, e_at), h, (&vectors, 0)),
                     &act,
                 ));
             }
@@ -501,16 +423,15 @@ impl GpuEngine {
         for l in 0..c.layers {
             let lv = &layer_vecs[l];
             let [wq, wk, wv, wg, wo] = &lw[l];
-            let mut d = prepare_all(&xhat_slots, PrepareMode::RmsUnit, 4 * h, (&lanes, 0), 0)?;
-            d.extend(matvec(
+            let mut d = matvec(
                 &[
                     (&phi_pre, 4 * l, 4, p_at),
                     (&phi_post, 4 * l, 4, p_at + 4),
                     (&phi_res, 16 * l, 16, p_at + 8),
                 ],
-                &xhat_slots,
+                raw_input(PrepareMode::RmsUnit, 4 * h, (&lanes, 0), h, (&vectors, 0)),
                 &act,
-            ));
+            );
             let site = w
                 .engram
                 .as_ref()
@@ -547,13 +468,6 @@ impl GpuEngine {
             };
             cap(d.len(), "u", false, u_at, h);
             cap(d.len(), "block_in", false, b_at, h);
-            d.extend(prepare_all(
-                &a_slots,
-                PrepareMode::Zcrms,
-                h,
-                (&act, b_at),
-                lv.attn_norm,
-            )?);
             d.extend(matvec(
                 &[
                     (wq, 0, c.q_dim(), q_at),
@@ -561,7 +475,13 @@ impl GpuEngine {
                     (wv, 0, c.kv_dim(), v_at),
                     (wg, 0, c.q_dim(), g_at),
                 ],
-                &a_slots,
+                raw_input(
+                    PrepareMode::Zcrms,
+                    h,
+                    (&act, b_at),
+                    h,
+                    (&vectors, lv.attn_norm),
+                ),
                 &act,
             ));
             let ap = AttnParams {
@@ -590,18 +510,11 @@ impl GpuEngine {
             cap(d.len(), "v", false, v_at, c.kv_dim());
             d.push(att.attend(&ctx, &ap, &act, &step_buf, &cache, &scores));
             cap(d.len(), "attn_o", false, o_at, c.q_dim());
-            let o_slot = slot_of(&o_slots, wo);
-            d.push(cq.prepare(
-                &ctx,
-                PrepareMode::Copy,
-                c.q_dim(),
-                wo.group,
-                (&act, o_at),
-                h,
-                (&vectors, 0),
-                (&prep, o_slot),
-            )?);
-            d.extend(cq.matvec(&ctx, &arenas, &[(wo, 0, h, attn_at)], (&prep, o_slot), &act));
+            d.extend(matvec(
+                &[(wo, 0, h, attn_at)],
+                raw_input(PrepareMode::Copy, c.q_dim(), (&act, o_at), h, (&vectors, 0)),
+                &act,
+            ));
             let mp = MlpParams {
                 hidden: h as u32,
                 hd: c.hadamard_dim as u32,
@@ -649,24 +562,17 @@ impl GpuEngine {
             layer_captures.push(caps);
         }
 
-        let f_slot = slot_of(&f_slots, &embed);
-        let mut tail = vec![cq.prepare(
-            &ctx,
-            PrepareMode::MeanLanesZcrms,
-            h,
-            embed.group,
-            (&lanes, 0),
-            h,
-            (&vectors, final_norm),
-            (&prep, f_slot),
-        )?];
-        tail.extend(cq.matvec(
-            &ctx,
-            &arenas,
+        let tail = matvec(
             &[(&embed, 0, c.vocab, 0)],
-            (&prep, f_slot),
+            raw_input(
+                PrepareMode::MeanLanesZcrms,
+                h,
+                (&lanes, 0),
+                h,
+                (&vectors, final_norm),
+            ),
             &logits,
-        ));
+        );
 
         let table_rows = w
             .engram
@@ -674,7 +580,7 @@ impl GpuEngine {
             .map_or(Vec::new(), |e| e.tables.iter().map(|t| t.rows()).collect());
         let n_arenas = arenas.len();
         let act_keep = act.clone();
-        let mut keep = vec![vectors, act, prep, scores, rings];
+        let mut keep = vec![vectors, act, scores, rings];
         keep.extend(arenas);
         keep.extend([
             cache.k_codes.clone(),
@@ -982,6 +888,23 @@ impl GpuEngine {
             return Err(Error::TokenOutOfRange { token, vocab });
         }
         Ok(())
+    }
+}
+
+/// A raw matvec input (each workgroup prepares it), lanes `lane_stride` apart.
+fn raw_input<'a>(
+    mode: PrepareMode,
+    n: usize,
+    src: (&'a wgpu::Buffer, usize),
+    lane_stride: usize,
+    gains: (&'a wgpu::Buffer, usize),
+) -> MatvecInput<'a> {
+    MatvecInput::Raw {
+        mode,
+        n,
+        src,
+        lane_stride,
+        gains,
     }
 }
 

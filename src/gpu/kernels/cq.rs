@@ -65,14 +65,49 @@ pub struct MatvecParams {
     pub row_words: u32,
     /// Rows of all parts.
     pub total_rows: u32,
-    /// First prepared input element.
+    /// First input element (prepared for mode 4, raw otherwise).
     pub x_off: u32,
     /// Workgroups per grid row.
     pub grid_x: u32,
+    /// [`PrepareMode`] as u32, or [`PREPARED`].
+    pub mode: u32,
+    /// Logical input length (modes 0..3).
+    pub n: u32,
+    /// First gain element (modes 2, 3).
+    pub w_off: u32,
+    /// Lane stride (mode 3).
+    pub lane_stride: u32,
+    /// Group width.
+    pub group: u32,
     /// Padding.
-    pub _pad: [u32; 2],
+    pub _pad: u32,
     /// `[packed_off, norms_off, cb_off, row_first, rows, out_off, 0, 0]` per part.
     pub parts: [[u32; 8]; 4],
+}
+
+/// `MatvecParams::mode` of an input already prepared by [`CqKernels::prepare`].
+pub const PREPARED: u32 = 4;
+
+/// The input of a matvec dispatch.
+#[derive(Debug, Clone, Copy)]
+pub enum MatvecInput<'a> {
+    /// `prepare(x)` already computed, at an element offset of the buffer.
+    Prepared(&'a wgpu::Buffer, usize),
+    /// The raw activation: each workgroup prepares it itself (no prepare dispatch).
+    Raw {
+        /// What happens before the transform.
+        mode: PrepareMode,
+        /// Logical length (the matrices' `cols`).
+        n: usize,
+        /// Buffer and element offset of the input (of lane 0 for
+        /// [`PrepareMode::MeanLanesZcrms`]).
+        src: (&'a wgpu::Buffer, usize),
+        /// Distance between lanes ([`PrepareMode::MeanLanesZcrms`]).
+        lane_stride: usize,
+        /// Buffer and element offset of the gains ([`PrepareMode::Zcrms`] and
+        /// [`PrepareMode::MeanLanesZcrms`]; any buffer otherwise).
+        gains: (&'a wgpu::Buffer, usize),
+    },
 }
 
 /// Mirror of WGSL `GatherParams`.
@@ -184,7 +219,7 @@ impl CqKernels {
                 mv(4, "matvec4"),
                 mv(8, "matvec8"),
             ],
-            gather: Kernel::new(ctx, SOURCE, "gather", "gather", 8, &[]),
+            gather: Kernel::new(ctx, SOURCE, "gather", "gather", 12, &[]),
         }
     }
 
@@ -249,6 +284,50 @@ impl CqKernels {
         x: (&wgpu::Buffer, usize),
         out: &wgpu::Buffer,
     ) -> Vec<Dispatch> {
+        self.matvec_from(ctx, arenas, items, MatvecInput::Prepared(x.0, x.1), out)
+    }
+
+    /// [`CqKernels::matvec`] from any [`MatvecInput`]: with a raw input every
+    /// workgroup prepares it itself, so no prepare dispatch runs before.
+    pub fn matvec_from(
+        &self,
+        ctx: &GpuContext,
+        arenas: &[wgpu::Buffer],
+        items: &[(&GpuCq, usize, usize, usize)],
+        input: MatvecInput<'_>,
+        out: &wgpu::Buffer,
+    ) -> Vec<Dispatch> {
+        // Without gains, binding 8 gets the arena (read-only, like binding 5): any
+        // buffer but the input, which is bound read_write.
+        let (x_buf, gains_buf, mode, x_off, n, lane_stride, w_off, raw_reads) = match input {
+            MatvecInput::Prepared(b, off) => (b, None, PREPARED, off, 0, 0, 0, 0u64),
+            MatvecInput::Raw {
+                mode,
+                n,
+                src,
+                lane_stride,
+                gains,
+            } => {
+                let lanes = if mode == PrepareMode::MeanLanesZcrms {
+                    4
+                } else {
+                    1
+                };
+                let g = matches!(mode, PrepareMode::Zcrms | PrepareMode::MeanLanesZcrms);
+                let reads = (n * (lanes + g as usize)) as u64 * 4;
+                let gains_buf = g.then_some(gains.0);
+                (
+                    src.0,
+                    gains_buf,
+                    mode as u32,
+                    src.1,
+                    n,
+                    lane_stride,
+                    gains.1,
+                    reads,
+                )
+            }
+        };
         // Flatten to parts with their output offsets.
         let mut flat: Vec<(&GpuCq, CqPart, usize, usize, usize)> = Vec::new();
         for &(m, first, count, out_off) in items {
@@ -281,9 +360,14 @@ impl CqKernels {
                 group_words: m0.group_words() as u32,
                 row_words: m0.row_words() as u32,
                 total_rows: 0,
-                x_off: x.1 as u32,
+                x_off: x_off as u32,
                 grid_x: 0,
-                _pad: [0; 2],
+                mode,
+                n: n as u32,
+                w_off: w_off as u32,
+                lane_stride: lane_stride as u32,
+                group: m0.group as u32,
+                _pad: 0,
                 parts: [[0; 8]; 4],
             };
             for (k, &(_, p, row_in_part, n, out_off)) in flat[i..j].iter().enumerate() {
@@ -300,6 +384,7 @@ impl CqKernels {
                 params.total_rows += n as u32;
             }
             let rows_per_wg = match self.reduction {
+                // 4 rows per invocation, 64 invocations, 4 blocks (cq.wgsl ROW_BLOCKS).
                 Reduction::RowPerInvocation => 256,
                 _ => 4,
             };
@@ -313,12 +398,22 @@ impl CqKernels {
             let rows = params.total_rows as u64;
             let bytes = rows * (m0.row_words() as u64 * 4 + m0.groups as u64 * 2 + 4)
                 + (j - i) as u64 * (4u64 << m0.bits)
-                + m0.padded() as u64 * 4;
+                + if mode == PREPARED {
+                    m0.padded() as u64 * 4
+                } else {
+                    raw_reads
+                };
             out_d.push(
                 Dispatch::new(
                     ctx,
                     &self.matvec[bits_slot(m0.bits)],
-                    &[&ub, &arenas[p0.arena], x.0, out],
+                    &[
+                        &ub,
+                        &arenas[p0.arena],
+                        x_buf,
+                        out,
+                        gains_buf.unwrap_or(&arenas[p0.arena]),
+                    ],
                     g,
                 )
                 .with_bytes(bytes),
