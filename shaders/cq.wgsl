@@ -6,11 +6,6 @@
 // in f16 units from the arena's start (norms).
 //
 // Entry points and bindings (group 0):
-//   prepare  bindings 0..3  dispatch (groups, 1, 1), workgroup 256:
-//            dst[dst_off + c] = nfwht per group of the zero-padded input, where the
-//            input is src (mode 0), rms_unit(src) (1), zcrms(src, w) (2), or
-//            zcrms(mean of 4 lanes of src, w) (3). Every workgroup recomputes the
-//            RMS itself (no extra pass). group <= 4096.
 //   matvec   bindings 4..8  dispatch (ceil(total_rows/4)) as a 2-D grid of width
 //            grid_x, workgroup 64 = 4 rows x 16 lanes. Up to 4 parts (matrices that
 //            share bits, group, arena and input) in one dispatch. Every workgroup
@@ -22,6 +17,8 @@
 //            Specialised per bit width by the override BITS. A subgroup variant of
 //            the reduction, `matvec_sg`, lives in cq_subgroup.wgsl (appended to this
 //            file when the adapter has subgroups).
+//   matvec_rows  the same bindings and params for CPU adapters: one invocation per
+//            4 rows, no reduction (see its comment for the geometry).
 //   gather   bindings 12..15 dispatch (groups, 1, 1), workgroup 256:
 //            dequantize_row of the row whose index is idx[idx_at], times `scale`,
 //            written `copies` times `copy_stride` apart. group <= 4096. A matrix
@@ -46,74 +43,6 @@ fn fwht_shared(n: u32, li: u32) {
             buf[j] = a - b;
         }
         workgroupBarrier();
-    }
-}
-
-// ---------------------------------------------------------------- prepare
-struct PrepareParams {
-    n: u32,           // logical input length (cols)
-    group: u32,       // group width (power of two <= 4096)
-    mode: u32,        // 0 copy, 1 rms_unit, 2 zcrms(w), 3 zcrms(mean of 4 lanes, w)
-    src_off: u32,     // first input element in src
-    w_off: u32,       // first gain in wts (modes 2, 3)
-    lane_stride: u32, // distance between lanes in src (mode 3)
-    dst_off: u32,     // first output element in dst
-    _pad: u32,
-}
-@group(0) @binding(0) var<uniform> pp: PrepareParams;
-@group(0) @binding(1) var<storage, read> src: array<f32>;
-@group(0) @binding(2) var<storage, read> wts: array<f32>;
-@group(0) @binding(3) var<storage, read_write> dst: array<f32>;
-
-fn prep_load(i: u32) -> f32 {
-    if (pp.mode == 3u) {
-        let o = pp.src_off + i;
-        let s = pp.lane_stride;
-        return (src[o] + src[o + s] + src[o + 2u * s] + src[o + 3u * s]) / 4.0;
-    }
-    return src[pp.src_off + i];
-}
-
-@compute @workgroup_size(256)
-fn prepare(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    var r = 1.0;
-    if (pp.mode != 0u) {
-        var acc = 0.0;
-        for (var i = li; i < pp.n; i += WG) {
-            let v = prep_load(i);
-            acc += v * v;
-        }
-        buf[li] = acc;
-        workgroupBarrier();
-        for (var s = WG / 2u; s > 0u; s = s >> 1u) {
-            if (li < s) {
-                buf[li] += buf[li + s];
-            }
-            workgroupBarrier();
-        }
-        r = 1.0 / sqrt(buf[0] / f32(pp.n) + 1e-6);
-        workgroupBarrier();
-    }
-    let base = wid.x * pp.group;
-    for (var c = li; c < pp.group; c += WG) {
-        let i = base + c;
-        var v = 0.0;
-        if (i < pp.n) {
-            v = prep_load(i);
-            if (pp.mode != 0u) {
-                v = v * r;
-                if (pp.mode >= 2u) {
-                    v = v * (1.0 + wts[pp.w_off + i]);
-                }
-            }
-        }
-        buf[c] = v;
-    }
-    workgroupBarrier();
-    fwht_shared(pp.group, li);
-    let s = 1.0 / sqrt(f32(pp.group));
-    for (var c = li; c < pp.group; c += WG) {
-        dst[pp.dst_off + base + c] = buf[c] * s;
     }
 }
 
@@ -242,6 +171,36 @@ struct Partial {
     out_at: u32,   // output index of its row, or 0xffffffff past the last row
 }
 
+struct RowRef {
+    pbase: u32,   // first packed word of the row
+    nbase: u32,   // first norm (f16 index) of the row
+    cb: u32,      // codebook offset
+    out_at: u32,  // output index
+    part: u32,    // which of the fused parts
+}
+
+// Where row `gr` (< total_rows) of the fused parts lives.
+fn row_ref(gr: u32) -> RowRef {
+    var p = 0u;
+    var start = 0u;
+    loop {
+        if (p + 1u >= mp.n_parts || gr < start + mp.parts[2u * p + 1u].x) {
+            break;
+        }
+        start += mp.parts[2u * p + 1u].x;
+        p += 1u;
+    }
+    let a = mp.parts[2u * p];
+    let row = a.w + (gr - start);
+    return RowRef(
+        a.x + row * mp.row_words,
+        a.y + row * (mp.row_words / mp.group_words),
+        a.z,
+        mp.parts[2u * p + 1u].y + (gr - start),
+        p,
+    );
+}
+
 // Stage the codebooks, then accumulate this invocation's words of its row, chunk by
 // chunk of the staged input. Invocation li works on row li / 16 of the workgroup's
 // 4, lane li % 16. Rows past the last compute on the last row and report
@@ -256,25 +215,14 @@ fn matvec_partial(wid: vec3<u32>, li: u32) -> Partial {
     let wg = wid.x + wid.y * mp.grid_x;
     let lane = li % 16u;
     let gr_raw = wg * 4u + li / 16u;
-    let gr = min(gr_raw, mp.total_rows - 1u);
-    var p = 0u;
-    var start = 0u;
-    loop {
-        if (p + 1u >= mp.n_parts || gr < start + mp.parts[2u * p + 1u].x) {
-            break;
-        }
-        start += mp.parts[2u * p + 1u].x;
-        p += 1u;
-    }
-    let a = mp.parts[2u * p];
+    let rf = row_ref(min(gr_raw, mp.total_rows - 1u));
     var res = Partial(0.0, 0xffffffffu);
     if (gr_raw < mp.total_rows) {
-        res.out_at = mp.parts[2u * p + 1u].y + (gr - start);
+        res.out_at = rf.out_at;
     }
-    let row = a.w + (gr - start);
-    let pbase = a.x + row * mp.row_words;
-    let nbase = a.y + row * (mp.row_words / mp.group_words);
-    let cb = p * ncb;
+    let pbase = rf.pbase;
+    let nbase = rf.nbase;
+    let cb = rf.part * ncb;
     let padded = mp.row_words * per;
     for (var c0 = 0u; c0 < padded; c0 += XW) {
         let len = min(XW, padded - c0);
@@ -323,34 +271,6 @@ fn matvec(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
 // codebooks of up to 16 levels sit in private arrays. On a GPU the 16-lane
 // `matvec` coalesces better.
 const ROWS_PER_INV: u32 = 4u;
-
-struct RowRef {
-    pbase: u32,   // first packed word of the row
-    nbase: u32,   // first norm (f16 index) of the row
-    cb: u32,      // codebook offset
-    out_at: u32,  // output index
-}
-
-// Where row `gr` (< total_rows) of the fused parts lives.
-fn row_ref(gr: u32) -> RowRef {
-    var p = 0u;
-    var start = 0u;
-    loop {
-        if (p + 1u >= mp.n_parts || gr < start + mp.parts[2u * p + 1u].x) {
-            break;
-        }
-        start += mp.parts[2u * p + 1u].x;
-        p += 1u;
-    }
-    let a = mp.parts[2u * p];
-    let row = a.w + (gr - start);
-    return RowRef(
-        a.x + row * mp.row_words,
-        a.y + row * (mp.row_words / mp.group_words),
-        a.z,
-        mp.parts[2u * p + 1u].y + (gr - start),
-    );
-}
 
 @compute @workgroup_size(64)
 fn matvec_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {

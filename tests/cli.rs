@@ -597,29 +597,28 @@ fn generate_from_archive_and_bad_ids() {
     assert!(err.contains("256") && !err.contains("panicked"), "{err}");
 }
 
+/// `cqlm bench --preset tiny --backend cpu --reps 1 --json` plus `extra`, parsed.
+fn bench_json(extra: &[&str]) -> serde_json::Value {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = vec![
+        "bench",
+        "--preset",
+        "tiny",
+        "--backend",
+        "cpu",
+        "--reps",
+        "1",
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    let out = cqlm(dir.path(), &args);
+    assert_ok(&out, "bench");
+    serde_json::from_str(text(&out.stdout).trim()).expect("one JSON object")
+}
+
 #[test]
 fn bench_json_has_the_documented_keys() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = cqlm(
-        dir.path(),
-        &[
-            "bench",
-            "--preset",
-            "tiny",
-            "--backend",
-            "cpu",
-            "--prompt-len",
-            "8",
-            "--tokens",
-            "4",
-            "--reps",
-            "1",
-            "--json",
-        ],
-    );
-    assert_ok(&out, "bench");
-    let stdout = text(&out.stdout);
-    let v: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
+    let v = bench_json(&["--prompt-len", "8", "--tokens", "4"]);
     let o = v.as_object().expect("an object");
     for key in [
         "decode_tok_s",
@@ -628,7 +627,7 @@ fn bench_json_has_the_documented_keys() {
         "peak_rss_bytes",
         "gpu_buffer_bytes",
     ] {
-        assert!(o.contains_key(key), "missing {key} in {stdout}");
+        assert!(o.contains_key(key), "missing {key} in {v}");
     }
     for key in ["decode_tok_s", "prefill_tok_s"] {
         let x = o[key].as_f64().expect(key);
@@ -673,26 +672,7 @@ fn unknown_preset_is_one_error_line() {
 fn bench_soak_reports_memory_and_every_window_of_a_long_run() {
     // 3,000 tiny CPU tokens (well past sink + window): memory at token 1,000 and
     // at the end, and one ms/token figure per window of 1,000 tokens.
-    let dir = tempfile::tempdir().unwrap();
-    let out = cqlm(
-        dir.path(),
-        &[
-            "bench",
-            "--preset",
-            "tiny",
-            "--backend",
-            "cpu",
-            "--prompt-len",
-            "4",
-            "--tokens",
-            "3000",
-            "--reps",
-            "1",
-            "--json",
-        ],
-    );
-    assert_ok(&out, "bench soak");
-    let v: serde_json::Value = serde_json::from_str(text(&out.stdout).trim()).expect("JSON");
+    let v = bench_json(&["--prompt-len", "4", "--tokens", "3000"]);
     let s = v["soak"]
         .as_object()
         .expect("a soak object for >= 2,000 tokens");

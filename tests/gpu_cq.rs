@@ -4,7 +4,7 @@
 mod common;
 
 use common::gpu::{gpu, poisoned, rel_l2};
-use cqlm::cq::{prepare_into, CqMatrix};
+use cqlm::cq::CqMatrix;
 use cqlm::gpu::arena::ArenaBuilder;
 use cqlm::gpu::kernels::cq::{CqKernels, PrepareMode, Reduction};
 use cqlm::gpu::run_dispatches;
@@ -17,66 +17,22 @@ fn random_vec(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
     (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
 }
 
-#[test]
-fn prepare_matches_cpu_in_every_mode() {
-    let Some(ctx) = gpu() else { return };
-    let k = CqKernels::new(&ctx);
-    let mut rng = ChaCha8Rng::seed_from_u64(21);
-    for group in [32usize, 64, 128, 256] {
-        for n in [group * 2 + 5, group - 3, 3 * group] {
-            let lanes = random_vec(&mut rng, 4 * n);
-            let w = random_vec(&mut rng, n);
-            let padded = n.div_ceil(group) * group;
-            for mode in [
-                PrepareMode::Copy,
-                PrepareMode::RmsUnit,
-                PrepareMode::Zcrms,
-                PrepareMode::MeanLanesZcrms,
-            ] {
-                let mut pre = vec![0.0f32; n];
-                match mode {
-                    PrepareMode::Copy => pre.copy_from_slice(&lanes[n..2 * n]),
-                    PrepareMode::RmsUnit => rms_unit_into(&lanes[n..2 * n], &mut pre),
-                    PrepareMode::Zcrms => zcrms_into(&lanes[n..2 * n], &w, &mut pre),
-                    PrepareMode::MeanLanesZcrms => {
-                        let mean: Vec<f32> = (0..n)
-                            .map(|i| {
-                                (lanes[i] + lanes[n + i] + lanes[2 * n + i] + lanes[3 * n + i])
-                                    / 4.0
-                            })
-                            .collect();
-                        zcrms_into(&mean, &w, &mut pre);
-                    }
-                }
-                let mut want = vec![0.0f32; padded];
-                prepare_into(&pre, group, &mut want);
-                let src = ctx.storage_init("lanes", bytemuck::cast_slice(&lanes));
-                let wb = ctx.storage_init("w", bytemuck::cast_slice(&w));
-                let dst = poisoned(&ctx, padded + 8);
-                let src_off = if mode == PrepareMode::MeanLanesZcrms {
-                    0
-                } else {
-                    n
-                };
-                let d = k
-                    .prepare(
-                        &ctx,
-                        mode,
-                        n,
-                        group,
-                        (&src, src_off),
-                        n,
-                        (&wb, 0),
-                        (&dst, 8),
-                    )
-                    .unwrap();
-                run_dispatches(&ctx, &[d]).unwrap();
-                let got = ctx.read_f32(&dst, 8, padded).unwrap();
-                let e = rel_l2(&got, &want);
-                assert!(e <= 1e-5, "prepare {mode:?} group {group} n {n}: {e}");
-            }
+/// The pre-op of `mode` on the CPU: lane 1 of `lanes` (4 lanes of `n`), or the
+/// mean of all 4 for [`PrepareMode::MeanLanesZcrms`], with gains `w`.
+fn cpu_pre_op(mode: PrepareMode, lanes: &[f32], w: &[f32], n: usize) -> Vec<f32> {
+    let mut pre = vec![0.0f32; n];
+    match mode {
+        PrepareMode::Copy => pre.copy_from_slice(&lanes[n..2 * n]),
+        PrepareMode::RmsUnit => rms_unit_into(&lanes[n..2 * n], &mut pre),
+        PrepareMode::Zcrms => zcrms_into(&lanes[n..2 * n], w, &mut pre),
+        PrepareMode::MeanLanesZcrms => {
+            let mean: Vec<f32> = (0..n)
+                .map(|i| (lanes[i] + lanes[n + i] + lanes[2 * n + i] + lanes[3 * n + i]) / 4.0)
+                .collect();
+            zcrms_into(&mean, w, &mut pre);
         }
     }
+    pre
 }
 
 #[test]
@@ -277,15 +233,22 @@ fn gather_reads_the_right_part_of_a_split_matrix() {
 
 #[test]
 fn matvec_from_a_raw_input_prepares_it_in_every_mode() {
-    // The matvec prepares its input itself (no prepare dispatch): every pre-op, a
-    // row count that is not a multiple of the workgroup's, and an input longer than
-    // one staged chunk of 4096 columns, with both matvec variants.
+    // The matvec prepares its input itself (no prepare dispatch): every pre-op,
+    // groups 32..256 with inputs shorter than, not a multiple of, and a multiple of
+    // the group, a row count that is not a multiple of the workgroup's, and an
+    // input longer than one staged chunk of 4096 columns, with both matvec variants.
     use cqlm::gpu::kernels::cq::MatvecInput;
     let Some(ctx) = gpu() else { return };
     let mut rng = ChaCha8Rng::seed_from_u64(33);
+    let mut shapes = vec![(5000usize, 2u32, 256usize), (777, 8, 64)];
+    for (i, group) in [32usize, 64, 128, 256].into_iter().enumerate() {
+        for n in [group * 2 + 5, group - 3, 3 * group] {
+            shapes.push((n, [1u32, 2, 4, 8][i], group));
+        }
+    }
     for red in [Reduction::Subgroup, Reduction::RowPerInvocation] {
         let k = CqKernels::with_reduction(&ctx, red);
-        for (n, bits, group) in [(300usize, 4u32, 128usize), (5000, 2, 256), (777, 8, 64)] {
+        for &(n, bits, group) in &shapes {
             let rows = 37;
             let m = random_cq(&mut rng, rows, n, bits, group, 0.05);
             let lanes = random_vec(&mut rng, 4 * n);
@@ -305,22 +268,7 @@ fn matvec_from_a_raw_input_prepares_it_in_every_mode() {
                 PrepareMode::Zcrms,
                 PrepareMode::MeanLanesZcrms,
             ] {
-                let mut pre = vec![0.0f32; n];
-                match mode {
-                    PrepareMode::Copy => pre.copy_from_slice(&lanes[n..2 * n]),
-                    PrepareMode::RmsUnit => rms_unit_into(&lanes[n..2 * n], &mut pre),
-                    PrepareMode::Zcrms => zcrms_into(&lanes[n..2 * n], &w, &mut pre),
-                    PrepareMode::MeanLanesZcrms => {
-                        let mean: Vec<f32> = (0..n)
-                            .map(|i| {
-                                (lanes[i] + lanes[n + i] + lanes[2 * n + i] + lanes[3 * n + i])
-                                    / 4.0
-                            })
-                            .collect();
-                        zcrms_into(&mean, &w, &mut pre);
-                    }
-                }
-                let want = cqlm::cq::cq_matvec(&m, &pre).unwrap();
+                let want = cqlm::cq::cq_matvec(&m, &cpu_pre_op(mode, &lanes, &w, n)).unwrap();
                 let out = poisoned(&ctx, rows + 3);
                 let input = MatvecInput::Raw {
                     mode,

@@ -179,6 +179,7 @@ mod x86 {
     // Index loops over small register arrays read clearer than iterator chains here.
     #![allow(clippy::needless_range_loop)]
     use super::Rows;
+    use crate::kernels::vmath::x86::hsum8;
     use std::arch::x86_64::*;
 
     /// The codebook repeated to `n` entries (`n` a multiple of its length).
@@ -228,16 +229,6 @@ mod x86 {
     unsafe fn hsum4x8(a: __m256, b: __m256, c: __m256, d: __m256) -> __m128 {
         let t = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
         _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps::<1>(t))
-    }
-
-    /// Horizontal sum of 8 lanes.
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    unsafe fn hsum8(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
-        _mm_cvtss_f32(s)
     }
 
     /// Levels of the low bits of each lane: one permute for up to 8 entries

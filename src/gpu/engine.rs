@@ -131,6 +131,17 @@ impl std::fmt::Debug for GpuEngine {
     }
 }
 
+/// What a step records after the layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tail {
+    /// Nothing (no logits wanted).
+    None,
+    /// The vocabulary projection and the copy of the logits to the staging buffer.
+    Logits,
+    /// The vocabulary projection, the device argmax and the copy of its 8 bytes.
+    Argmax,
+}
+
 /// Where the logits of the last step are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum LogitsAt {
@@ -882,6 +893,49 @@ impl GpuEngine {
         Ok(out)
     }
 
+    /// Validate `token`, write the step buffer, record head and layers (and `tail`)
+    /// into one encoder, submit it and advance the position; the caller reads back.
+    fn run_step(&mut self, token: u32, tail: Tail) -> Result<()> {
+        self.check_token(token)?;
+        self.ctx.check_errors()?;
+        self.write_step(token);
+        let mut enc = self
+            .ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("cqlm token step"),
+            });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("cqlm step"),
+                timestamp_writes: None,
+            });
+            for d in self.head.iter().chain(self.layers.iter().flatten()) {
+                d.record(&mut pass);
+            }
+            if tail != Tail::None {
+                for d in &self.tail {
+                    d.record(&mut pass);
+                }
+            }
+            if tail == Tail::Argmax {
+                self.argmax.record(&mut pass);
+            }
+        }
+        match tail {
+            Tail::None => {}
+            Tail::Logits => self.encode_logits_copy(&mut enc),
+            Tail::Argmax => {
+                enc.copy_buffer_to_buffer(&self.argmax_out, 0, &self.argmax_staging, 0, 8)
+            }
+        }
+        self.ctx.queue.submit([enc.finish()]);
+        self.pos += 1;
+        self.logits_at = LogitsAt::Nowhere;
+        // wgpu reports validation errors of the recorded work at submit time.
+        self.ctx.check_errors()
+    }
+
     fn check_token(&self, token: u32) -> Result<()> {
         let vocab = self.model.config.vocab;
         if token as usize >= vocab {
@@ -932,37 +986,12 @@ impl Engine for GpuEngine {
     }
 
     fn step(&mut self, token: u32, want_logits: bool) -> Result<Option<&[f32]>> {
-        self.check_token(token)?;
-        self.ctx.check_errors()?;
-        self.write_step(token);
-        let mut enc = self
-            .ctx
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("cqlm token step"),
-            });
-        {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("cqlm step"),
-                timestamp_writes: None,
-            });
-            for d in self.head.iter().chain(self.layers.iter().flatten()) {
-                d.record(&mut pass);
-            }
-            if want_logits {
-                for d in &self.tail {
-                    d.record(&mut pass);
-                }
-            }
-        }
-        if want_logits {
-            self.encode_logits_copy(&mut enc);
-        }
-        self.ctx.queue.submit([enc.finish()]);
-        self.pos += 1;
-        self.logits_at = LogitsAt::Nowhere;
-        // wgpu reports validation errors of the recorded work at submit time.
-        self.ctx.check_errors()?;
+        let tail = if want_logits {
+            Tail::Logits
+        } else {
+            Tail::None
+        };
+        self.run_step(token, tail)?;
         if !want_logits {
             return Ok(None);
         }
@@ -976,33 +1005,7 @@ impl Engine for GpuEngine {
     }
 
     fn step_argmax(&mut self, token: u32) -> Result<u32> {
-        self.check_token(token)?;
-        self.ctx.check_errors()?;
-        self.write_step(token);
-        let mut enc = self
-            .ctx
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("cqlm greedy step"),
-            });
-        {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("cqlm greedy step"),
-                timestamp_writes: None,
-            });
-            for d in self.head.iter().chain(self.layers.iter().flatten()) {
-                d.record(&mut pass);
-            }
-            for d in &self.tail {
-                d.record(&mut pass);
-            }
-            self.argmax.record(&mut pass);
-        }
-        enc.copy_buffer_to_buffer(&self.argmax_out, 0, &self.argmax_staging, 0, 8);
-        self.ctx.queue.submit([enc.finish()]);
-        self.pos += 1;
-        self.logits_at = LogitsAt::Nowhere;
-        self.ctx.check_errors()?;
+        self.run_step(token, Tail::Argmax)?;
         let mut out = [0u32; 2];
         self.ctx
             .map_read_into(&self.argmax_staging, bytemuck::cast_slice_mut(&mut out))?;

@@ -103,6 +103,7 @@ mod x86 {
     #![allow(clippy::needless_range_loop)]
     use super::KvHeadView;
     use crate::kernels::vmath::x86::exp_slice;
+    use crate::kernels::vmath::x86::hsum8;
     use std::arch::x86_64::*;
 
     /// 8 int8 codes at `p` as f32 lanes.
@@ -110,15 +111,6 @@ mod x86 {
     #[target_feature(enable = "avx2")]
     unsafe fn codes8(p: *const i8) -> __m256 {
         _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i)))
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    unsafe fn hsum8(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
-        _mm_cvtss_f32(s)
     }
 
     /// Scores of up to 4 heads (`qs` rows `h0 .. h0 + H`) at every slot.

@@ -109,6 +109,16 @@ pub(crate) mod x86 {
         }
     }
 
+    /// Horizontal sum of 8 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(crate) unsafe fn hsum8(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
+        _mm_cvtss_f32(s)
+    }
+
     /// `exp` of 8 lanes (see the module note for its accuracy and edges).
     #[inline]
     #[target_feature(enable = "avx2,fma")]

@@ -1,5 +1,6 @@
-//! GPU twins of the CQ kernels of [`crate::cq`]: `prepare`, multi-part `matvec`
-//! and row `gather` (shaders/cq.wgsl).
+//! GPU twins of the CQ kernels of [`crate::cq`]: multi-part `matvec` (which
+//! prepares its own input, SPEC §2's `prepare` with the step's pre-ops) and row
+//! `gather` (shaders/cq.wgsl).
 
 use crate::error::{Error, Result};
 use crate::gpu::arena::{CqPart, GpuCq};
@@ -28,30 +29,8 @@ pub enum Reduction {
     /// No reduction: one invocation per row (`matvec_rows`), for CPU adapters.
     RowPerInvocation,
 }
-/// Largest group the shared-memory FWHT of `prepare`/`gather` handles.
+/// Largest group the shared-memory FWHTs of `matvec` and `gather` handle.
 pub const MAX_GROUP: usize = 4096;
-
-/// Mirror of WGSL `PrepareParams`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Pod, Zeroable, PartialEq)]
-pub struct PrepareParams {
-    /// Logical input length.
-    pub n: u32,
-    /// Group width.
-    pub group: u32,
-    /// 0 copy, 1 rms_unit, 2 zcrms(w), 3 zcrms(mean of 4 lanes, w).
-    pub mode: u32,
-    /// First input element.
-    pub src_off: u32,
-    /// First gain element (modes 2, 3).
-    pub w_off: u32,
-    /// Lane stride (mode 3).
-    pub lane_stride: u32,
-    /// First output element.
-    pub dst_off: u32,
-    /// Padding.
-    pub _pad: u32,
-}
 
 /// Mirror of WGSL `MatvecParams`.
 #[repr(C)]
@@ -85,7 +64,7 @@ pub struct MatvecParams {
     pub parts: [[u32; 8]; 4],
 }
 
-/// `MatvecParams::mode` of an input already prepared by [`CqKernels::prepare`].
+/// `MatvecParams::mode` of an input that is already `prepare(x)` (SPEC §2).
 pub const PREPARED: u32 = 4;
 
 /// The input of a matvec dispatch.
@@ -148,7 +127,7 @@ pub struct GatherParams {
     pub _pad: u32,
 }
 
-/// What `prepare` computes before the transform.
+/// What a matvec computes from its raw input before SPEC §2's `prepare` transform.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PrepareMode {
     /// The input as is.
@@ -166,7 +145,6 @@ pub enum PrepareMode {
 pub struct CqKernels {
     /// The matvec reduction in use.
     pub reduction: Reduction,
-    prepare: Kernel,
     /// Matvec pipelines for bits 1, 2, 4, 8.
     matvec: [Kernel; 4],
     gather: Kernel,
@@ -212,7 +190,6 @@ impl CqKernels {
         let mv = |bits: u32, name| Kernel::new(ctx, src, name, entry, 4, &[("BITS", bits as f64)]);
         CqKernels {
             reduction,
-            prepare: Kernel::new(ctx, SOURCE, "prepare", "prepare", 0, &[]),
             matvec: [
                 mv(1, "matvec1"),
                 mv(2, "matvec2"),
@@ -221,56 +198,6 @@ impl CqKernels {
             ],
             gather: Kernel::new(ctx, SOURCE, "gather", "gather", 12, &[]),
         }
-    }
-
-    /// `dst[dst_off ..] = prepare(input)` for `n` inputs and `group`, with `mode`'s pre-op.
-    #[allow(clippy::too_many_arguments)]
-    pub fn prepare(
-        &self,
-        ctx: &GpuContext,
-        mode: PrepareMode,
-        n: usize,
-        group: usize,
-        src: (&wgpu::Buffer, usize),
-        lane_stride: usize,
-        w: (&wgpu::Buffer, usize),
-        dst: (&wgpu::Buffer, usize),
-    ) -> Result<Dispatch> {
-        if group > MAX_GROUP {
-            return Err(Error::Gpu(format!(
-                "group {group} exceeds the GPU limit of {MAX_GROUP}"
-            )));
-        }
-        let p = PrepareParams {
-            n: n as u32,
-            group: group as u32,
-            mode: mode as u32,
-            src_off: src.1 as u32,
-            w_off: w.1 as u32,
-            lane_stride: lane_stride as u32,
-            dst_off: dst.1 as u32,
-            _pad: 0,
-        };
-        let params = ctx.uniform_init("prepare params", bytemuck::bytes_of(&p));
-        let groups = n.div_ceil(group) as u32;
-        let lanes = if mode == PrepareMode::MeanLanesZcrms {
-            4
-        } else {
-            1
-        };
-        let gains = if matches!(mode, PrepareMode::Zcrms | PrepareMode::MeanLanesZcrms) {
-            1
-        } else {
-            0
-        };
-        let bytes = 4 * (n * (lanes + gains) + groups as usize * group) as u64;
-        Ok(Dispatch::new(
-            ctx,
-            &self.prepare,
-            &[&params, src.0, w.0, dst.0],
-            grid(groups, ctx.caps.max_workgroups_per_dim),
-        )
-        .with_bytes(bytes))
     }
 
     /// Matvec dispatches for `items` = (matrix, first row, rows, output offset), all
@@ -493,7 +420,6 @@ mod tests {
         validate_wgsl(&subgroup_source()).expect("cq.wgsl + cq_subgroup.wgsl validate");
         let m = validate_wgsl(SOURCE).expect("cq.wgsl validates");
         for (name, size) in [
-            ("PrepareParams", std::mem::size_of::<PrepareParams>()),
             ("MatvecParams", std::mem::size_of::<MatvecParams>()),
             ("GatherParams", std::mem::size_of::<GatherParams>()),
         ] {
