@@ -19,7 +19,7 @@ fn matvec(c: &mut Criterion) {
             let prep = prepare(&m, &x).expect("input length");
             let mut out = vec![0.0f32; rows];
             g.throughput(Throughput::Bytes(m.stored_bytes() as u64));
-            for k in CpuKernels::available() {
+            for &k in CpuKernels::available() {
                 g.bench_function(format!("{rows}x{cols}/{bits}bit/{}", k.name()), |b| {
                     b.iter(|| {
                         m.matvec_rows_prepared_with(k, black_box(&prep), 0, black_box(&mut out))

@@ -250,7 +250,7 @@ fn every_cpu_kernel_variant_matches_naive_dense() {
                             .sum()
                     })
                     .collect();
-                for &k in &variants {
+                for &k in variants {
                     let mut out = vec![f32::NAN; rows - 2];
                     m.matvec_rows_prepared_with(k, &prep, 2, &mut out);
                     let got: Vec<f64> = out.iter().map(|v| *v as f64).collect();
@@ -277,7 +277,7 @@ fn every_cpu_kernel_variant_matches_naive_dense() {
 fn simd_kernels_apply_to_the_default_presets_shapes() {
     // default: 2-bit attention and 4-bit embedding/Φ at group 128.
     let mut rng = ChaCha8Rng::seed_from_u64(3);
-    for k in CpuKernels::available() {
+    for &k in CpuKernels::available() {
         let two = random_matrix(&mut rng, 4, 512, 2, 128);
         let four = random_matrix(&mut rng, 4, 512, 4, 128);
         let (a, b) = (two.row_kernel(k), four.row_kernel(k));

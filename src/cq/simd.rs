@@ -36,21 +36,24 @@ pub enum CpuKernels {
 }
 
 impl CpuKernels {
-    /// Every variant this CPU can run, the scalar one first.
-    pub fn available() -> Vec<CpuKernels> {
-        let mut v = vec![CpuKernels::Scalar];
-        #[cfg(target_arch = "x86_64")]
-        {
-            let avx2 = std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma");
-            if avx2 {
-                v.push(CpuKernels::Avx2);
-                if std::arch::is_x86_feature_detected!("avx512f") {
-                    v.push(CpuKernels::Avx512);
+    /// Every variant this CPU can run, the scalar one first (detected once per process).
+    pub fn available() -> &'static [CpuKernels] {
+        static AVAIL: OnceLock<Vec<CpuKernels>> = OnceLock::new();
+        AVAIL.get_or_init(|| {
+            let mut v = vec![CpuKernels::Scalar];
+            #[cfg(target_arch = "x86_64")]
+            {
+                let avx2 = std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma");
+                if avx2 {
+                    v.push(CpuKernels::Avx2);
+                    if std::arch::is_x86_feature_detected!("avx512f") {
+                        v.push(CpuKernels::Avx512);
+                    }
                 }
             }
-        }
-        v
+            v
+        })
     }
 
     /// The variant the engines use: the best available, unless the environment
