@@ -160,22 +160,25 @@ impl Sampler {
         if c.temperature == 0.0 || c.top_k == 1 {
             return argmax(&self.adjusted);
         }
-        // Candidates sorted by logit, best first (NaN last).
+        // Candidates by logit, best first, ties by lower id (NaN dropped). With a
+        // top-k, only the k best are selected (linear time) and then sorted.
         self.scratch.clear();
         self.scratch.extend(
             self.adjusted
                 .iter()
                 .enumerate()
+                .filter(|(_, v)| !v.is_nan())
                 .map(|(i, &v)| (v, i as u32)),
         );
-        self.scratch.sort_by(|a, b| b.0.total_cmp(&a.0));
-        self.scratch.retain(|(v, _)| !v.is_nan());
         if self.scratch.is_empty() {
             return 0;
         }
-        if c.top_k > 0 {
+        let order = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+        if c.top_k > 0 && c.top_k < self.scratch.len() {
+            self.scratch.select_nth_unstable_by(c.top_k - 1, order);
             self.scratch.truncate(c.top_k);
         }
+        self.scratch.sort_unstable_by(order);
         // Softmax at the temperature (max subtracted), then the top-p cut.
         let m = self.scratch[0].0;
         let mut total = 0.0f64;
@@ -210,6 +213,83 @@ impl Sampler {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The sampler as first written: a stable sort of the whole vocabulary.
+    fn sample_by_full_sort(cfg: &SamplerConfig, rng: &mut ChaCha8Rng, logits: &[f32]) -> u32 {
+        let mut v: Vec<(f32, u32)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| (x, i as u32))
+            .collect();
+        v.sort_by(|a, b| b.0.total_cmp(&a.0));
+        v.retain(|(x, _)| !x.is_nan());
+        if cfg.top_k > 0 {
+            v.truncate(cfg.top_k);
+        }
+        let m = v[0].0;
+        let mut total = 0.0f64;
+        for e in v.iter_mut() {
+            e.0 = ((e.0 - m) / cfg.temperature).exp();
+            total += e.0 as f64;
+        }
+        if cfg.top_p < 1.0 {
+            let mut acc = 0.0f64;
+            let mut keep = v.len();
+            for (i, e) in v.iter().enumerate() {
+                acc += e.0 as f64 / total;
+                if acc >= cfg.top_p as f64 {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            v.truncate(keep);
+            total = v.iter().map(|e| e.0 as f64).sum();
+        }
+        let mut r = rng.random::<f64>() * total;
+        for e in &v {
+            r -= e.0 as f64;
+            if r < 0.0 {
+                return e.1;
+            }
+        }
+        v.last().map_or(0, |e| e.1)
+    }
+
+    #[test]
+    fn top_k_selection_draws_what_a_full_sort_draws() {
+        // Coarse logits (many ties, some NaN) and every mix of settings: the same
+        // seed must give the same token as sorting the whole vocabulary.
+        let mut gen = ChaCha8Rng::seed_from_u64(5);
+        for round in 0..200 {
+            let n = 50 + round * 7;
+            let logits: Vec<f32> = (0..n)
+                .map(|i| {
+                    if i % 37 == 5 {
+                        f32::NAN
+                    } else {
+                        (gen.random_range(0..20) as f32) * 0.5
+                    }
+                })
+                .collect();
+            let cfg = SamplerConfig {
+                temperature: [0.5f32, 1.0, 2.0][round % 3],
+                top_k: [0usize, 1, 3, 10, 40, n + 5][round % 6],
+                top_p: [1.0f32, 0.9, 0.5][round % 3],
+                seed: round as u64,
+                ..Default::default()
+            };
+            let mut s = Sampler::new(cfg.clone()).unwrap();
+            let mut rng = ChaCha8Rng::seed_from_u64(round as u64);
+            for _ in 0..3 {
+                let want = if cfg.top_k == 1 {
+                    argmax(&logits)
+                } else {
+                    sample_by_full_sort(&cfg, &mut rng, &logits)
+                };
+                assert_eq!(s.sample(&logits, &[]), want, "round {round} {cfg:?}");
+            }
+        }
+    }
 
     #[test]
     fn argmax_and_margin() {
