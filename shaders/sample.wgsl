@@ -72,3 +72,129 @@ fn argmax(@builtin(local_invocation_index) li: u32) {
         out[1] = bad[0];
     }
 }
+
+// ---------------------------------------------------------------- top-k
+//   topk  bindings 3..5  dispatch (1, 1, 1), workgroup 256 (ONE workgroup):
+//         params (uniform), logits (read), tout (read_write u32: 2 + 2·MAX_K).
+//         tout[0] = 1 if any logit is NaN or ±∞ (then nothing else is meaningful),
+//         tout[1] = m = min(k, n), and tout[2 + i], bitcast<f32>(tout[2 + MAX_K + i])
+//         for i < m = the ids and logits of the m largest logits, in no particular
+//         order, ties at the cut resolved toward lower ids (as a stable sort by
+//         logit, best first, would keep them).
+//         The m-th largest key is found by a 4-pass radix select over the logits'
+//         order-preserving u32 keys (shared-memory histograms), then everything
+//         above it and enough of the keys equal to it are gathered with an atomic
+//         counter; only when equal keys straddle the cut does invocation 0 take
+//         them in id order.
+
+const MAX_K: u32 = 256u;
+
+struct TopkParams {
+    n: u32,
+    off: u32,
+    k: u32,
+    _pad0: u32,
+}
+@group(0) @binding(3) var<uniform> tp: TopkParams;
+@group(0) @binding(4) var<storage, read> tlogits: array<f32>;
+@group(0) @binding(5) var<storage, read_write> tout: array<u32>;
+
+var<workgroup> hist: array<atomic<u32>, 256>;
+var<workgroup> taken: atomic<u32>;
+var<workgroup> flag: atomic<u32>;
+var<workgroup> sel: array<u32, 4>; // prefix, mask, remaining, count equal
+
+// Order-preserving key: a larger float gives a larger u32.
+fn key_of(x: f32) -> u32 {
+    let b = bitcast<u32>(x);
+    return select(b | 0x80000000u, ~b, (b & 0x80000000u) != 0u);
+}
+
+@compute @workgroup_size(256)
+fn topk(@builtin(local_invocation_index) li: u32) {
+    let m = min(tp.k, min(tp.n, MAX_K));
+    if (li == 0u) {
+        sel[0] = 0u;
+        sel[1] = 0u;
+        sel[2] = m;
+        sel[3] = 0u;
+        atomicStore(&taken, 0u);
+        atomicStore(&flag, 0u);
+    }
+    var nf = 0u;
+    for (var i = li; i < tp.n; i += WG) {
+        if (!finite(tlogits[tp.off + i])) {
+            nf = 1u;
+        }
+    }
+    if (nf != 0u) {
+        atomicStore(&flag, 1u);
+    }
+    workgroupBarrier();
+    for (var round = 0u; round < 4u; round++) {
+        let shift = 24u - 8u * round;
+        atomicStore(&hist[li], 0u);
+        workgroupBarrier();
+        let prefix = sel[0];
+        let mask = sel[1];
+        for (var i = li; i < tp.n; i += WG) {
+            let key = key_of(tlogits[tp.off + i]);
+            if ((key & mask) == prefix) {
+                atomicAdd(&hist[(key >> shift) & 255u], 1u);
+            }
+        }
+        workgroupBarrier();
+        if (li == 0u && m > 0u) {
+            var need = sel[2];
+            var b = 255u;
+            loop {
+                let c = atomicLoad(&hist[b]);
+                if (c >= need || b == 0u) {
+                    sel[3] = c;
+                    break;
+                }
+                need -= c;
+                b -= 1u;
+            }
+            sel[0] = prefix | (b << shift);
+            sel[1] = mask | (255u << shift);
+            sel[2] = need;
+        }
+        workgroupBarrier();
+    }
+    // The cut: keys above `cut` all go; `need` of the `equal` keys equal to it go.
+    let cut = sel[0];
+    let need = sel[2];
+    let equal = sel[3];
+    let all_equal = need >= equal;
+    for (var i = li; i < tp.n; i += WG) {
+        let x = tlogits[tp.off + i];
+        let key = key_of(x);
+        if (m > 0u && (key > cut || (key == cut && all_equal))) {
+            let slot = atomicAdd(&taken, 1u);
+            if (slot < m) {
+                tout[2u + slot] = i;
+                tout[2u + MAX_K + slot] = bitcast<u32>(x);
+            }
+        }
+    }
+    workgroupBarrier();
+    if (li == 0u) {
+        if (m > 0u && !all_equal) {
+            // Equal keys straddle the cut: take the lowest ids (rare, sequential).
+            var slot = atomicLoad(&taken);
+            var left = need;
+            for (var i = 0u; i < tp.n && left > 0u; i++) {
+                let x = tlogits[tp.off + i];
+                if (key_of(x) == cut) {
+                    tout[2u + slot] = i;
+                    tout[2u + MAX_K + slot] = bitcast<u32>(x);
+                    slot += 1u;
+                    left -= 1u;
+                }
+            }
+        }
+        tout[0] = atomicLoad(&flag);
+        tout[1] = m;
+    }
+}

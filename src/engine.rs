@@ -50,6 +50,26 @@ pub trait Engine: Send {
         }
     }
 
+    /// Append `token` and put the `k` largest next logits as `(logit, id)` pairs
+    /// into `out` (ties at the cut toward lower ids; order unspecified): all that
+    /// [`crate::sample::Sampler::sample_top_k`] needs. The GPU selects them on the
+    /// device for `k` up to 256 and reads back `8·k + 8` bytes; the logits stay
+    /// available through [`Engine::last_logits`].
+    ///
+    /// # Errors
+    /// As [`Engine::step`]; [`crate::Error::NonFinite`] when a logit is NaN or infinite.
+    fn step_top_k(&mut self, token: u32, k: usize, out: &mut Vec<(f32, u32)>) -> Result<()> {
+        match self.step(token, true)? {
+            Some(l) => {
+                crate::sample::top_k_into(l, k, out);
+                Ok(())
+            }
+            None => Err(crate::Error::InvalidArgument(
+                "the engine returned no logits".into(),
+            )),
+        }
+    }
+
     /// The logits computed by the last step, if it computed them (a step with
     /// logits or [`Engine::step_argmax`]); `None` after a step without logits or
     /// at position 0.

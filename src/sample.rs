@@ -19,6 +19,33 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
+/// Order of candidates: larger logit first, then lower id.
+fn best_first(a: &(f32, u32), b: &(f32, u32)) -> std::cmp::Ordering {
+    b.0.total_cmp(&a.0).then(a.1.cmp(&b.1))
+}
+
+/// The `k` largest non-NaN logits as `(logit, id)`, best first, ties toward lower
+/// ids (all of them when `k` is at least their number), into `out`.
+pub fn top_k_into(logits: &[f32], k: usize, out: &mut Vec<(f32, u32)>) {
+    out.clear();
+    out.extend(
+        logits
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| !v.is_nan())
+            .map(|(i, &v)| (v, i as u32)),
+    );
+    if k == 0 {
+        out.clear();
+        return;
+    }
+    if k < out.len() {
+        out.select_nth_unstable_by(k - 1, best_first);
+        out.truncate(k);
+    }
+    out.sort_unstable_by(best_first);
+}
+
 /// The gap between the largest and second-largest logit (0 for fewer than two).
 pub fn top2_margin(logits: &[f32]) -> f32 {
     let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
@@ -162,23 +189,40 @@ impl Sampler {
         }
         // Candidates by logit, best first, ties by lower id (NaN dropped). With a
         // top-k, only the k best are selected (linear time) and then sorted.
+        let k = if c.top_k > 0 { c.top_k } else { usize::MAX };
+        top_k_into(&self.adjusted, k, &mut self.scratch);
+        self.draw_from_candidates()
+    }
+
+    /// With this sampler, [`Sampler::sample`] only looks at the `k` largest logits
+    /// (top-k `k >= 2`, temperature > 0, no repetition penalty): an engine may then
+    /// hand over just those, e.g. from [`crate::Engine::step_top_k`].
+    pub fn top_k_only(&self) -> Option<usize> {
+        let c = &self.cfg;
+        (c.repeat_penalty == 1.0 && c.temperature > 0.0 && c.top_k >= 2).then_some(c.top_k)
+    }
+
+    /// [`Sampler::sample`] given only the `top_k` largest logits as `(logit, id)`
+    /// pairs in any order (ties at the cut resolved toward lower ids): the same draw
+    /// as from the full logits when [`Sampler::top_k_only`] is `Some`.
+    pub fn sample_top_k(&mut self, candidates: &[(f32, u32)]) -> u32 {
         self.scratch.clear();
-        self.scratch.extend(
-            self.adjusted
-                .iter()
-                .enumerate()
-                .filter(|(_, v)| !v.is_nan())
-                .map(|(i, &v)| (v, i as u32)),
-        );
+        self.scratch
+            .extend(candidates.iter().copied().filter(|(v, _)| !v.is_nan()));
+        self.scratch.sort_unstable_by(best_first);
+        if self.cfg.top_k > 0 {
+            self.scratch.truncate(self.cfg.top_k);
+        }
+        self.draw_from_candidates()
+    }
+
+    /// The softmax at the temperature, the top-p cut and the draw over
+    /// `self.scratch` (sorted best first, at most `top_k` long).
+    fn draw_from_candidates(&mut self) -> u32 {
+        let c = &self.cfg;
         if self.scratch.is_empty() {
             return 0;
         }
-        let order = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
-        if c.top_k > 0 && c.top_k < self.scratch.len() {
-            self.scratch.select_nth_unstable_by(c.top_k - 1, order);
-            self.scratch.truncate(c.top_k);
-        }
-        self.scratch.sort_unstable_by(order);
         // Softmax at the temperature (max subtracted), then the top-p cut.
         let m = self.scratch[0].0;
         let mut total = 0.0f64;

@@ -19,6 +19,17 @@ pub enum Backend {
     Auto(GpuOptions),
 }
 
+/// Where the next token of a generation comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pending {
+    /// Sampled from the session's logits.
+    Logits,
+    /// Already picked (greedy, on the engine).
+    Id(u32),
+    /// Sampled from the engine's top-k candidates.
+    TopK,
+}
+
 /// Why [`Session::generate`] stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stop {
@@ -36,6 +47,8 @@ pub struct Session {
     engine: Box<dyn Engine>,
     tokens: Vec<u32>,
     logits: Vec<f32>,
+    /// The top-k candidates of the last step (when the sampler needs no more).
+    candidates: Vec<(f32, u32)>,
     fallback: Option<String>,
 }
 
@@ -72,6 +85,7 @@ impl Session {
             engine,
             tokens: Vec::new(),
             logits: Vec::new(),
+            candidates: Vec::new(),
             fallback,
         })
     }
@@ -158,22 +172,30 @@ impl Session {
             ));
         }
         let eos = self.model.config.eos;
-        // A greedy sampler lets the engine pick on the device (the GPU then reads
-        // back 8 bytes per token); the logits are fetched once at the end.
+        // A greedy sampler lets the engine pick on the device, a top-k sampler lets
+        // it hand over just the k best logits (the GPU then reads back 8 bytes, or
+        // 8·k + 8); the full logits are fetched once at the end. The draw for a
+        // token happens when it is needed, so the sampler's random sequence is
+        // the same on every path.
         let greedy = sampler.is_greedy();
-        let mut picked: Option<u32> = None;
+        let top_k = if greedy { None } else { sampler.top_k_only() };
+        let mut pending = Pending::Logits;
         let mut stop = Stop::Length;
         for _ in 0..n {
-            let next = match picked.take() {
-                Some(id) => id,
-                None => sampler.sample(&self.logits, &self.tokens),
+            let next = match pending {
+                Pending::Id(id) => id,
+                Pending::TopK => sampler.sample_top_k(&self.candidates),
+                Pending::Logits => sampler.sample(&self.logits, &self.tokens),
             };
             if next == eos {
                 stop = Stop::Eos;
                 break;
             }
             if greedy {
-                picked = Some(self.engine.step_argmax(next)?);
+                pending = Pending::Id(self.engine.step_argmax(next)?);
+            } else if let Some(k) = top_k {
+                self.engine.step_top_k(next, k, &mut self.candidates)?;
+                pending = Pending::TopK;
             } else {
                 let l = self.engine.step(next, true)?.unwrap_or_default();
                 self.logits.clear();
@@ -185,7 +207,7 @@ impl Session {
                 break;
             }
         }
-        if greedy {
+        if pending != Pending::Logits {
             if let Some(l) = self.engine.last_logits()? {
                 self.logits.clear();
                 self.logits.extend_from_slice(l);

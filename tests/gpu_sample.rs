@@ -99,3 +99,109 @@ fn greedy_steps_pick_the_argmax_of_the_same_logits() {
     greedy.reset();
     assert!(greedy.last_logits().unwrap().is_none());
 }
+
+/// The device top-k of `logits[off .. off + n]`, sorted like `top_k_into`.
+fn device_topk(
+    ctx: &GpuContext,
+    logits: &[f32],
+    off: usize,
+    n: usize,
+    k: usize,
+) -> Option<Vec<(f32, u32)>> {
+    use cqlm::gpu::kernels::sample::{decode_topk, TopkParams, TOPK_WORDS};
+    let buf = ctx.storage_init("logits", bytemuck::cast_slice(logits));
+    let out = ctx.storage_init(
+        "out",
+        bytemuck::cast_slice(&vec![0xdead_beefu32; TOPK_WORDS]),
+    );
+    let p = TopkParams {
+        n: n as u32,
+        off: off as u32,
+        k: k as u32,
+        _pad: 0,
+    };
+    let d = SampleKernels::new(ctx).topk(ctx, &p, &buf, &out);
+    run_dispatches(ctx, &[d]).unwrap();
+    let b = ctx.read_bytes(&out, 0, TOPK_WORDS as u64 * 4).unwrap();
+    let mut v = Vec::new();
+    decode_topk(bytemuck::cast_slice(&b), &mut v)?;
+    v.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    Some(v)
+}
+
+#[test]
+fn topk_kernel_matches_the_cpu_selection_with_ties_at_the_cut() {
+    let Some(ctx) = gpu() else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(78);
+    for (n, k) in [
+        (1usize, 1usize),
+        (7, 3),
+        (300, 40),
+        (1000, 256),
+        (32003, 40),
+        (50, 80),
+    ] {
+        // Coarse values: many ties, including across the k-th place; negative and
+        // positive values, zeros of both signs.
+        let mut v: Vec<f32> = (0..n + 3)
+            .map(|_| rng.random_range(-6i32..6) as f32 * 0.5)
+            .collect();
+        v[3] = -0.0;
+        let want = {
+            let mut w = Vec::new();
+            cqlm::sample::top_k_into(&v[3..], k, &mut w);
+            w
+        };
+        let got = device_topk(&ctx, &v, 3, n, k).expect("finite");
+        assert_eq!(got.len(), k.min(n), "n {n} k {k}");
+        let ids = |x: &[(f32, u32)]| x.iter().map(|e| e.1).collect::<Vec<_>>();
+        assert_eq!(ids(&got), ids(&want), "n {n} k {k}");
+    }
+    let mut v = vec![1.0f32; 500];
+    v[77] = f32::NAN;
+    assert!(
+        device_topk(&ctx, &v, 0, 500, 10).is_none(),
+        "NaN not flagged"
+    );
+}
+
+#[test]
+fn sampled_generation_on_the_gpu_draws_what_the_full_logits_draw() {
+    use cqlm::sample::{Sampler, SamplerConfig};
+    use cqlm::session::{Backend, Session};
+    let Some(ctx) = gpu() else { return };
+    let model = Arc::new(synth_model(&Config::preset_tiny(), &BitsPlan::mixed(), 32).unwrap());
+    let cfg = SamplerConfig {
+        temperature: 0.9,
+        top_k: 20,
+        top_p: 0.95,
+        seed: 5,
+        ..Default::default()
+    };
+    // The session hands the sampler the device's top-k candidates ...
+    let mut session = Session::new(Arc::clone(&model), Backend::Gpu(Default::default())).unwrap();
+    session.prefill(&[1, 2, 3]).unwrap();
+    let mut got = Vec::new();
+    let mut s1 = Sampler::new(cfg.clone()).unwrap();
+    session
+        .generate(&mut s1, 24, |id| {
+            got.push(id);
+            true
+        })
+        .unwrap();
+    // ... which must draw exactly what sampling the full read-back logits draws.
+    let mut g = GpuEngine::with_context(Arc::clone(&model), ctx).unwrap();
+    let mut logits = g.prefill(&[1, 2, 3]).unwrap();
+    let mut s2 = Sampler::new(cfg).unwrap();
+    let mut want = Vec::new();
+    let mut history = vec![1u32, 2, 3];
+    for _ in 0..got.len() {
+        let id = s2.sample(&logits, &history);
+        want.push(id);
+        history.push(id);
+        logits = g.step(id, true).unwrap().unwrap().to_vec();
+    }
+    assert_eq!(got, want);
+    // The session's logits after generating are the engine's last logits.
+    assert_eq!(session.logits(), &logits[..]);
+}

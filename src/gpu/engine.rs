@@ -10,7 +10,9 @@ use super::kernels::cq::{CqKernels, MatvecInput, PrepareMode};
 use super::kernels::engram::{EngramConvParams, EngramKernels};
 use super::kernels::mhc::{MhcKernels, PremixParams, RouteParams};
 use super::kernels::mlp::{MlpKernels, MlpParams};
-use super::kernels::sample::{ArgmaxParams, SampleKernels};
+use super::kernels::sample::{
+    decode_topk, ArgmaxParams, SampleKernels, TopkParams, MAX_K, TOPK_WORDS,
+};
 use super::step::StepLayout;
 use super::{Dispatch, GpuContext, GpuOptions};
 use crate::config::Config;
@@ -109,6 +111,13 @@ pub struct GpuEngine {
     argmax: Dispatch,
     argmax_out: wgpu::Buffer,
     argmax_staging: wgpu::Buffer,
+    /// Top-k selection for the last `k` asked (rebuilt when `k` changes), its
+    /// output and staging buffers, and the words read back.
+    sample: SampleKernels,
+    topk: Option<(usize, Dispatch)>,
+    topk_out: wgpu::Buffer,
+    topk_staging: wgpu::Buffer,
+    topk_words: Vec<u32>,
     rows_scratch: Vec<usize>,
     cos_scratch: Vec<f32>,
     sin_scratch: Vec<f32>,
@@ -140,6 +149,9 @@ enum Tail {
     Logits,
     /// The vocabulary projection, the device argmax and the copy of its 8 bytes.
     Argmax,
+    /// The vocabulary projection, the device top-k (`GpuEngine::topk`) and the
+    /// copy of its output.
+    TopK,
 }
 
 /// Where the logits of the last step are.
@@ -613,7 +625,15 @@ impl GpuEngine {
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let argmax = SampleKernels::new(&ctx).argmax(
+        let sample = SampleKernels::new(&ctx);
+        let topk_out = ctx.storage_zeroed("top-k", TOPK_WORDS as u64 * 4)?;
+        let topk_staging = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("top-k staging"),
+            size: TOPK_WORDS as u64 * 4,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let argmax = sample.argmax(
             &ctx,
             &ArgmaxParams {
                 n: c.vocab as u32,
@@ -631,13 +651,20 @@ impl GpuEngine {
             + logits.size()
             + staging.size()
             + argmax_out.size()
-            + argmax_staging.size();
+            + argmax_staging.size()
+            + topk_out.size()
+            + topk_staging.size();
         Ok(GpuEngine {
             logits_host: vec![0.0; c.vocab],
             logits_at: LogitsAt::Nowhere,
             argmax,
             argmax_out,
             argmax_staging,
+            sample,
+            topk: None,
+            topk_out,
+            topk_staging,
+            topk_words: vec![0; TOPK_WORDS],
             rows_scratch: Vec::with_capacity(table_rows.len()),
             cos_scratch: vec![0.0; c.head_dim / 2],
             sin_scratch: vec![0.0; c.head_dim / 2],
@@ -921,6 +948,9 @@ impl GpuEngine {
             if tail == Tail::Argmax {
                 self.argmax.record(&mut pass);
             }
+            if let (Tail::TopK, Some((_, d))) = (tail, &self.topk) {
+                d.record(&mut pass);
+            }
         }
         match tail {
             Tail::None => {}
@@ -928,6 +958,13 @@ impl GpuEngine {
             Tail::Argmax => {
                 enc.copy_buffer_to_buffer(&self.argmax_out, 0, &self.argmax_staging, 0, 8)
             }
+            Tail::TopK => enc.copy_buffer_to_buffer(
+                &self.topk_out,
+                0,
+                &self.topk_staging,
+                0,
+                self.topk_staging.size(),
+            ),
         }
         self.ctx.queue.submit([enc.finish()]);
         self.pos += 1;
@@ -1014,6 +1051,38 @@ impl Engine for GpuEngine {
         }
         self.logits_at = LogitsAt::Device;
         Ok(out[0])
+    }
+
+    fn step_top_k(&mut self, token: u32, k: usize, out: &mut Vec<(f32, u32)>) -> Result<()> {
+        if k == 0 || k > MAX_K {
+            // Beyond the device kernel: the logits path.
+            let l = self.step(token, true)?.unwrap_or_default();
+            crate::sample::top_k_into(l, k, out);
+            return Ok(());
+        }
+        self.check_token(token)?;
+        if self.topk.as_ref().is_none_or(|(have, _)| *have != k) {
+            let p = TopkParams {
+                n: self.model.config.vocab as u32,
+                off: 0,
+                k: k as u32,
+                _pad: 0,
+            };
+            let d = self
+                .sample
+                .topk(&self.ctx, &p, &self.logits, &self.topk_out);
+            self.topk = Some((k, d));
+        }
+        self.run_step(token, Tail::TopK)?;
+        self.ctx.map_read_into(
+            &self.topk_staging,
+            bytemuck::cast_slice_mut(&mut self.topk_words),
+        )?;
+        if decode_topk(&self.topk_words, out).is_none() {
+            return Err(non_finite_logits(self.pos - 1));
+        }
+        self.logits_at = LogitsAt::Device;
+        Ok(())
     }
 
     fn last_logits(&mut self) -> Result<Option<&[f32]>> {

@@ -1,6 +1,7 @@
-//! Greedy sampling on the device (shaders/sample.wgsl): the GPU twin of
+//! Sampling help on the device (shaders/sample.wgsl): the GPU twin of
 //! [`crate::sample::argmax`] plus a non-finite flag, so a greedy decode step reads
-//! back 8 bytes instead of `vocab` floats.
+//! back 8 bytes instead of `vocab` floats, and the top-k candidates (at most
+//! [`MAX_K`]) for top-k / top-p sampling, which then read back `8·k + 8` bytes.
 
 use crate::gpu::{Dispatch, GpuContext, Kernel};
 use bytemuck::{Pod, Zeroable};
@@ -20,10 +21,31 @@ pub struct ArgmaxParams {
     pub _pad: [u32; 2],
 }
 
-/// The compiled pipeline of the family.
+/// Largest `k` [`SampleKernels::topk`] gathers (WGSL `MAX_K`).
+pub const MAX_K: usize = 256;
+
+/// Words of the top-k output buffer: flag, count, `MAX_K` ids, `MAX_K` logit bit patterns.
+pub const TOPK_WORDS: usize = 2 + 2 * MAX_K;
+
+/// Mirror of WGSL `TopkParams`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable, PartialEq)]
+pub struct TopkParams {
+    /// Logits to scan.
+    pub n: u32,
+    /// Element offset of the first logit.
+    pub off: u32,
+    /// Candidates wanted (clamped to [`MAX_K`] and `n`).
+    pub k: u32,
+    /// Padding to 16 bytes.
+    pub _pad: u32,
+}
+
+/// The compiled pipelines of the family.
 #[derive(Debug, Clone)]
 pub struct SampleKernels {
     argmax: Kernel,
+    topk: Kernel,
 }
 
 impl SampleKernels {
@@ -31,6 +53,7 @@ impl SampleKernels {
     pub fn new(ctx: &GpuContext) -> SampleKernels {
         SampleKernels {
             argmax: Kernel::new(ctx, SOURCE, "sample", "argmax", 0, &[]),
+            topk: Kernel::new(ctx, SOURCE, "topk", "topk", 3, &[]),
         }
     }
 
@@ -49,6 +72,36 @@ impl SampleKernels {
     }
 }
 
+impl SampleKernels {
+    /// One workgroup: the `min(k, n, MAX_K)` largest of `logits[off .. off + n]`
+    /// (ties at the cut toward lower ids) into `out` ([`TOPK_WORDS`] u32: flag,
+    /// count, ids, logit bits), in no particular order; the flag is 1 when a logit
+    /// is NaN or infinite.
+    pub fn topk(
+        &self,
+        ctx: &GpuContext,
+        p: &TopkParams,
+        logits: &wgpu::Buffer,
+        out: &wgpu::Buffer,
+    ) -> Dispatch {
+        let ub = ctx.uniform_init("topk params", bytemuck::bytes_of(p));
+        Dispatch::new(ctx, &self.topk, &[&ub, logits, out], [1, 1, 1])
+            .with_bytes(p.n as u64 * 4 * 6 + TOPK_WORDS as u64 * 4)
+    }
+}
+
+/// Decode the top-k output buffer into `(logit, id)` pairs, or `None` when the
+/// flag says a logit was not finite.
+pub fn decode_topk(words: &[u32], out: &mut Vec<(f32, u32)>) -> Option<()> {
+    out.clear();
+    if words[0] != 0 {
+        return None;
+    }
+    let m = (words[1] as usize).min(MAX_K);
+    out.extend((0..m).map(|i| (f32::from_bits(words[2 + MAX_K + i]), words[2 + i])));
+    Some(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -60,6 +113,10 @@ mod tests {
         assert_eq!(
             wgsl_struct_size(&m, "ArgmaxParams"),
             Some(std::mem::size_of::<ArgmaxParams>() as u32)
+        );
+        assert_eq!(
+            wgsl_struct_size(&m, "TopkParams"),
+            Some(std::mem::size_of::<TopkParams>() as u32)
         );
     }
 }
