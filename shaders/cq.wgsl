@@ -28,19 +28,25 @@
 const WG: u32 = 256u;
 const MAX_GROUP: u32 = 4096u;
 
-var<workgroup> buf: array<f32, 4096>;
+// Staging array of every entry point: the prepared input of a matvec (XW columns
+// at a time) or the row a gather transforms.
+const XW: u32 = 4096u;
+var<workgroup> xw: array<f32, 4096>;
 
-// In-place unnormalised Walsh–Hadamard butterfly on buf[0..n] (n a power of two),
-// stage by stage in the order of SEED §1.
-fn fwht_shared(n: u32, li: u32) {
-    for (var h = 1u; h < n; h = h << 1u) {
-        for (var p = li; p < n / 2u; p += WG) {
+// In-place unnormalised Walsh–Hadamard butterflies on xw[0..len], every group of
+// `group` values (a power of two dividing len) transformed alone, stage by stage in
+// the order of SEED §1, by `threads` invocations (li < threads). Ends each stage
+// with a barrier; call in uniform control flow. (naga takes no workgroup pointers
+// as arguments, so it works on xw, the one staging array of the file.)
+fn fwht_groups(len: u32, group: u32, li: u32, threads: u32) {
+    for (var h = 1u; h < group; h = h << 1u) {
+        for (var p = li; p < len / 2u; p += threads) {
             let i = (p / h) * 2u * h + (p % h);
             let j = i + h;
-            let a = buf[i];
-            let b = buf[j];
-            buf[i] = a + b;
-            buf[j] = a - b;
+            let a = xw[i];
+            let b = xw[j];
+            xw[i] = a + b;
+            xw[j] = a - b;
         }
         workgroupBarrier();
     }
@@ -75,9 +81,6 @@ struct MatvecParams {
 @group(0) @binding(7) var<storage, read_write> yout: array<f32>;
 @group(0) @binding(8) var<storage, read> gains: array<f32>;
 
-// The prepared input of every matvec, staged by each workgroup in chunks of XW columns.
-const XW: u32 = 4096u;
-var<workgroup> xw: array<f32, 4096>;
 
 var<workgroup> lut: array<f32, 1024>;
 var<workgroup> red: array<f32, 64>;
@@ -143,17 +146,7 @@ fn stage_chunk(li: u32, c0: u32, len: u32, r: f32) {
         xw[i] = v;
     }
     workgroupBarrier();
-    for (var h = 1u; h < mp.group; h = h << 1u) {
-        for (var p = li; p < len / 2u; p += 64u) {
-            let i = (p / h) * 2u * h + (p % h);
-            let j = i + h;
-            let a = xw[i];
-            let b = xw[j];
-            xw[i] = a + b;
-            xw[j] = a - b;
-        }
-        workgroupBarrier();
-    }
+    fwht_groups(len, mp.group, li, 64u);
     let sc = 1.0 / sqrt(f32(mp.group));
     for (var i = li; i < len; i += 64u) {
         xw[i] = xw[i] * sc;
@@ -381,15 +374,15 @@ fn gather(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
         let bit = (k * gp.group + c) * gp.bits;
         let word = garena[gp.packed_off + row * gp.row_words + bit / 32u];
         let idx = (word >> (bit % 32u)) & mask;
-        buf[c] = norm * bitcast<f32>(garena[gp.cb_off + idx]);
+        xw[c] = norm * bitcast<f32>(garena[gp.cb_off + idx]);
     }
     workgroupBarrier();
-    fwht_shared(gp.group, li);
+    fwht_groups(gp.group, gp.group, li, WG);
     let s = 1.0 / sqrt(f32(gp.group));
     for (var c = li; c < gp.group; c += WG) {
         let col = k * gp.group + c;
         if (mine && col < gp.cols) {
-            let v = buf[c] * s * gp.scale;
+            let v = xw[c] * s * gp.scale;
             for (var q = 0u; q < gp.copies; q++) {
                 gout[gp.out_off + q * gp.copy_stride + col] = v;
             }
