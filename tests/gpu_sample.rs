@@ -205,3 +205,22 @@ fn sampled_generation_on_the_gpu_draws_what_the_full_logits_draw() {
     // The session's logits after generating are the engine's last logits.
     assert_eq!(session.logits(), &logits[..]);
 }
+
+#[test]
+fn step_top_k_beyond_the_device_limit_selects_from_the_logits() {
+    // k above MAX_K (256) takes the logits path; both paths agree with top_k_into.
+    let Some(ctx) = gpu() else { return };
+    let model = Arc::new(synth_model(&Config::preset_tiny(), &BitsPlan::mixed(), 34).unwrap());
+    let mut a = GpuEngine::with_context(Arc::clone(&model), Arc::clone(&ctx)).unwrap();
+    let mut b = GpuEngine::with_context(Arc::clone(&model), ctx).unwrap();
+    let mut got = Vec::new();
+    for (token, k) in [(1u32, 300usize), (2, 40), (3, 256), (4, 257)] {
+        a.step_top_k(token, k, &mut got).unwrap();
+        let logits = b.step(token, true).unwrap().unwrap().to_vec();
+        let mut want = Vec::new();
+        cqlm::sample::top_k_into(&logits, k, &mut want);
+        got.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)));
+        assert_eq!(got, want, "k {k}");
+        assert_eq!(a.last_logits().unwrap().unwrap(), &logits[..]);
+    }
+}
