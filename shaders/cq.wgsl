@@ -6,8 +6,11 @@
 // in f16 units from the arena's start (norms).
 //
 // Entry points and bindings (group 0):
-//   matvec   bindings 4..8  dispatch (ceil(total_rows/4)) as a 2-D grid of width
-//            grid_x, workgroup 64 = 4 rows x 16 lanes. Up to 4 parts (matrices that
+//   matvec   bindings 4..8  dispatch (ceil(total_rows / (4·team_rows))) as a 2-D
+//            grid of width grid_x, workgroup 64 = 4 teams x 16 lanes, each team
+//            computing team_rows rows in turn (the host picks 1..16, more for
+//            taller matrices, so the input each workgroup prepares serves many rows
+//            while small matrices still spread over many workgroups). Up to 4 parts (matrices that
 //            share bits, group, arena and input) in one dispatch. Every workgroup
 //            prepares the raw input itself, XW = 4096 columns at a time (input_rms +
 //            stage_chunk: the `prepare` of SPEC §2 with its pre-op, so no separate
@@ -68,7 +71,7 @@ struct MatvecParams {
     w_off: u32,       // first gain in gains (modes 2, 3)
     lane_stride: u32, // distance between lanes in xin (mode 3)
     group: u32,       // group width
-    _pad0: u32,
+    team_rows: u32,   // `matvec`: rows each 16-lane team computes in turn
     // Per part p: parts[2p] = (packed_off, norms_off, cb_off, row_first),
     //             parts[2p+1] = (rows, out_off, 0, 0).
     parts: array<vec4<u32>, 8>,
@@ -194,63 +197,86 @@ fn row_ref(gr: u32) -> RowRef {
     );
 }
 
-// Stage the codebooks, then accumulate this invocation's words of its row, chunk by
-// chunk of the staged input. Invocation li works on row li / 16 of the workgroup's
-// 4, lane li % 16. Rows past the last compute on the last row and report
-// out_at = 0xffffffff (control flow stays uniform for the barriers).
-fn matvec_partial(wid: vec3<u32>, li: u32) -> Partial {
+// Stage the codebooks and, when the input fits one chunk, the prepared input;
+// return the input's RMS factor. Uniform control flow.
+fn matvec_setup(li: u32) -> f32 {
     let ncb = 1u << BITS;
-    let per = 32u / BITS;
     for (var i = li; i < mp.n_parts * ncb; i += 64u) {
         lut[i] = bitcast<f32>(arena[mp.parts[2u * (i / ncb)].z + i % ncb]);
     }
     let r = input_rms(li);
-    let wg = wid.x + wid.y * mp.grid_x;
+    let padded = mp.row_words * (32u / BITS);
+    if (padded <= XW) {
+        stage_chunk(li, 0u, padded, r);
+    }
+    return r;
+}
+
+// This invocation's share (lane li % 16) of row gr_raw, chunk by chunk of the
+// staged input (staged here when the input is longer than one chunk). Rows past
+// the last compute on the last row and report out_at = 0xffffffff (control flow
+// stays uniform for the barriers).
+fn matvec_partial(gr_raw: u32, li: u32, r: f32) -> Partial {
+    let ncb = 1u << BITS;
+    let per = 32u / BITS;
     let lane = li % 16u;
-    let gr_raw = wg * 4u + li / 16u;
     let rf = row_ref(min(gr_raw, mp.total_rows - 1u));
     var res = Partial(0.0, 0xffffffffu);
     if (gr_raw < mp.total_rows) {
         res.out_at = rf.out_at;
     }
-    let pbase = rf.pbase;
-    let nbase = rf.nbase;
     let cb = rf.part * ncb;
     let padded = mp.row_words * per;
+    let single = padded <= XW;
     for (var c0 = 0u; c0 < padded; c0 += XW) {
         let len = min(XW, padded - c0);
-        stage_chunk(li, c0, len, r);
+        if (!single) {
+            stage_chunk(li, c0, len, r);
+        }
         let w0 = c0 / per;
         for (var w = w0 + lane; w < w0 + len / per; w += 16u) {
-            let word = arena[pbase + w];
+            let word = arena[rf.pbase + w];
             let xb = (w - w0) * per;
             var d = 0.0;
             for (var j = 0u; j < per; j++) {
                 let idx = (word >> (j * BITS)) & (ncb - 1u);
                 d += lut[cb + idx] * xw[xb + j];
             }
-            res.acc += norm_at(nbase + w / mp.group_words) * d;
+            res.acc += norm_at(rf.nbase + w / mp.group_words) * d;
         }
-        workgroupBarrier();
+        if (!single) {
+            workgroupBarrier();
+        }
     }
     return res;
+}
+
+// Row of team li / 16 in turn t of workgroup wid: a workgroup of 4 teams covers
+// 4·team_rows consecutive rows, so the input it prepares serves them all.
+fn team_row(wid: vec3<u32>, t: u32, li: u32) -> u32 {
+    let wg = wid.x + wid.y * mp.grid_x;
+    return (wg * mp.team_rows + t) * 4u + li / 16u;
 }
 
 // Portable variant: shared-memory tree reduction of each row's 16 partial sums.
 @compute @workgroup_size(64)
 fn matvec(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let part = matvec_partial(wid, li);
+    let r = matvec_setup(li);
     let lane = li % 16u;
-    red[li] = part.acc;
-    workgroupBarrier();
-    for (var s = 8u; s > 0u; s = s >> 1u) {
-        if (lane < s) {
-            red[li] += red[li + s];
+    for (var t = 0u; t < mp.team_rows; t++) {
+        let part = matvec_partial(team_row(wid, t, li), li, r);
+        red[li] = part.acc;
+        workgroupBarrier();
+        for (var s = 8u; s > 0u; s = s >> 1u) {
+            if (lane < s) {
+                red[li] += red[li + s];
+            }
+            workgroupBarrier();
+        }
+        if (lane == 0u && part.out_at != 0xffffffffu) {
+            yout[part.out_at] = red[li];
         }
         workgroupBarrier();
-    }
-    if (lane == 0u && part.out_at != 0xffffffffu) {
-        yout[part.out_at] = red[li];
     }
 }
 

@@ -296,3 +296,47 @@ fn matvec_from_a_raw_input_prepares_it_in_every_mode() {
         }
     }
 }
+
+#[test]
+fn tall_matrices_spread_rows_over_each_team_in_turn() {
+    // Over 512 rows the 16-lane matvec gives each team several rows in turn
+    // (team_rows = ceil(rows / 512)); a row count that is not a multiple of a
+    // workgroup's, with every matvec variant.
+    use cqlm::gpu::kernels::cq::MatvecInput;
+    let Some(ctx) = gpu() else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(35);
+    let (rows, n) = (2101usize, 300usize);
+    let m = random_cq(&mut rng, rows, n, 4, 128, 0.05);
+    let lanes = random_vec(&mut rng, 4 * n);
+    let w = random_vec(&mut rng, n);
+    let mut ab = ArenaBuilder::new(ctx.caps.max_storage_binding);
+    let g = ab.push_cq(&m).expect("fits");
+    let arenas: Vec<wgpu::Buffer> = ab
+        .arenas
+        .iter()
+        .map(|a| ctx.storage_init("arena", bytemuck::cast_slice(a)))
+        .collect();
+    let src = ctx.storage_init("lanes", bytemuck::cast_slice(&lanes));
+    let wb = ctx.storage_init("w", bytemuck::cast_slice(&w));
+    let want = cqlm::cq::cq_matvec(&m, &cpu_pre_op(PrepareMode::RmsUnit, &lanes, &w, n)).unwrap();
+    for red in [
+        Reduction::Portable,
+        Reduction::Subgroup,
+        Reduction::RowPerInvocation,
+    ] {
+        let k = CqKernels::with_reduction(&ctx, red);
+        let out = poisoned(&ctx, rows);
+        let input = MatvecInput::Raw {
+            mode: PrepareMode::RmsUnit,
+            n,
+            src: (&src, n),
+            lane_stride: n,
+            gains: (&wb, 0),
+        };
+        let ds = k.matvec_from(&ctx, &arenas, &[(&g, 0, rows, 0)], input, &out);
+        run_dispatches(&ctx, &ds).unwrap();
+        let got = ctx.read_f32(&out, 0, rows).unwrap();
+        let e = rel_l2(&got, &want);
+        assert!(e <= 1e-5, "{red:?}: {e}");
+    }
+}

@@ -58,8 +58,8 @@ pub struct MatvecParams {
     pub lane_stride: u32,
     /// Group width.
     pub group: u32,
-    /// Padding.
-    pub _pad: u32,
+    /// Rows each 16-lane team of the `matvec` entry computes in turn.
+    pub team_rows: u32,
     /// `[packed_off, norms_off, cb_off, row_first, rows, out_off, 0, 0]` per part.
     pub parts: [[u32; 8]; 4],
 }
@@ -294,7 +294,7 @@ impl CqKernels {
                 w_off: w_off as u32,
                 lane_stride: lane_stride as u32,
                 group: m0.group as u32,
-                _pad: 0,
+                team_rows: 1,
                 parts: [[0; 8]; 4],
             };
             for (k, &(_, p, row_in_part, n, out_off)) in flat[i..j].iter().enumerate() {
@@ -310,10 +310,14 @@ impl CqKernels {
                 ];
                 params.total_rows += n as u32;
             }
+            // The 16-lane kernel: 4 teams, each `team_rows` rows in turn, chosen
+            // so tall matrices use about 128 workgroups (each preparing the input
+            // once for all its rows) and short ones stay spread out.
+            params.team_rows = params.total_rows.div_ceil(4 * 128).clamp(1, 16);
             let rows_per_wg = match self.reduction {
-                // 4 rows per invocation, 64 invocations, 4 blocks (cq.wgsl ROW_BLOCKS).
+                // 4 rows per invocation, 64 invocations (cq.wgsl ROWS_PER_INV).
                 Reduction::RowPerInvocation => 256,
-                _ => 4,
+                _ => 4 * params.team_rows,
             };
             let g = grid(
                 params.total_rows.div_ceil(rows_per_wg),
