@@ -41,6 +41,7 @@ pub mod pool;
 pub mod profile;
 pub mod sample;
 pub mod session;
+pub mod stats;
 pub mod synth;
 pub mod tokenizer;
 pub mod weights;

@@ -253,8 +253,7 @@ pub fn run_ladder(
     let scope = errs.len().min(100);
     let mut rels: Vec<f64> = errs[..scope].iter().map(|e| e.0).collect();
     let worst = errs.iter().map(|e| e.0).fold(0.0, f64::max);
-    rels.sort_by(f64::total_cmp);
-    let median = rels[rels.len() / 2];
+    let median = crate::stats::median(&mut rels);
     let max_abs = errs.iter().map(|e| e.1).fold(0.0, f64::max);
     let pass = median <= 1e-4 && worst <= 2e-2;
     run.rungs.push(Rung {

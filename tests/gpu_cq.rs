@@ -7,11 +7,19 @@ use common::gpu::{gpu, poisoned, rel_l2};
 use cqlm::cq::CqMatrix;
 use cqlm::gpu::arena::ArenaBuilder;
 use cqlm::gpu::kernels::cq::{CqKernels, PrepareMode, Reduction};
-use cqlm::gpu::run_dispatches;
+use cqlm::gpu::{run_dispatches, GpuContext};
 use cqlm::kernels::norm::{rms_unit_into, zcrms_into};
 use cqlm::synth::random_cq;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+
+/// One storage buffer per arena the builder filled.
+fn upload_arenas(ctx: &GpuContext, ab: &ArenaBuilder) -> Vec<wgpu::Buffer> {
+    ab.arenas
+        .iter()
+        .map(|a| ctx.storage_init("arena", bytemuck::cast_slice(a)))
+        .collect()
+}
 
 fn random_vec(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
     (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
@@ -72,11 +80,7 @@ fn matvec_case(ctx: &cqlm::gpu::GpuContext, k: &CqKernels) {
             let mut ab = ArenaBuilder::new(64 << 20);
             let gms: Vec<_> = ms.iter().map(|m| ab.push_cq(m).unwrap()).collect();
             let gother = ab.push_cq(&other).unwrap();
-            let arenas: Vec<wgpu::Buffer> = ab
-                .arenas
-                .iter()
-                .map(|a| ctx.storage_init("arena", bytemuck::cast_slice(a)))
-                .collect();
+            let arenas = upload_arenas(ctx, &ab);
             let x = random_vec(&mut rng, cols);
             let mut prep = vec![0.0f32; ms[0].padded()];
             ms[0].prepare_into(&x, &mut prep);
@@ -140,11 +144,7 @@ fn matvec_splits_a_matrix_over_several_arenas() {
         "expected a split, got {} parts",
         g.parts.len()
     );
-    let arenas: Vec<wgpu::Buffer> = ab
-        .arenas
-        .iter()
-        .map(|a| ctx.storage_init("arena", bytemuck::cast_slice(a)))
-        .collect();
+    let arenas = upload_arenas(&ctx, &ab);
     let x = random_vec(&mut rng, 200);
     let prep = x_prep(&m, &x);
     let xb = ctx.storage_init("x", bytemuck::cast_slice(&prep));
@@ -167,11 +167,7 @@ fn gather_matches_dequantize_row_for_every_bits() {
             let m = random_cq(&mut rng, 37, cols, bits, group, 0.5);
             let mut ab = ArenaBuilder::new(64 << 20);
             let g = ab.push_cq(&m).unwrap();
-            let arenas: Vec<wgpu::Buffer> = ab
-                .arenas
-                .iter()
-                .map(|a| ctx.storage_init("arena", bytemuck::cast_slice(a)))
-                .collect();
+            let arenas = upload_arenas(&ctx, &ab);
             let row = rng.random_range(0..37u32);
             let idx = ctx.storage_init("idx", bytemuck::cast_slice(&[7u32, row]));
             let stride = cols + 3;
@@ -211,11 +207,7 @@ fn gather_reads_the_right_part_of_a_split_matrix() {
         "expected a split, got {} parts",
         g.parts.len()
     );
-    let arenas: Vec<wgpu::Buffer> = ab
-        .arenas
-        .iter()
-        .map(|a| ctx.storage_init("arena", bytemuck::cast_slice(a)))
-        .collect();
+    let arenas = upload_arenas(&ctx, &ab);
     for row in [0u32, 57, 120, 199] {
         let idx = ctx.storage_init("idx", bytemuck::cast_slice(&[row]));
         let out = poisoned(&ctx, 96);
@@ -255,11 +247,7 @@ fn matvec_from_a_raw_input_prepares_it_in_every_mode() {
             let w = random_vec(&mut rng, n);
             let mut ab = ArenaBuilder::new(ctx.caps.max_storage_binding);
             let g = ab.push_cq(&m).expect("fits");
-            let arenas: Vec<wgpu::Buffer> = ab
-                .arenas
-                .iter()
-                .map(|a| ctx.storage_init("arena", bytemuck::cast_slice(a)))
-                .collect();
+            let arenas = upload_arenas(&ctx, &ab);
             let src = ctx.storage_init("lanes", bytemuck::cast_slice(&lanes));
             let wb = ctx.storage_init("w", bytemuck::cast_slice(&w));
             for mode in [
@@ -311,11 +299,7 @@ fn tall_matrices_spread_rows_over_each_team_in_turn() {
     let w = random_vec(&mut rng, n);
     let mut ab = ArenaBuilder::new(ctx.caps.max_storage_binding);
     let g = ab.push_cq(&m).expect("fits");
-    let arenas: Vec<wgpu::Buffer> = ab
-        .arenas
-        .iter()
-        .map(|a| ctx.storage_init("arena", bytemuck::cast_slice(a)))
-        .collect();
+    let arenas = upload_arenas(&ctx, &ab);
     let src = ctx.storage_init("lanes", bytemuck::cast_slice(&lanes));
     let wb = ctx.storage_init("w", bytemuck::cast_slice(&w));
     let want = cqlm::cq::cq_matvec(&m, &cpu_pre_op(PrepareMode::RmsUnit, &lanes, &w, n)).unwrap();

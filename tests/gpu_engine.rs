@@ -24,8 +24,7 @@ fn prompt(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    cqlm::stats::median(&mut v)
 }
 
 /// Logits at every position of a 64-token prompt (crossing the window wrap).

@@ -47,14 +47,7 @@ fn token_ids(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
 }
 
 fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    let n = s.len();
-    if n % 2 == 1 {
-        s[n / 2]
-    } else {
-        (s[n / 2 - 1] + s[n / 2]) / 2.0
-    }
+    cqlm::stats::median(&mut v.to_vec())
 }
 
 /// A pack and the per-position relative L2 error of its logits (CpuEngine) against

@@ -4,14 +4,14 @@
 
 mod common;
 
+use common::cli::{assert_ok, cqlm, text};
 use common::gpu::{gpu, rel_l2};
 use cqlm::gpu::profile::GpuTiming;
 use cqlm::profile::KernelProfile;
 use cqlm::synth::{synth_model, BitsPlan};
 use cqlm::{Config, CpuEngine, Engine, GpuEngine, Model};
 use std::collections::BTreeSet;
-use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::Arc;
 
 fn tiny(seed: u64) -> Arc<Model> {
@@ -184,24 +184,10 @@ fn gpu_timestamps_when_asked_match_the_capability() {
     }
 }
 
-fn cqlm(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cqlm"))
-        .args(args)
-        .current_dir(dir)
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("run cqlm")
-}
-
+/// Stdout of a run that must succeed.
 fn ok(out: &Output, what: &str) -> String {
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{what}: {:?}\nstdout: {stdout}\nstderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
+    assert_ok(out, what);
+    text(&out.stdout)
 }
 
 fn check_json(stdout: &str, tokens: u64) -> serde_json::Value {

@@ -56,14 +56,7 @@ impl Recorder {
 }
 
 fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    let n = s.len();
-    if n % 2 == 1 {
-        s[n / 2]
-    } else {
-        (s[n / 2 - 1] + s[n / 2]) / 2.0
-    }
+    cqlm::stats::median(&mut v.to_vec())
 }
 
 /// The engine's and the reference's logits at every position of `ids`, with the

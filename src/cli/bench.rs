@@ -3,6 +3,7 @@
 use super::{make_engine, peak_rss_bytes, rss_bytes, BackendArgs, ModelArgs};
 use anyhow::{bail, Result};
 use cqlm::sample::argmax;
+use cqlm::stats::median;
 use std::time::Instant;
 
 #[derive(Debug, clap::Args)]
@@ -37,16 +38,6 @@ struct Soak {
     at_end: (u64, u64),
     /// ms/token of each consecutive window of 1,000 tokens.
     window_ms: Vec<f64>,
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        0.5 * (v[n / 2 - 1] + v[n / 2])
-    }
 }
 
 pub fn run(a: Args) -> Result<()> {
