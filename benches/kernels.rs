@@ -1,6 +1,7 @@
 //! Criterion benchmarks of the CPU CQ matvec at 2 and 4 bits (group 128) on the
 //! shapes of the `default` preset's attention (512×512) and vocabulary (32000×512),
-//! for every row-kernel variant this CPU has (compare them as ratios of one run).
+//! for every row-kernel variant this CPU has (compare them as ratios of one run),
+//! and the batched matmul of the prefill against one matvec per input.
 
 use cqlm::cq::{prepare, CpuKernels};
 use cqlm::synth::random_cq;
@@ -31,5 +32,50 @@ fn matvec(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, matvec);
+/// 64 inputs through a 512×512 matrix: one matvec per input against the batched
+/// matmul of the prefill (bit-identical results), per row-kernel variant.
+fn matmul(c: &mut Criterion) {
+    let mut g = c.benchmark_group("cq_matmul_64");
+    let (rows, cols, tokens) = (512usize, 512usize, 64usize);
+    for bits in [2u32, 4] {
+        let mut rng = ChaCha8Rng::seed_from_u64(2);
+        let m = random_cq(&mut rng, rows, cols, bits, 128, 1.0 / (cols as f32).sqrt());
+        let preps: Vec<f32> = (0..tokens)
+            .flat_map(|t| {
+                let x: Vec<f32> = (0..cols)
+                    .map(|i| ((i + 7 * t) as f32 * 0.37).sin())
+                    .collect();
+                prepare(&m, &x).expect("input length")
+            })
+            .collect();
+        let mut out = vec![0.0f32; rows * tokens];
+        g.throughput(Throughput::Elements(tokens as u64));
+        for &k in CpuKernels::available() {
+            g.bench_function(
+                format!("{rows}x{cols}/{bits}bit/{}/per_input", k.name()),
+                |b| {
+                    b.iter(|| {
+                        for (x, o) in preps
+                            .chunks_exact(m.padded())
+                            .zip(out.chunks_exact_mut(rows))
+                        {
+                            m.matvec_rows_prepared_with(k, black_box(x), 0, o);
+                        }
+                    })
+                },
+            );
+            g.bench_function(
+                format!("{rows}x{cols}/{bits}bit/{}/batched", k.name()),
+                |b| {
+                    b.iter(|| {
+                        m.matmul_rows_prepared_with(k, black_box(&preps), tokens, 0, rows, &mut out)
+                    })
+                },
+            );
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, matvec, matmul);
 criterion_main!(benches);

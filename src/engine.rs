@@ -78,19 +78,34 @@ pub trait Engine: Send {
     /// [`crate::Error::Gpu`] if reading them back from the device fails.
     fn last_logits(&mut self) -> Result<Option<&[f32]>>;
 
-    /// Step every id of `ids` in order and return the logits after the last one
-    /// (earlier ids run without logits). An empty `ids` returns an empty vector.
+    /// Append every id of `ids` in order, as one [`Engine::step`] per id would, and
+    /// return the logits after the last one when `want_logits` (earlier ids run
+    /// without logits; an empty `ids` returns `None`). This is the prefill: the
+    /// CPU engine runs it in chunks, layer by layer, sharing each pass over the
+    /// weights among the chunk's tokens, with bit-identical results.
     ///
     /// # Errors
-    /// The first failing step's error; ids before it stay processed.
-    fn prefill(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
-        let mut out = Vec::new();
-        for (i, &id) in ids.iter().enumerate() {
-            let last = i + 1 == ids.len();
-            if let Some(l) = self.step(id, last)? {
-                out = l.to_vec();
-            }
+    /// [`crate::Error::TokenOutOfRange`] for an id `>= vocab`, after the ids before
+    /// it have been appended; otherwise as [`Engine::step`].
+    fn step_many(&mut self, ids: &[u32], want_logits: bool) -> Result<Option<&[f32]>> {
+        let Some((&last, rest)) = ids.split_last() else {
+            return Ok(None);
+        };
+        for &id in rest {
+            self.step(id, false)?;
         }
-        Ok(out)
+        self.step(last, want_logits)
+    }
+
+    /// [`Engine::step_many`] with logits, copied out: the logits after the last id
+    /// of `ids` (an empty vector for an empty `ids`).
+    ///
+    /// # Errors
+    /// As [`Engine::step_many`].
+    fn prefill(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
+        Ok(self
+            .step_many(ids, true)?
+            .map(<[f32]>::to_vec)
+            .unwrap_or_default())
     }
 }

@@ -8,6 +8,10 @@ use crate::sample::Sampler;
 use crate::weights::Model;
 use std::sync::Arc;
 
+/// Prompt tokens handed to the engine per [`Engine::step_many`] call by
+/// [`Session::prefill_with`] (one progress report each).
+pub const PREFILL_PROGRESS_CHUNK: usize = 64;
+
 /// Which engine a session runs on.
 #[derive(Debug, Clone)]
 pub enum Backend {
@@ -125,7 +129,8 @@ impl Session {
         self.prefill_with(ids, |_| true).map(|_| ())
     }
 
-    /// [`Session::prefill`] calling `progress(done)` after each token; it stops early
+    /// [`Session::prefill`] calling `progress(done)` after each chunk of
+    /// [`PREFILL_PROGRESS_CHUNK`] tokens (the engine's batched prefill); it stops early
     /// when `progress` returns false, and then no logits are kept (generation needs a
     /// complete prefill). Returns how many ids were processed.
     ///
@@ -141,14 +146,17 @@ impl Session {
             return Err(Error::TokenOutOfRange { token, vocab });
         }
         self.logits.clear();
-        for (i, &id) in ids.iter().enumerate() {
-            let last = i + 1 == ids.len();
-            if let Some(l) = self.engine.step(id, last)? {
+        // Chunks of the engine's batched prefill, with progress between them.
+        let mut done = 0;
+        for part in ids.chunks(PREFILL_PROGRESS_CHUNK) {
+            let last = done + part.len() == ids.len();
+            if let Some(l) = self.engine.step_many(part, last)? {
                 self.logits.extend_from_slice(l);
             }
-            self.tokens.push(id);
-            if !progress(i + 1) && !last {
-                return Ok(i + 1);
+            self.tokens.extend_from_slice(part);
+            done += part.len();
+            if !progress(done) && !last {
+                return Ok(done);
             }
         }
         Ok(ids.len())

@@ -288,3 +288,59 @@ fn simd_kernels_apply_to_the_default_presets_shapes() {
         }
     }
 }
+
+#[test]
+fn batched_matmul_is_bit_identical_to_one_matvec_per_input() {
+    // Several inputs at once (the batched prefill's kernel): every variant, every
+    // bit width, groups where the 8-lane SIMD kernel applies and where it doesn't,
+    // row counts that leave a tail of 1–3 rows, a row offset, and input counts
+    // below, at and above the batched threshold (4 per pool thread). Each value
+    // must equal the single-input matvec's bit for bit, and the naive f64 rows
+    // within SPEC §6; outputs start as NaN.
+    let threads = cqlm::pool::Pool::global().threads();
+    let mut rng = ChaCha8Rng::seed_from_u64(23);
+    for bits in [1u32, 2, 4, 8] {
+        for group in [32usize, 128, 256] {
+            let (rows, cols) = (15, group * 2 + 5);
+            let m = random_matrix(&mut rng, rows, cols, bits, group);
+            for tokens in [1usize, 3, 4 * threads, 4 * threads + 3] {
+                let xs: Vec<Vec<f32>> = (0..tokens)
+                    .map(|_| (0..cols).map(|_| rng.random_range(-1.0f32..1.0)).collect())
+                    .collect();
+                let preps: Vec<f32> = xs.iter().flat_map(|x| prepare(&m, x).unwrap()).collect();
+                let (first, count) = (1, rows - 1);
+                for &k in CpuKernels::available() {
+                    let mut out = vec![f32::NAN; tokens * count];
+                    m.matmul_rows_prepared_with(k, &preps, tokens, first, count, &mut out);
+                    for (t, x) in xs.iter().enumerate() {
+                        let mut one = vec![f32::NAN; count];
+                        let prep = &preps[t * m.padded()..(t + 1) * m.padded()];
+                        m.matvec_rows_prepared_with(k, prep, first, &mut one);
+                        let got = &out[t * count..(t + 1) * count];
+                        let same = got
+                            .iter()
+                            .zip(&one)
+                            .all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(
+                            same,
+                            "{k:?} bits {bits} group {group} tokens {tokens} input {t}: \
+                             {got:?} != {one:?}"
+                        );
+                        let want: Vec<f64> = (first..rows)
+                            .map(|r| {
+                                naive_dense_row(&m, r)
+                                    .iter()
+                                    .zip(x)
+                                    .map(|(w, v)| w * *v as f64)
+                                    .sum()
+                            })
+                            .collect();
+                        let got: Vec<f64> = got.iter().map(|v| *v as f64).collect();
+                        let e = rel_l2(&got, &want);
+                        assert!(e <= 1e-5, "{k:?} bits {bits} group {group}: {e}");
+                    }
+                }
+            }
+        }
+    }
+}

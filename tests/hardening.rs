@@ -52,6 +52,25 @@ fn cpu_names_the_first_non_finite_tensor() {
     }
     // Also without logits.
     assert!(matches!(e.step(2, false), Err(Error::NonFinite { .. })));
+    // The batched prefill names what the first step names, with or without the
+    // chunk's batched matvec (1 and 64 tokens per chunk).
+    for chunk in [1, 64] {
+        let mut e = CpuEngine::new(model_with_inf_norm()).unwrap();
+        e.set_prefill_chunk(chunk);
+        match e.step_many(&[1, 5, 9, 13, 17, 21, 25, 29, 33], false) {
+            Err(Error::NonFinite { tensor, position }) => {
+                assert_eq!(
+                    (tensor.as_str(), position),
+                    ("layer 1 q", 0),
+                    "chunk {chunk}"
+                );
+            }
+            other => panic!(
+                "chunk {chunk}: expected NonFinite, got {:?}",
+                other.map(|l| l.is_some())
+            ),
+        }
+    }
 }
 
 #[test]

@@ -120,6 +120,10 @@ pub struct BackendArgs {
     /// GPU adapter whose name contains this (case-insensitive); default: `CQLM_ADAPTER`, then the best one.
     #[arg(long, value_name = "NAME")]
     pub adapter: Option<String>,
+    /// CPU prefill: prompt tokens per layer-by-layer chunk (1 = one step per token;
+    /// the logits are the same for every value).
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub prefill_chunk: u32,
 }
 
 /// Build an engine for `backend` (`None`: the GPU when an adapter exists, else the
@@ -131,7 +135,7 @@ pub fn make_engine(model: Arc<Model>, b: &BackendArgs, notice: bool) -> Result<B
     };
     match b.backend {
         Some(Backend::Gpu) => Ok(Box::new(GpuEngine::new(model, &opts)?)),
-        Some(Backend::Cpu) => Ok(Box::new(CpuEngine::new(model)?)),
+        Some(Backend::Cpu) => Ok(Box::new(cpu_engine(model, b)?)),
         None => match GpuEngine::new(Arc::clone(&model), &opts) {
             Ok(e) => Ok(Box::new(e)),
             Err(cqlm::Error::Gpu(msg)) => {
@@ -140,11 +144,17 @@ pub fn make_engine(model: Arc<Model>, b: &BackendArgs, notice: bool) -> Result<B
                 } else {
                     log::info!("using the cpu backend ({msg})");
                 }
-                Ok(Box::new(CpuEngine::new(model)?))
+                Ok(Box::new(cpu_engine(model, b)?))
             }
             Err(e) => Err(e.into()),
         },
     }
+}
+
+fn cpu_engine(model: Arc<Model>, b: &BackendArgs) -> Result<CpuEngine> {
+    let mut e = CpuEngine::new(model)?;
+    e.set_prefill_chunk(b.prefill_chunk as usize);
+    Ok(e)
 }
 
 /// A parsed `--ids` value.

@@ -1,20 +1,17 @@
 //! [`CpuEngine`]: the SPEC §4 token step in plain f32 on the CPU.
 
+use super::block;
+use super::prefill::{Batch, DEFAULT_CHUNK};
 use super::prep::PrepCache;
 use crate::config::Config;
 use crate::cq::CqMatrix;
 use crate::engine::Engine;
 use crate::engram::{table_rows_for, TokenHistory};
 use crate::error::{Error, Result};
-use crate::kernels::attention::{attend_group, KvHeadView};
-use crate::kernels::kv::{attended_ranges, physical_slot, quantize_int8};
-use crate::kernels::mhc::{post_gates, pre_gates, sinkhorn_route};
+use crate::kernels::kv::{attended_ranges, physical_slot};
 use crate::kernels::mlp::hadamard_mlp;
-use crate::kernels::norm::{rms_unit_into, zcrms_in_place, zcrms_into};
-use crate::kernels::rope::{apply_rope, rope_table};
-use crate::kernels::vmath::gate_in_place;
-use crate::kernels::{sigmoid, silu};
-use crate::pool::{Pool, SharedSlice};
+use crate::kernels::norm::{rms_unit_into, zcrms_into};
+use crate::kernels::rope::rope_table;
 use crate::profile::{bytes, KernelTimer};
 use crate::weights::Model;
 use std::sync::Arc;
@@ -33,29 +30,29 @@ pub trait Probe {
 
 /// Incremental state: everything a step reads from earlier steps.
 #[derive(Debug)]
-struct State {
-    history: TokenHistory,
+pub(super) struct State {
+    pub(super) history: TokenHistory,
     /// `[layers, kv_heads, sink+window, head_dim]` key codes.
-    k_codes: Vec<i8>,
+    pub(super) k_codes: Vec<i8>,
     /// Same layout as `k_codes`.
-    v_codes: Vec<i8>,
+    pub(super) v_codes: Vec<i8>,
     /// `[layers, kv_heads, sink+window]`.
-    k_scale: Vec<f32>,
+    pub(super) k_scale: Vec<f32>,
     /// Same layout as `k_scale`.
-    v_scale: Vec<f32>,
+    pub(super) v_scale: Vec<f32>,
     /// Per engram site: `[ring, hidden]` raw value projections.
-    rings: Vec<Vec<f32>>,
+    pub(super) rings: Vec<Vec<f32>>,
 }
 
 /// Per-step work buffers, allocated once.
 #[derive(Debug, Default)]
-struct Scratch {
+pub(super) struct Scratch {
     lanes: Vec<f32>,
     next_lanes: Vec<f32>,
     xhat: Vec<f32>,
     u: Vec<f32>,
     b: Vec<f32>,
-    a: Vec<f32>,
+    pub(super) a: Vec<f32>,
     tmp: Vec<f32>,
     q: Vec<f32>,
     k: Vec<f32>,
@@ -68,30 +65,34 @@ struct Scratch {
     z: Vec<f32>,
     cos: Vec<f32>,
     sin: Vec<f32>,
-    scores: Vec<f32>,
+    pub(super) scores: Vec<f32>,
     slots: Vec<usize>,
-    codes: Vec<i8>,
+    pub(super) codes: Vec<i8>,
     e: Vec<f32>,
     m: Vec<f32>,
     table_idx: Vec<usize>,
     site_key: Vec<Vec<f32>>,
     site_value: Vec<Vec<f32>>,
     p: [f32; 24],
-    prep: PrepCache,
+    pub(super) prep: PrepCache,
 }
 
 /// The CPU reference engine. Weights are shared through an [`Arc`], so many
 /// engines (sessions) can run one loaded model.
 #[derive(Debug)]
 pub struct CpuEngine {
-    model: Arc<Model>,
-    table_rows: Vec<usize>,
-    pos: u64,
-    state: State,
-    s: Scratch,
-    logits: Vec<f32>,
+    pub(super) model: Arc<Model>,
+    pub(super) table_rows: Vec<usize>,
+    pub(super) pos: u64,
+    pub(super) state: State,
+    pub(super) s: Scratch,
+    pub(super) logits: Vec<f32>,
     /// Whether `logits` hold the last step's logits.
-    logits_valid: bool,
+    pub(super) logits_valid: bool,
+    /// Work buffers of the batched prefill (empty until the first one).
+    pub(super) batch: Batch,
+    /// Tokens per prefill chunk.
+    pub(super) prefill_chunk: usize,
 }
 
 fn alloc<T: Clone + Default>(what: &str, n: usize) -> Result<Vec<T>> {
@@ -183,6 +184,8 @@ impl CpuEngine {
             s,
             logits,
             logits_valid: false,
+            batch: Batch::default(),
+            prefill_chunk: DEFAULT_CHUNK,
         })
     }
 
@@ -248,17 +251,8 @@ impl CpuEngine {
         st.history.push(token);
 
         // 4.1 Embedding.
-        w.embed
-            .dequantize_row_into(token as usize, &mut s.lanes[..h]);
-        let scale = (h as f32).sqrt();
-        for v in &mut s.lanes[..h] {
-            *v *= scale;
-        }
+        block::embed_lanes(&w.embed, token, &mut s.lanes);
         emit(&mut probe, "x0", None, &s.lanes[..h]);
-        let (first, rest) = s.lanes.split_at_mut(h);
-        for lane in rest.chunks_exact_mut(h) {
-            lane.copy_from_slice(first);
-        }
         clk.lap("gather", || bytes::gather(&w.embed, 4));
 
         // 4.2 Engram.
@@ -285,23 +279,14 @@ impl CpuEngine {
                 site.wk
                     .matvec_rows_prepared(s.prep.get(&s.e, &site.wk), 0, &mut s.site_key[i]);
                 clk.lap_matvec(&site.wk, h);
-                s.m.fill(0.0);
-                for j in 0..ec.taps {
-                    let back = (j * ec.dilation) as u64;
-                    if back > t {
-                        break;
-                    }
-                    let r = ((t - back) % ring as u64) as usize;
-                    let past = &st.rings[i][r * h..(r + 1) * h];
-                    let conv = &site.conv[j * h..(j + 1) * h];
-                    for ((m, cv), pv) in s.m.iter_mut().zip(conv).zip(past) {
-                        *m += cv * pv;
-                    }
-                }
-                let v = &st.rings[i][slot * h..(slot + 1) * h];
-                for ((val, vv), m) in s.site_value[i].iter_mut().zip(v).zip(&s.m) {
-                    *val = vv + silu(*m);
-                }
+                block::engram_value(
+                    t,
+                    ec,
+                    &site.conv,
+                    &st.rings[i],
+                    &mut s.m,
+                    &mut s.site_value[i],
+                );
                 clk.lap("engram_conv", || bytes::engram_conv(h, ec.taps));
                 if probe.is_probed() {
                     emit(
@@ -329,8 +314,6 @@ impl CpuEngine {
                 .extend(range.map(|p| physical_slot(p, c.sink, c.window)));
         }
         let hd = c.head_dim;
-        let rows = c.cache_rows();
-        let inv_sqrt_h = 1.0 / (h as f32).sqrt();
         clk.mark();
 
         for (l, lw) in w.layers.iter().enumerate() {
@@ -355,13 +338,7 @@ impl CpuEngine {
             m.phi_res
                 .matvec_rows_prepared(s.prep.get(&s.xhat, &m.phi_res), 16 * l, pr);
             clk.lap_matvec(&m.phi_res, 16);
-            let hpre = pre_gates(l, m.a_pre[l], pp, &m.b_pre[4 * l..4 * l + 4]);
-            s.u.fill(0.0);
-            for (i, lane) in s.lanes.chunks_exact(h).enumerate() {
-                for (u, x) in s.u.iter_mut().zip(lane) {
-                    *u += hpre[i] * x;
-                }
-            }
+            block::mix_pre(l, m, &s.lanes, pp, &mut s.u);
             emit(&mut probe, "u", lo, &s.u);
 
             // 4: engram gate.
@@ -370,14 +347,15 @@ impl CpuEngine {
             if let Some(ew) = &w.engram {
                 if let Some(i) = ew.sites.iter().position(|x| x.layer == l) {
                     site_here = true;
-                    let site = &ew.sites[i];
-                    zcrms_into(&s.u, &site.norm_u, &mut s.a);
-                    zcrms_into(&s.site_key[i], &site.norm_k, &mut s.tmp);
-                    let dot: f32 = s.a.iter().zip(&s.tmp).map(|(x, y)| x * y).sum();
-                    let alpha = sigmoid(dot * inv_sqrt_h);
-                    for (b, v) in s.b.iter_mut().zip(&s.site_value[i]) {
-                        *b += alpha * v;
-                    }
+                    block::engram_gate(
+                        &ew.sites[i],
+                        &s.u,
+                        &s.site_key[i],
+                        &s.site_value[i],
+                        &mut s.a,
+                        &mut s.tmp,
+                        &mut s.b,
+                    );
                 }
             }
             clk.lap("premix", || bytes::premix(h, site_here));
@@ -403,54 +381,13 @@ impl CpuEngine {
             lw.wg
                 .matvec_rows_prepared(s.prep.get(&s.a, &lw.wg), 0, &mut s.g);
             clk.lap_matvec(&lw.wg, c.q_dim());
-            for qh in s.q.chunks_exact_mut(hd) {
-                zcrms_in_place(qh, &lw.q_norm);
-                apply_rope(qh, &s.cos, &s.sin);
-            }
-            for kh in s.k.chunks_exact_mut(hd) {
-                zcrms_in_place(kh, &lw.k_norm);
-                apply_rope(kh, &s.cos, &s.sin);
-            }
+            block::qk_norm_rope(lw, hd, &s.cos, &s.sin, &mut s.q, &mut s.k);
             emit(&mut probe, "q", lo, &s.q);
             emit(&mut probe, "k", lo, &s.k);
             emit(&mut probe, "v", lo, &s.v);
-            for j in 0..c.kv_heads {
-                let cell = (l * c.kv_heads + j) * rows + slot;
-                let kh = &s.k[j * hd..(j + 1) * hd];
-                st.k_scale[cell] = quantize_int8(kh, &mut s.codes);
-                st.k_codes[cell * hd..(cell + 1) * hd].copy_from_slice(&s.codes);
-                let vh = &s.v[j * hd..(j + 1) * hd];
-                st.v_scale[cell] = quantize_int8(vh, &mut s.codes);
-                st.v_codes[cell * hd..(cell + 1) * hd].copy_from_slice(&s.codes);
-            }
+            block::store_kv(c, st, l, slot, &s.k, &s.v, &mut s.codes);
             clk.lap("qk_store", || bytes::qk_store(c.heads, c.kv_heads, hd));
-            // Each KV head with its query heads, the KV heads split over the pool.
-            let g = c.heads / c.kv_heads;
-            let (q, gate, slots) = (&s.q, &s.g, &s.slots);
-            let (o, scores) = (SharedSlice::new(&mut s.o), SharedSlice::new(&mut s.scores));
-            let (kc, vc, ks, vs) = (&st.k_codes, &st.v_codes, &st.k_scale, &st.v_scale);
-            let pool = Pool::global();
-            pool.run(&|part| {
-                for j in (part..c.kv_heads).step_by(pool.threads()) {
-                    let base = (l * c.kv_heads + j) * rows;
-                    let view = KvHeadView {
-                        k: &kc[base * hd..(base + rows) * hd],
-                        v: &vc[base * hd..(base + rows) * hd],
-                        k_scale: &ks[base..base + rows],
-                        v_scale: &vs[base..base + rows],
-                    };
-                    let heads = j * g * hd..(j + 1) * g * hd;
-                    // SAFETY: KV head j owns these ranges of `o` and `scores`.
-                    let (oj, sj) = unsafe {
-                        (
-                            o.range(heads.clone()),
-                            scores.range(j * g * rows..(j + 1) * g * rows),
-                        )
-                    };
-                    attend_group(&q[heads.clone()], hd, &view, slots, sj, oj);
-                    gate_in_place(oj, &gate[heads]);
-                }
-            });
+            block::attend(c, st, l, &s.q, &s.g, &s.slots, &mut s.o, &mut s.scores);
             clk.lap("attend", || bytes::attend(c.heads, hd, s.slots.len()));
             emit(&mut probe, "attn_o", lo, &s.o);
             s.prep.clear();
@@ -461,10 +398,7 @@ impl CpuEngine {
             lw.wo
                 .matvec_rows_prepared(s.prep.get(&s.o, &lw.wo), 0, &mut s.attn);
             clk.lap_matvec(&lw.wo, h);
-            zcrms_in_place(&mut s.attn, &lw.attn_post_norm);
-            for ((a, b), x) in s.after.iter_mut().zip(&s.b).zip(&s.attn) {
-                *a = b + lw.attn_out_scale * x;
-            }
+            block::after_attention(lw, &s.b, &mut s.attn, &mut s.after);
             emit(&mut probe, "after_attn", lo, &s.after);
 
             // 6: Hadamard MLP.
@@ -487,27 +421,19 @@ impl CpuEngine {
             emit(&mut probe, "update", lo, &s.out);
 
             // 8–9: routing.
-            let hpost = post_gates(l, m.a_post[l], pq, &m.b_post[4 * l..4 * l + 4]);
-            let route = sinkhorn_route(
-                m.a_res[l],
-                pr,
-                &m.b_res[16 * l..16 * l + 16],
+            let route = block::route_lanes(
+                l,
+                m,
                 c.sinkhorn_iters,
+                pq,
+                pr,
+                &s.lanes,
+                &s.out,
+                &mut s.next_lanes,
             );
             if probe.is_probed() {
                 let flat: Vec<f32> = route.iter().flatten().copied().collect();
                 emit(&mut probe, "route", lo, &flat);
-            }
-            let (l0, rest) = s.lanes.split_at(h);
-            let (l1, rest) = rest.split_at(h);
-            let (l2, l3) = rest.split_at(h);
-            for (i, nl) in s.next_lanes.chunks_exact_mut(h).enumerate() {
-                let ([r0, r1, r2, r3], hp) = (route[i], hpost[i]);
-                for (((((dst, a), b), c), d), o) in
-                    nl.iter_mut().zip(l0).zip(l1).zip(l2).zip(l3).zip(&s.out)
-                {
-                    *dst = (((r0 * a + r1 * b) + r2 * c) + r3 * d) + hp * o;
-                }
             }
             std::mem::swap(&mut s.lanes, &mut s.next_lanes);
             clk.lap("route", || bytes::route(h));
@@ -520,11 +446,7 @@ impl CpuEngine {
             return non_finite_check(probe.non_finite, t).map(|_| None);
         }
         // 4.4 Logits.
-        for (col, dst) in s.a.iter_mut().enumerate() {
-            let l = &s.lanes;
-            *dst = (l[col] + l[h + col] + l[2 * h + col] + l[3 * h + col]) / 4.0;
-        }
-        zcrms_in_place(&mut s.a, &w.final_norm);
+        block::final_hidden(&s.lanes, &w.final_norm, &mut s.a);
         s.prep.clear();
         if clk.on() {
             prepare_for(&mut s.prep, &s.a, &[&w.embed]);
@@ -649,6 +571,27 @@ impl Engine for CpuEngine {
 
     fn last_logits(&mut self) -> Result<Option<&[f32]>> {
         Ok(self.logits_valid.then_some(&self.logits[..]))
+    }
+
+    /// The batched prefill (see [`CpuEngine::set_prefill_chunk`]): the same
+    /// logits, bit for bit, as one [`Engine::step`] per id, computed layer by
+    /// layer for chunks of ids. An id `>= vocab` is an error after the ids
+    /// before it have been appended. A NaN or infinity anywhere in a chunk is
+    /// reported (as [`Error::NonFinite`] at its position) after the whole chunk.
+    fn step_many(&mut self, ids: &[u32], want_logits: bool) -> Result<Option<&[f32]>> {
+        let vocab = self.model.config.vocab;
+        let bad = ids.iter().position(|&t| t as usize >= vocab);
+        let ok = &ids[..bad.unwrap_or(ids.len())];
+        if !ok.is_empty() {
+            self.prefill_ids(ok, want_logits && bad.is_none())?;
+        }
+        if let Some(i) = bad {
+            return Err(Error::TokenOutOfRange {
+                token: ids[i],
+                vocab,
+            });
+        }
+        Ok((want_logits && self.logits_valid && !ids.is_empty()).then_some(&self.logits[..]))
     }
 
     fn reset(&mut self) {

@@ -278,6 +278,116 @@ impl CqMatrix {
         }
     }
 
+    /// Rows `first .. first + count` of `P · x_t` for `tokens` inputs at once, with
+    /// the CPU's best row kernels: `preps` holds the prepared inputs one after
+    /// another (`tokens × padded`), and `out` receives `tokens × count` values,
+    /// token-major (`out[t·count + i]` is row `first + i` for input `t`).
+    ///
+    /// Each value is bit-identical to what [`CqMatrix::matvec_rows_prepared`]
+    /// gives for that input alone; the batch only shares work (an 8-lane SIMD
+    /// pass decodes each weight vector once for up to four inputs).
+    ///
+    /// # Panics
+    /// If `preps.len() != tokens · padded`, `out.len() != tokens · count` or the
+    /// rows run past `rows`.
+    pub fn matmul_rows_prepared(
+        &self,
+        preps: &[f32],
+        tokens: usize,
+        first: usize,
+        count: usize,
+        out: &mut [f32],
+    ) {
+        self.matmul_rows_prepared_with(CpuKernels::selected(), preps, tokens, first, count, out);
+    }
+
+    /// [`CqMatrix::matmul_rows_prepared`] with the given row kernels (bit-identical
+    /// to [`CqMatrix::matvec_rows_prepared_with`] per input under the same kernels).
+    ///
+    /// # Panics
+    /// As [`CqMatrix::matmul_rows_prepared`].
+    pub fn matmul_rows_prepared_with(
+        &self,
+        kernels: CpuKernels,
+        preps: &[f32],
+        tokens: usize,
+        first: usize,
+        count: usize,
+        out: &mut [f32],
+    ) {
+        let padded = self.padded();
+        assert_eq!(
+            preps.len(),
+            tokens * padded,
+            "matmul: prepared inputs length"
+        );
+        assert_eq!(out.len(), tokens * count, "matmul: output length");
+        assert!(first + count <= self.rows, "matmul: rows out of range");
+        let kernels = if CpuKernels::available().contains(&kernels) {
+            kernels
+        } else {
+            CpuKernels::Scalar
+        };
+        let pool = Pool::global();
+        let gb = self.group * self.bits as usize / 8;
+        let plan = Plan::choose(kernels, self.bits, gb).filter(|p| p.lanes == 8);
+        // The batched kernel pays when every thread gets whole passes of 4 inputs;
+        // otherwise each input runs alone (with its rows split over the pool).
+        let plan = match plan {
+            Some(p) if tokens >= 4 * pool.threads() && count > 0 => p,
+            _ => {
+                for (x, o) in preps
+                    .chunks_exact(padded)
+                    .zip(out.chunks_exact_mut(count.max(1)))
+                {
+                    self.matvec_rows_prepared_with(kernels, x, first, &mut o[..count]);
+                }
+                return;
+            }
+        };
+        PERMUTED.with(|cell| {
+            let mut own = Vec::new();
+            let mut guard = cell.try_borrow_mut();
+            let xp = match guard.as_mut() {
+                Ok(v) => &mut **v,
+                Err(_) => &mut own,
+            };
+            // Every value is overwritten below; only grow (no clearing memset).
+            if xp.len() < tokens * padded {
+                xp.resize(tokens * padded, 0.0);
+            }
+            let xp = SharedSlice::new(&mut xp[..tokens * padded]);
+            let shared = SharedSlice::new(out);
+            let rb = self.row_bytes();
+            // Inputs, not rows, are split over the threads: each thread permutes
+            // its inputs and reads all the rows (from cache), decoding each weight
+            // vector once per 4 inputs.
+            pool.for_ranges(tokens, 4, &|range| {
+                // SAFETY: the ranges of one for_ranges call are disjoint.
+                let (o, x) = unsafe {
+                    (
+                        shared.range(range.start * count..range.end * count),
+                        xp.range(range.start * padded..range.end * padded),
+                    )
+                };
+                let src = &preps[range.start * padded..range.end * padded];
+                for (p, d) in src.chunks_exact(padded).zip(x.chunks_exact_mut(padded)) {
+                    plan.permute_into(self.bits, p, d);
+                }
+                let r = simd::Rows {
+                    codebook: &self.codebook,
+                    packed: &self.packed[first * rb..(first + count) * rb],
+                    norms: &self.norms[first * self.groups..(first + count) * self.groups],
+                    xp: x,
+                    bits: self.bits,
+                    group: self.group,
+                    groups: self.groups,
+                };
+                simd::rows_batch(plan, &r, count, range.len(), o, count);
+            });
+        });
+    }
+
     /// Which row kernel [`CqMatrix::matvec_rows_prepared_with`] runs for this
     /// matrix under `kernels`: `"scalar"`, `"simd8"` (8 lanes) or `"simd16"` (16 lanes).
     pub fn row_kernel(&self, kernels: CpuKernels) -> &'static str {

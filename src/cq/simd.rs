@@ -112,11 +112,17 @@ impl Plan {
     /// Permute a prepared activation into this kernel's order: within each block of
     /// `lanes · C` columns (`C = 32 / bits`), `xp[j·lanes + i] = prep[C·i + j]`.
     pub(crate) fn permute(self, bits: u32, prep: &[f32], xp: &mut Vec<f32>) {
+        xp.clear();
+        xp.resize(prep.len(), 0.0);
+        self.permute_into(bits, prep, xp);
+    }
+
+    /// [`Plan::permute`] into a slice of `prep.len()` values.
+    pub(crate) fn permute_into(self, bits: u32, prep: &[f32], xp: &mut [f32]) {
         let c = 32 / bits as usize;
         let l = self.lanes;
         let block = l * c;
-        xp.clear();
-        xp.resize(prep.len(), 0.0);
+        debug_assert_eq!(prep.len(), xp.len());
         for (src, dst) in prep.chunks_exact(block).zip(xp.chunks_exact_mut(block)) {
             for i in 0..l {
                 for j in 0..c {
@@ -173,6 +179,72 @@ pub(crate) fn rows(plan: Plan, r: &Rows<'_>, out: &mut [f32]) {
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = (plan, out);
+        unreachable!("SIMD kernels exist only on x86-64");
+    }
+}
+
+/// Compute rows `0 .. rows` of one run (as [`rows`]) for `tokens` activations at
+/// once, each decoded weight vector serving up to four tokens: `xp` holds the
+/// tokens' permuted activations one after another (`groups·group` each), and
+/// row `i` of token `t` goes to `out[t·stride + i]`.
+///
+/// Every (row, token) result is **bit-identical** to what [`rows`] computes for
+/// that token alone: each keeps its own pair of FMA chains and the same
+/// reductions, so a batched prefill gives exactly the logits of repeated steps.
+/// Only the 8-lane plan has a batched kernel; the caller runs others per token.
+///
+/// The caller guarantees what [`rows`] needs, for `rows` rows, plus
+/// `xp.len() >= tokens·groups·group` and `out.len() >= (tokens−1)·stride + rows`.
+pub(crate) fn rows_batch(
+    plan: Plan,
+    r: &Rows<'_>,
+    rows: usize,
+    tokens: usize,
+    out: &mut [f32],
+    stride: usize,
+) {
+    let gb = r.group * r.bits as usize / 8;
+    let padded = r.groups * r.group;
+    assert_eq!(plan.lanes, 8, "simd rows_batch: 8-lane plans only");
+    assert!(
+        r.packed.len() >= rows * r.groups * gb,
+        "simd rows_batch: packed"
+    );
+    assert!(r.norms.len() >= rows * r.groups, "simd rows_batch: norms");
+    assert!(
+        r.xp.len() >= tokens * padded,
+        "simd rows_batch: activations"
+    );
+    assert!(
+        tokens == 0 || (rows <= stride && out.len() >= (tokens - 1) * stride + rows),
+        "simd rows_batch: output"
+    );
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: as in `rows`; the output bounds were checked above.
+    unsafe {
+        let mut t = 0;
+        while t < tokens {
+            let n = (tokens - t).min(4);
+            let xp = &r.xp[t * padded..];
+            let o = out[t * stride..].as_mut_ptr();
+            match (n, r.bits) {
+                (4, 4) => x86::rows8_tokens::<4, 4>(r, xp, padded, rows, o, stride),
+                (4, 2) => x86::rows8_tokens::<2, 4>(r, xp, padded, rows, o, stride),
+                (4, 1) => x86::rows8_tokens::<1, 4>(r, xp, padded, rows, o, stride),
+                (2 | 3, 4) => x86::rows8_tokens::<4, 2>(r, xp, padded, rows, o, stride),
+                (2 | 3, 2) => x86::rows8_tokens::<2, 2>(r, xp, padded, rows, o, stride),
+                (2 | 3, 1) => x86::rows8_tokens::<1, 2>(r, xp, padded, rows, o, stride),
+                (_, 4) => x86::rows8_tokens::<4, 1>(r, xp, padded, rows, o, stride),
+                (_, 2) => x86::rows8_tokens::<2, 1>(r, xp, padded, rows, o, stride),
+                (_, 1) => x86::rows8_tokens::<1, 1>(r, xp, padded, rows, o, stride),
+                _ => unreachable!("no batched SIMD kernel at {} bits", r.bits),
+            }
+            t += if n == 3 { 2 } else { n };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (out, stride, tokens, rows);
         unreachable!("SIMD kernels exist only on x86-64");
     }
 }
@@ -287,6 +359,112 @@ mod x86 {
             even[i] = _mm256_add_ps(even[i], odd[i]);
         }
         even
+    }
+
+    /// One group of one row against `T` tokens' permuted activations: per token
+    /// exactly the even/odd FMA chains of [`group8`] (so the sums are the same
+    /// bits), each level vector decoded once for all `T` tokens.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn group8_tokens<const T: usize, const B: i32>(
+        row: *const u8,
+        xs: [*const f32; T],
+        blocks: usize,
+        lo: __m256,
+        hi: __m256,
+    ) -> [__m256; T] {
+        let c = 32 / B as usize;
+        let mut even = [_mm256_setzero_ps(); T];
+        let mut odd = [_mm256_setzero_ps(); T];
+        for b in 0..blocks {
+            let mut w = _mm256_loadu_si256(row.add(b * 32) as *const __m256i);
+            for j in (0..c).step_by(2) {
+                let lv0 = level8::<B>(lo, hi, w);
+                w = _mm256_srli_epi32::<B>(w);
+                let lv1 = level8::<B>(lo, hi, w);
+                w = _mm256_srli_epi32::<B>(w);
+                let at = b * 8 * c + j * 8;
+                for t in 0..T {
+                    even[t] = _mm256_fmadd_ps(lv0, _mm256_loadu_ps(xs[t].add(at)), even[t]);
+                    odd[t] = _mm256_fmadd_ps(lv1, _mm256_loadu_ps(xs[t].add(at + 8)), odd[t]);
+                }
+            }
+        }
+        for t in 0..T {
+            even[t] = _mm256_add_ps(even[t], odd[t]);
+        }
+        even
+    }
+
+    /// The batched twin of [`rows8`]: rows `0 .. rows` for `T` tokens whose
+    /// activations start `padded` floats apart at `xp`, row `i` of token `t` going
+    /// to `out[t·stride + i]`. Same row blocks, reductions and order as `rows8`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn rows8_tokens<const B: i32, const T: usize>(
+        r: &Rows<'_>,
+        xp: &[f32],
+        padded: usize,
+        rows: usize,
+        out: *mut f32,
+        stride: usize,
+    ) {
+        let (lo, hi) = if B == 4 {
+            (
+                _mm256_loadu_ps(r.codebook.as_ptr()),
+                _mm256_loadu_ps(r.codebook.as_ptr().add(8)),
+            )
+        } else {
+            let table = repeated::<8>(r.codebook);
+            let t = _mm256_loadu_ps(table.as_ptr());
+            (t, t)
+        };
+        let gb = r.group * B as usize / 8;
+        let blocks = gb / 32;
+        let row_bytes = gb * r.groups;
+        let g = r.groups;
+        let base = r.packed.as_ptr();
+        let x0 = xp.as_ptr();
+        let mut n = 0;
+        while n + 4 <= rows {
+            let mut acc = [_mm_setzero_ps(); T];
+            for k in 0..g {
+                let xs: [*const f32; T] = std::array::from_fn(|t| x0.add(t * padded + k * r.group));
+                let at = |i: usize| base.add((n + i) * row_bytes + k * gb);
+                let v0 = group8_tokens::<T, B>(at(0), xs, blocks, lo, hi);
+                let v1 = group8_tokens::<T, B>(at(1), xs, blocks, lo, hi);
+                let v2 = group8_tokens::<T, B>(at(2), xs, blocks, lo, hi);
+                let v3 = group8_tokens::<T, B>(at(3), xs, blocks, lo, hi);
+                let nr = _mm_setr_ps(
+                    r.norms[n * g + k],
+                    r.norms[(n + 1) * g + k],
+                    r.norms[(n + 2) * g + k],
+                    r.norms[(n + 3) * g + k],
+                );
+                for t in 0..T {
+                    acc[t] = _mm_fmadd_ps(hsum4x8(v0[t], v1[t], v2[t], v3[t]), nr, acc[t]);
+                }
+            }
+            for t in 0..T {
+                _mm_storeu_ps(out.add(t * stride + n), acc[t]);
+            }
+            n += 4;
+        }
+        while n < rows {
+            let mut acc = [_mm256_setzero_ps(); T];
+            for k in 0..g {
+                let xs: [*const f32; T] = std::array::from_fn(|t| x0.add(t * padded + k * r.group));
+                let row = base.add(n * row_bytes + k * gb);
+                let v = group8_tokens::<T, B>(row, xs, blocks, lo, hi);
+                let nk = _mm256_set1_ps(r.norms[n * g + k]);
+                for t in 0..T {
+                    acc[t] = _mm256_fmadd_ps(v[t], nk, acc[t]);
+                }
+            }
+            for t in 0..T {
+                *out.add(t * stride + n) = hsum8(acc[t]);
+            }
+            n += 1;
+        }
     }
 
     /// 8 lanes, `B ∈ {1, 2, 4}`, four rows at a time (two pairs), then single rows.
