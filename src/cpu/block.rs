@@ -139,8 +139,9 @@ pub(super) fn store_kv(
 }
 
 /// Attention of one position over the cache rows `slots` of layer `l`, gated:
-/// `o = attention(q) ⊙ σ(gate)`, each KV head with its query heads, the KV heads
-/// split over the pool. `scores` holds `heads · cache_rows` floats.
+/// `o = attention(q) ⊙ σ(gate)`, each KV head with its query heads
+/// ([`attend_kv_head`]), the KV heads split over the pool. `scores` holds
+/// `heads · cache_rows` floats.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn attend(
     c: &Config,
@@ -165,18 +166,36 @@ pub(super) fn attend(
                 k_scale: &st.k_scale[base..base + rows],
                 v_scale: &st.v_scale[base..base + rows],
             };
-            let heads = j * g * hd..(j + 1) * g * hd;
             // SAFETY: KV head j owns these ranges of `o` and `scores`.
             let (oj, sj) = unsafe {
                 (
-                    o.range(heads.clone()),
+                    o.range(j * g * hd..(j + 1) * g * hd),
                     scores.range(j * g * rows..(j + 1) * g * rows),
                 )
             };
-            attend_group(&q[heads.clone()], hd, &view, slots, sj, oj);
-            gate_in_place(oj, &gate[heads]);
+            attend_kv_head(c, j, &view, q, gate, slots, oj, sj);
         }
     });
+}
+
+/// The query heads of KV head `j` attending over `view`'s rows `slots`, gated:
+/// `oj` (`g · head_dim`, `g = heads / kv_heads`) receives
+/// `attention(q_h) ⊙ σ(gate_h)` for those heads; `scores` holds `g · slots.len()`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn attend_kv_head(
+    c: &Config,
+    j: usize,
+    view: &KvHeadView,
+    q: &[f32],
+    gate: &[f32],
+    slots: &[usize],
+    oj: &mut [f32],
+    scores: &mut [f32],
+) {
+    let (hd, g) = (c.head_dim, c.heads / c.kv_heads);
+    let heads = j * g * hd..(j + 1) * g * hd;
+    attend_group(&q[heads.clone()], hd, view, slots, scores, oj);
+    gate_in_place(oj, &gate[heads]);
 }
 
 /// SPEC §4.3 step 5, last line: `after = b + attn_out_scale · zcrms(attn, attn_post_norm)`

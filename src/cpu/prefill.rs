@@ -4,19 +4,24 @@
 //! tokens, see [`crate::cq::CqMatrix::matmul_rows_prepared`]) and the per-token
 //! work between the matvecs (norms, MLP, routing) is split over the pool by token.
 //!
-//! Causal attention inside a chunk: at each layer the tokens store their keys and
-//! values and attend one after another, in order, so every token sees exactly
-//! the cache rows that repeated steps would show it, also when the sink + window
-//! ring wraps inside the chunk. Every value is computed by the same functions as
-//! the step ([`super::block`]) and the batched matvec is bit-identical to the
-//! single one, so a prefill gives exactly the logits of one step per token.
+//! Causal attention inside a chunk: at each layer the chunk's keys and values are
+//! quantized into a layer-local table behind a copy of the layer's cache rows,
+//! and every token attends, in parallel, over exactly the rows repeated steps
+//! would show it (earlier positions from the copy, which the chunk has not yet
+//! overwritten; chunk positions up to its own from the new rows), in the same
+//! order. The new rows then go into the cache token by token, so the ring ends as
+//! repeated steps leave it, also when it wraps inside the chunk. Every value is
+//! computed by the same functions as the step ([`super::block`]) and the batched
+//! matvec is bit-identical to the single one, so a prefill gives exactly the
+//! logits of one step per token.
 
 use super::block;
 use super::engine::CpuEngine;
 use crate::cq::{prepare_into, CqMatrix};
 use crate::engram::table_rows_for;
 use crate::error::{Error, Result};
-use crate::kernels::kv::{attended_ranges, physical_slot};
+use crate::kernels::attention::KvHeadView;
+use crate::kernels::kv::{attended_ranges, physical_slot, quantize_int8};
 use crate::kernels::mlp::hadamard_mlp;
 use crate::kernels::norm::{rms_unit_into, zcrms_into};
 use crate::kernels::rope::rope_table;
@@ -58,6 +63,15 @@ pub(super) struct Batch {
     /// The attended cache rows of every token, flat, with `slot_at[i]..slot_at[i+1]`.
     slots: Vec<usize>,
     slot_at: Vec<usize>,
+    /// Layer-local int8 keys and values: per KV head, the layer's `cache_rows`
+    /// cache rows followed by one row per chunk token (`[kv_heads, rows + n, head_dim]`).
+    kv_k: Vec<i8>,
+    kv_v: Vec<i8>,
+    /// Their scales, `[kv_heads, rows + n]`.
+    kv_ks: Vec<f32>,
+    kv_vs: Vec<f32>,
+    /// Attention scores, `heads · cache_rows` per pool part.
+    scores: Vec<f32>,
     e: Vec<f32>,
     site_v: Vec<f32>,
     site_key: Vec<Vec<f32>>,
@@ -246,6 +260,17 @@ impl CpuEngine {
             pool_parts * c.hadamard_dim,
             "prefill MLP scratch",
         )?;
+        let rows = c.cache_rows();
+        let vr = rows + n;
+        grow(&mut bt.kv_k, c.kv_heads * vr * hd, "prefill keys")?;
+        grow(&mut bt.kv_v, c.kv_heads * vr * hd, "prefill values")?;
+        grow(&mut bt.kv_ks, c.kv_heads * vr, "prefill key scales")?;
+        grow(&mut bt.kv_vs, c.kv_heads * vr, "prefill value scales")?;
+        grow(
+            &mut bt.scores,
+            pool_parts * c.heads * rows,
+            "prefill attention scores",
+        )?;
         // The first non-finite tensor (position, name), as the step reports it.
         let mut bad: Option<(u64, String)> = None;
         // 4.1 Embedding.
@@ -324,9 +349,17 @@ impl CpuEngine {
                 &mut bt.cos[t * half..(t + 1) * half],
                 &mut bt.sin[t * half..(t + 1) * half],
             );
+            // A position before the chunk still sits at its cache row (a later
+            // position with the same row is more than a window after it, so
+            // after this token); a chunk position has its own row after those.
             for range in attended_ranges(pos, c.sink, c.window) {
-                bt.slots
-                    .extend(range.map(|p| physical_slot(p, c.sink, c.window)));
+                bt.slots.extend(range.map(|p| {
+                    if p < t0 {
+                        physical_slot(p, c.sink, c.window)
+                    } else {
+                        rows + (p - t0) as usize
+                    }
+                }));
             }
             bt.slot_at.push(bt.slots.len());
         }
@@ -422,30 +455,85 @@ impl CpuEngine {
                 format!("layer {l} v")
             });
 
-            // Causal attention: store, then attend, one token after the other.
+            // Causal attention. The layer's cache rows as they are before the chunk…
+            for j in 0..c.kv_heads {
+                let (src, dst) = ((l * c.kv_heads + j) * rows, j * vr);
+                bt.kv_k[dst * hd..(dst + rows) * hd]
+                    .copy_from_slice(&st.k_codes[src * hd..(src + rows) * hd]);
+                bt.kv_v[dst * hd..(dst + rows) * hd]
+                    .copy_from_slice(&st.v_codes[src * hd..(src + rows) * hd]);
+                bt.kv_ks[dst..dst + rows].copy_from_slice(&st.k_scale[src..src + rows]);
+                bt.kv_vs[dst..dst + rows].copy_from_slice(&st.v_scale[src..src + rows]);
+            }
+            // …then the chunk's keys and values behind them, quantized per token…
+            {
+                let (kk, kv) = (
+                    SharedSlice::new(&mut bt.kv_k),
+                    SharedSlice::new(&mut bt.kv_v),
+                );
+                let (ks, vs) = (
+                    SharedSlice::new(&mut bt.kv_ks),
+                    SharedSlice::new(&mut bt.kv_vs),
+                );
+                let (k, v) = (&bt.k, &bt.v);
+                per_token(n, &|_, t| {
+                    for j in 0..c.kv_heads {
+                        let r = j * vr + rows + t;
+                        let head = t * kvd + j * hd..t * kvd + (j + 1) * hd;
+                        // SAFETY: row r of every table belongs to token t alone.
+                        unsafe {
+                            ks.range(r..r + 1)[0] =
+                                quantize_int8(&k[head.clone()], kk.range(r * hd..(r + 1) * hd));
+                            vs.range(r..r + 1)[0] =
+                                quantize_int8(&v[head], kv.range(r * hd..(r + 1) * hd));
+                        }
+                    }
+                });
+            }
+            // …every token attending over its rows, in parallel…
+            {
+                let o = SharedSlice::new(&mut bt.o);
+                let scores = SharedSlice::new(&mut bt.scores);
+                let (q, gate) = (&bt.q, &bt.g);
+                let (slots, slot_at) = (&bt.slots, &bt.slot_at);
+                let (kk, kv, ks, vs) = (&bt.kv_k, &bt.kv_v, &bt.kv_ks, &bt.kv_vs);
+                let g = c.heads / c.kv_heads;
+                per_token(n, &|part, t| {
+                    let tslots = &slots[slot_at[t]..slot_at[t + 1]];
+                    let (qt, gt) = (&q[t * qd..(t + 1) * qd], &gate[t * qd..(t + 1) * qd]);
+                    for j in 0..c.kv_heads {
+                        let view = KvHeadView {
+                            k: &kk[j * vr * hd..(j + 1) * vr * hd],
+                            v: &kv[j * vr * hd..(j + 1) * vr * hd],
+                            k_scale: &ks[j * vr..(j + 1) * vr],
+                            v_scale: &vs[j * vr..(j + 1) * vr],
+                        };
+                        let at = t * qd + j * g * hd;
+                        let sc = part * c.heads * rows;
+                        // SAFETY: token t owns its row of `o`, part `part` its scores.
+                        let (oj, sj) = unsafe {
+                            (
+                                o.range(at..at + g * hd),
+                                scores.range(sc..sc + g * tslots.len()),
+                            )
+                        };
+                        block::attend_kv_head(c, j, &view, qt, gt, tslots, oj, sj);
+                    }
+                });
+            }
+            // …and the chunk's rows into the cache in token order (a later
+            // position overwrites an earlier one at the same row, as in stepping).
             for t in 0..n {
-                let pos = t0 + t as u64;
-                let slot = physical_slot(pos, c.sink, c.window);
-                let s = &mut self.s;
-                block::store_kv(
-                    c,
-                    st,
-                    l,
-                    slot,
-                    &bt.k[t * kvd..(t + 1) * kvd],
-                    &bt.v[t * kvd..(t + 1) * kvd],
-                    &mut s.codes,
-                );
-                block::attend(
-                    c,
-                    st,
-                    l,
-                    &bt.q[t * qd..(t + 1) * qd],
-                    &bt.g[t * qd..(t + 1) * qd],
-                    &bt.slots[bt.slot_at[t]..bt.slot_at[t + 1]],
-                    &mut bt.o[t * qd..(t + 1) * qd],
-                    &mut s.scores,
-                );
+                let slot = physical_slot(t0 + t as u64, c.sink, c.window);
+                for j in 0..c.kv_heads {
+                    let (src, dst) = (j * vr + rows + t, (l * c.kv_heads + j) * rows + slot);
+                    st.k_codes[dst * hd..(dst + 1) * hd]
+                        .copy_from_slice(&bt.kv_k[src * hd..(src + 1) * hd]);
+                    st.v_codes[dst * hd..(dst + 1) * hd]
+                        .copy_from_slice(&bt.kv_v[src * hd..(src + 1) * hd]);
+                    st.k_scale[dst] = bt.kv_ks[src];
+                    st.v_scale[dst] = bt.kv_vs[src];
+                }
             }
             note(&mut bad, t0, &bt.o[..n * qd], qd, || {
                 format!("layer {l} attn_o")
