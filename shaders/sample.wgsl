@@ -75,12 +75,15 @@ fn argmax(@builtin(local_invocation_index) li: u32) {
 
 // ---------------------------------------------------------------- top-k
 //   topk  bindings 3..5  dispatch (1, 1, 1), workgroup 256 (ONE workgroup):
-//         params (uniform), logits (read), tout (read_write u32: 2 + 2·MAX_K).
+//         params (uniform), logits (read), tout (read_write u32: 3 + 2·MAX_K).
 //         tout[0] = 1 if any logit is NaN or ±∞ (then nothing else is meaningful),
 //         tout[1] = m = min(k, n), and tout[2 + i], bitcast<f32>(tout[2 + MAX_K + i])
 //         for i < m = the ids and logits of the m largest logits, in no particular
 //         order, ties at the cut resolved toward lower ids (as a stable sort by
 //         logit, best first, would keep them).
+//         tout[2 + 2·MAX_K] = bitcast<u32>(Σ_i exp((logit_i − max) / temperature))
+//         over all n logits when temperature > 0 (the softmax denominator a top-p
+//         cut needs; f32, strided partial sums and a shared-memory tree), else 0.
 //         The m-th largest key is found by a 4-pass radix select over the logits'
 //         order-preserving u32 keys (shared-memory histograms), then everything
 //         above it and enough of the keys equal to it are gathered with an atomic
@@ -93,7 +96,7 @@ struct TopkParams {
     n: u32,
     off: u32,
     k: u32,
-    _pad0: u32,
+    temperature: f32, // > 0: also the softmax denominator at this temperature
 }
 @group(0) @binding(3) var<uniform> tp: TopkParams;
 @group(0) @binding(4) var<storage, read> tlogits: array<f32>;
@@ -103,6 +106,7 @@ var<workgroup> hist: array<atomic<u32>, 256>;
 var<workgroup> taken: atomic<u32>;
 var<workgroup> flag: atomic<u32>;
 var<workgroup> sel: array<u32, 4>; // prefix, mask, remaining, count equal
+var<workgroup> red: array<f32, 256>; // max, then sum, reductions
 
 // Order-preserving key: a larger float gives a larger u32.
 fn key_of(x: f32) -> u32 {
@@ -122,13 +126,44 @@ fn topk(@builtin(local_invocation_index) li: u32) {
         atomicStore(&flag, 0u);
     }
     var nf = 0u;
+    var vmax = -3.4028235e38;
     for (var i = li; i < tp.n; i += WG) {
-        if (!finite(tlogits[tp.off + i])) {
+        let x = tlogits[tp.off + i];
+        if (!finite(x)) {
             nf = 1u;
         }
+        vmax = max(vmax, x);
     }
     if (nf != 0u) {
         atomicStore(&flag, 1u);
+    }
+    // The softmax denominator at the temperature (finite logits only matter:
+    // otherwise the flag makes the host refuse the step).
+    var total = 0.0;
+    if (tp.temperature > 0.0) {
+        red[li] = vmax;
+        workgroupBarrier();
+        for (var s = WG / 2u; s > 0u; s = s >> 1u) {
+            if (li < s) {
+                red[li] = max(red[li], red[li + s]);
+            }
+            workgroupBarrier();
+        }
+        let top = red[0];
+        workgroupBarrier();
+        var part = 0.0;
+        for (var i = li; i < tp.n; i += WG) {
+            part += exp((tlogits[tp.off + i] - top) / tp.temperature);
+        }
+        red[li] = part;
+        workgroupBarrier();
+        for (var s = WG / 2u; s > 0u; s = s >> 1u) {
+            if (li < s) {
+                red[li] = red[li] + red[li + s];
+            }
+            workgroupBarrier();
+        }
+        total = red[0];
     }
     workgroupBarrier();
     for (var round = 0u; round < 4u; round++) {
@@ -196,5 +231,6 @@ fn topk(@builtin(local_invocation_index) li: u32) {
         }
         tout[0] = atomicLoad(&flag);
         tout[1] = m;
+        tout[2u + 2u * MAX_K] = bitcast<u32>(total);
     }
 }

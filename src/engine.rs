@@ -3,6 +3,19 @@
 use crate::config::Config;
 use crate::error::Result;
 
+/// Candidates [`Engine::step_nucleus`] hands over (the device top-k limit).
+pub const NUCLEUS_CANDIDATES: usize = 256;
+
+/// The softmax denominator of a step's logits at a temperature, as
+/// [`Engine::step_nucleus`] computed it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Nucleus {
+    /// `Σ exp((logit − max) / temperature)` over the whole vocabulary.
+    pub total: f64,
+    /// A bound on `total`'s relative error against an exact sum of the f32 terms.
+    pub rel_err: f64,
+}
+
 /// A model instance with its incremental state (KV cache, engram rings, history).
 pub trait Engine: Send {
     /// The model's config.
@@ -63,6 +76,50 @@ pub trait Engine: Send {
             Some(l) => {
                 crate::sample::top_k_into(l, k, out);
                 Ok(())
+            }
+            None => Err(crate::Error::InvalidArgument(
+                "the engine returned no logits".into(),
+            )),
+        }
+    }
+
+    /// Append `token` and hand over what a top-p draw without a top-k needs
+    /// ([`crate::sample::Sampler::sample_nucleus`]): the [`NUCLEUS_CANDIDATES`]
+    /// largest next logits as `(logit, id)` pairs in `out` (ties at the cut toward
+    /// lower ids; order unspecified) and the softmax denominator at `temperature`
+    /// over the whole vocabulary, `Σ exp((logit − max) / temperature)`. The GPU
+    /// computes both on the device and reads back about 2 KiB; the logits stay
+    /// available through [`Engine::last_logits`] for the rare draw the candidates
+    /// can't decide.
+    ///
+    /// # Errors
+    /// As [`Engine::step`]; [`crate::Error::NonFinite`] when a logit is NaN or
+    /// infinite; [`crate::Error::InvalidArgument`] unless `temperature > 0`.
+    fn step_nucleus(
+        &mut self,
+        token: u32,
+        temperature: f32,
+        out: &mut Vec<(f32, u32)>,
+    ) -> Result<Nucleus> {
+        if !(temperature > 0.0 && temperature.is_finite()) {
+            return Err(crate::Error::InvalidArgument(format!(
+                "step_nucleus: temperature {temperature} is not > 0"
+            )));
+        }
+        match self.step(token, true)? {
+            Some(l) => {
+                crate::sample::top_k_into(l, NUCLEUS_CANDIDATES, out);
+                let m = out.first().map_or(0.0, |c| c.0);
+                let total = l
+                    .iter()
+                    .filter(|v| !v.is_nan())
+                    .map(|&v| ((v - m) / temperature).exp() as f64)
+                    .sum();
+                // f64 sums of the same f32 terms in another order.
+                Ok(Nucleus {
+                    total,
+                    rel_err: 1e-12,
+                })
             }
             None => Err(crate::Error::InvalidArgument(
                 "the engine returned no logits".into(),

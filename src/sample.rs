@@ -216,6 +216,62 @@ impl Sampler {
         self.draw_from_candidates()
     }
 
+    /// With this sampler, [`Sampler::sample`] is a top-p cut without a top-k
+    /// (temperature > 0, top-p < 1, no top-k, no repetition penalty): its
+    /// temperature, for [`crate::Engine::step_nucleus`]; then
+    /// [`Sampler::sample_nucleus`] can usually draw from the largest logits alone.
+    pub fn top_p_only(&self) -> Option<f32> {
+        let c = &self.cfg;
+        (c.repeat_penalty == 1.0 && c.temperature > 0.0 && c.top_k == 0 && c.top_p < 1.0)
+            .then_some(c.temperature)
+    }
+
+    /// [`Sampler::sample`] for a [`Sampler::top_p_only`] sampler, given only the
+    /// largest logits as `(logit, id)` pairs (any order; the top of the vocabulary,
+    /// ties at the cut toward lower ids) and the softmax denominator
+    /// `total ≈ Σ exp((logit − max) / temperature)` over the whole vocabulary,
+    /// known to a relative error of at most `rel_err`.
+    ///
+    /// Returns the token [`Sampler::sample`] would draw from the full logits when
+    /// the candidates reach the top-p mass and the denominator's uncertainty
+    /// cannot move the cut. Otherwise (`None`, no randomness consumed) the caller
+    /// must draw with [`Sampler::sample`] from the full logits.
+    pub fn sample_nucleus(
+        &mut self,
+        candidates: &[(f32, u32)],
+        total: f64,
+        rel_err: f64,
+    ) -> Option<u32> {
+        let c = &self.cfg;
+        if self.top_p_only().is_none() || !(total.is_finite() && total > 0.0) {
+            return None;
+        }
+        self.scratch.clear();
+        self.scratch
+            .extend(candidates.iter().copied().filter(|(v, _)| !v.is_nan()));
+        self.scratch.sort_unstable_by(best_first);
+        let m = self.scratch.first()?.0;
+        for e in self.scratch.iter_mut() {
+            e.0 = ((e.0 - m) / c.temperature).exp();
+        }
+        // The cut is where the running mass first reaches top_p · total; it is
+        // decided only if no prefix lands inside the uncertainty band.
+        let p = c.top_p as f64;
+        let (lo, hi) = (p * total * (1.0 - rel_err), p * total * (1.0 + rel_err));
+        let mut acc = 0.0f64;
+        let mut keep = None;
+        for (i, e) in self.scratch.iter().enumerate() {
+            acc += e.0 as f64;
+            if acc >= lo {
+                keep = (acc >= hi).then_some(i + 1);
+                break;
+            }
+        }
+        self.scratch.truncate(keep?);
+        let total = self.scratch.iter().map(|e| e.0 as f64).sum();
+        Some(self.draw(total))
+    }
+
     /// The softmax at the temperature, the top-p cut and the draw over
     /// `self.scratch` (sorted best first, at most `top_k` long).
     fn draw_from_candidates(&mut self) -> u32 {
@@ -243,6 +299,11 @@ impl Sampler {
             self.scratch.truncate(keep);
             total = self.scratch.iter().map(|e| e.0 as f64).sum();
         }
+        self.draw(total)
+    }
+
+    /// Draw from `self.scratch` (weights, best first) whose weights sum to `total`.
+    fn draw(&mut self, total: f64) -> u32 {
         let mut r = self.rng.random::<f64>() * total;
         for e in &self.scratch {
             r -= e.0 as f64;
@@ -332,6 +393,89 @@ mod tests {
                 };
                 assert_eq!(s.sample(&logits, &[]), want, "round {round} {cfg:?}");
             }
+        }
+    }
+
+    #[test]
+    fn nucleus_draws_what_the_full_logits_draw_or_declines() {
+        // Top-p without top-k from the 256 best logits and a softmax denominator
+        // known to a relative error: whenever it decides, the same token as the
+        // full-logits draw with the same seed; when it declines it consumes no
+        // randomness (the next draws still agree). Sharp and flat distributions,
+        // exact and perturbed denominators.
+        let mut gen = ChaCha8Rng::seed_from_u64(9);
+        let (mut decided, mut declined) = (0, 0);
+        for round in 0..300 {
+            let n = [100usize, 1000, 5000][round % 3];
+            let scale = [0.5f32, 3.0, 12.0][(round / 3) % 3];
+            let logits: Vec<f32> = (0..n)
+                .map(|_| gen.random_range(-1.0f32..1.0) * scale)
+                .collect();
+            let cfg = SamplerConfig {
+                temperature: [0.7f32, 1.0, 1.5][round % 3],
+                top_p: [0.5f32, 0.9, 0.99][(round / 9) % 3],
+                seed: round as u64,
+                ..Default::default()
+            };
+            let mut full = Sampler::new(cfg.clone()).unwrap();
+            let mut part = Sampler::new(cfg.clone()).unwrap();
+            assert_eq!(part.top_p_only(), Some(cfg.temperature));
+            let mut cands = Vec::new();
+            top_k_into(&logits, 256, &mut cands);
+            let m = cands[0].0;
+            let exact: f64 = logits
+                .iter()
+                .map(|&v| ((v - m) / cfg.temperature).exp() as f64)
+                .sum();
+            let rel_err = 1e-4;
+            let total = exact * (1.0 + [0.0, 0.9, -0.9][round % 3] * rel_err);
+            for _ in 0..3 {
+                let want = full.sample(&logits, &[]);
+                match part.sample_nucleus(&cands, total, rel_err) {
+                    Some(got) => {
+                        assert_eq!(got, want, "round {round} {cfg:?}");
+                        decided += 1;
+                    }
+                    None => {
+                        assert_eq!(part.sample(&logits, &[]), want, "round {round}");
+                        declined += 1;
+                    }
+                }
+            }
+        }
+        eprintln!("decided {decided}, declined {declined}");
+        assert!(
+            decided > 300 && declined > 20,
+            "decided {decided}, declined {declined}"
+        );
+        // Samplers with a top-k, greedy or a penalty are not top-p-only.
+        for cfg in [
+            SamplerConfig {
+                temperature: 1.0,
+                top_k: 5,
+                top_p: 0.9,
+                ..Default::default()
+            },
+            SamplerConfig {
+                temperature: 0.0,
+                top_p: 0.9,
+                ..Default::default()
+            },
+            SamplerConfig {
+                temperature: 1.0,
+                top_p: 0.9,
+                repeat_penalty: 1.1,
+                ..Default::default()
+            },
+            SamplerConfig {
+                temperature: 1.0,
+                top_p: 1.0,
+                ..Default::default()
+            },
+        ] {
+            let mut s = Sampler::new(cfg).unwrap();
+            assert_eq!(s.top_p_only(), None);
+            assert_eq!(s.sample_nucleus(&[(1.0, 3)], 1.0, 0.0), None);
         }
     }
 

@@ -1,7 +1,7 @@
 //! [`Session`]: a model, an engine and the tokens so far — prefill, then generate.
 
 use crate::cpu::CpuEngine;
-use crate::engine::Engine;
+use crate::engine::{Engine, Nucleus};
 use crate::error::{Error, Result};
 use crate::gpu::{GpuEngine, GpuOptions};
 use crate::sample::Sampler;
@@ -24,7 +24,7 @@ pub enum Backend {
 }
 
 /// Where the next token of a generation comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 enum Pending {
     /// Sampled from the session's logits.
     Logits,
@@ -32,6 +32,9 @@ enum Pending {
     Id(u32),
     /// Sampled from the engine's top-k candidates.
     TopK,
+    /// Sampled from the engine's top candidates and softmax denominator (top-p),
+    /// or from the logits when those can't decide.
+    Nucleus(Nucleus),
 }
 
 /// Why [`Session::generate`] stopped.
@@ -54,6 +57,8 @@ pub struct Session {
     /// The top-k candidates of the last step (when the sampler needs no more).
     candidates: Vec<(f32, u32)>,
     fallback: Option<String>,
+    /// Top-p draws the candidates could not decide (they fetched the logits).
+    nucleus_misses: u64,
 }
 
 impl std::fmt::Debug for Session {
@@ -91,6 +96,7 @@ impl Session {
             logits: Vec::new(),
             candidates: Vec::new(),
             fallback,
+            nucleus_misses: 0,
         })
     }
 
@@ -102,6 +108,12 @@ impl Session {
     /// Why `Backend::Auto` fell back to the CPU, if it did.
     pub fn fallback_reason(&self) -> Option<&str> {
         self.fallback.as_deref()
+    }
+
+    /// How many top-p draws (without a top-k) of this session's generations the
+    /// engine's top candidates could not decide, so the full logits were fetched.
+    pub fn nucleus_misses(&self) -> u64 {
+        self.nucleus_misses
     }
 
     /// Every token processed so far (prompt and generated), oldest first.
@@ -187,12 +199,32 @@ impl Session {
         // the same on every path.
         let greedy = sampler.is_greedy();
         let top_k = if greedy { None } else { sampler.top_k_only() };
+        // A top-p sampler without a top-k takes the engine's best candidates and
+        // softmax denominator, falling back to the logits when they can't decide.
+        let top_p = if greedy || top_k.is_some() {
+            None
+        } else {
+            sampler.top_p_only()
+        };
         let mut pending = Pending::Logits;
         let mut stop = Stop::Length;
         for _ in 0..n {
             let next = match pending {
                 Pending::Id(id) => id,
                 Pending::TopK => sampler.sample_top_k(&self.candidates),
+                Pending::Nucleus(nu) => {
+                    match sampler.sample_nucleus(&self.candidates, nu.total, nu.rel_err) {
+                        Some(id) => id,
+                        None => {
+                            self.nucleus_misses += 1;
+                            self.logits.clear();
+                            if let Some(l) = self.engine.last_logits()? {
+                                self.logits.extend_from_slice(l);
+                            }
+                            sampler.sample(&self.logits, &self.tokens)
+                        }
+                    }
+                }
                 Pending::Logits => sampler.sample(&self.logits, &self.tokens),
             };
             if next == eos {
@@ -204,6 +236,9 @@ impl Session {
             } else if let Some(k) = top_k {
                 self.engine.step_top_k(next, k, &mut self.candidates)?;
                 pending = Pending::TopK;
+            } else if let Some(t) = top_p {
+                let nu = self.engine.step_nucleus(next, t, &mut self.candidates)?;
+                pending = Pending::Nucleus(nu);
             } else {
                 let l = self.engine.step(next, true)?.unwrap_or_default();
                 self.logits.clear();

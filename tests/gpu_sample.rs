@@ -118,7 +118,7 @@ fn device_topk(
         n: n as u32,
         off: off as u32,
         k: k as u32,
-        _pad: 0,
+        temperature: 0.0,
     };
     let d = SampleKernels::new(ctx).topk(ctx, &p, &buf, &out);
     run_dispatches(ctx, &[d]).unwrap();
@@ -223,4 +223,118 @@ fn step_top_k_beyond_the_device_limit_selects_from_the_logits() {
         assert_eq!(got, want, "k {k}");
         assert_eq!(a.last_logits().unwrap().unwrap(), &logits[..]);
     }
+}
+
+#[test]
+fn topk_kernel_softmax_denominator_is_within_its_stated_bound() {
+    // The denominator a top-p cut needs, Σ exp((logit − max) / T) over every logit,
+    // against an f64 sum of the same logits, within the bound the engine states
+    // (GpuEngine::step_nucleus); the candidates are unchanged by asking for it.
+    let Some(ctx) = gpu() else { return };
+    use cqlm::gpu::kernels::sample::{decode_topk, TopkParams, TOPK_WORDS};
+    let mut rng = ChaCha8Rng::seed_from_u64(81);
+    for (n, t) in [
+        (1usize, 1.0f32),
+        (300, 0.5),
+        (5000, 1.0),
+        (32000, 0.8),
+        (32000, 3.0),
+    ] {
+        let logits: Vec<f32> = (0..n).map(|_| rng.random_range(-6.0f32..6.0)).collect();
+        let buf = ctx.storage_init("logits", bytemuck::cast_slice(&logits));
+        let out = ctx.storage_init(
+            "out",
+            bytemuck::cast_slice(&vec![0xdead_beefu32; TOPK_WORDS]),
+        );
+        let p = TopkParams {
+            n: n as u32,
+            off: 0,
+            k: 256,
+            temperature: t,
+        };
+        let d = SampleKernels::new(&ctx).topk(&ctx, &p, &buf, &out);
+        run_dispatches(&ctx, &[d]).unwrap();
+        let b = ctx.read_bytes(&out, 0, TOPK_WORDS as u64 * 4).unwrap();
+        let mut got = Vec::new();
+        let total = decode_topk(bytemuck::cast_slice(&b), &mut got).expect("finite");
+        let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let want: f64 = logits
+            .iter()
+            .map(|&v| ((v as f64 - m as f64) / t as f64).exp())
+            .sum();
+        let rel = (total as f64 - want).abs() / want;
+        let bound = 4.0 * (2e-5 + ((n as f64 / 256.0).ceil() + 8.0) * f64::from(f32::EPSILON));
+        eprintln!("n {n} T {t}: relative error {rel:.2e} (bound {bound:.2e})");
+        assert!(
+            rel <= bound,
+            "n {n} T {t}: {total} vs {want}: {rel:e} > {bound:e}"
+        );
+        let mut want_c = Vec::new();
+        cqlm::sample::top_k_into(&logits, 256, &mut want_c);
+        got.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)));
+        assert_eq!(got, want_c, "n {n}");
+    }
+}
+
+#[test]
+fn top_p_generation_on_the_gpu_draws_what_the_full_logits_draw() {
+    // Top-p without top-k: the session hands the sampler the device's 256 best
+    // candidates and softmax denominator (GpuEngine::step_nucleus) and falls back
+    // to the logits only when those can't decide. Either way it must draw exactly
+    // what sampling the full read-back logits draws. A vocabulary of 1000 (more
+    // than the candidates): a sharp temperature lets the candidates decide, a
+    // flat one needs the fallback; both happen here.
+    use cqlm::sample::{Sampler, SamplerConfig};
+    use cqlm::session::{Backend, Session};
+    let Some(ctx) = gpu() else { return };
+    let config = Config {
+        vocab: 1000,
+        ..Config::preset_tiny()
+    };
+    let model = Arc::new(synth_model(&config, &BitsPlan::mixed(), 35).unwrap());
+    let (mut decided_all, mut missed) = (false, false);
+    for (temperature, top_p) in [(0.05f32, 0.9f32), (0.5, 0.95), (4.0, 0.95)] {
+        let cfg = SamplerConfig {
+            temperature,
+            top_p,
+            seed: 11,
+            ..Default::default()
+        };
+        let n = 12;
+        let mut session =
+            Session::new(Arc::clone(&model), Backend::Gpu(Default::default())).unwrap();
+        session.prefill(&[1, 2, 3]).unwrap();
+        let mut got = Vec::new();
+        let mut s1 = Sampler::new(cfg.clone()).unwrap();
+        session
+            .generate(&mut s1, n, |id| {
+                got.push(id);
+                true
+            })
+            .unwrap();
+        let misses = session.nucleus_misses();
+        eprintln!(
+            "T {temperature} top-p {top_p}: {misses} of {} draws fetched the logits",
+            got.len() - 1
+        );
+        decided_all |= misses == 0 && got.len() == n;
+        missed |= misses > 0;
+        let mut g = GpuEngine::with_context(Arc::clone(&model), Arc::clone(&ctx)).unwrap();
+        let mut logits = g.prefill(&[1, 2, 3]).unwrap();
+        let mut s2 = Sampler::new(cfg).unwrap();
+        let mut want = Vec::new();
+        let mut history = vec![1u32, 2, 3];
+        for _ in 0..got.len() {
+            let id = s2.sample(&logits, &history);
+            want.push(id);
+            history.push(id);
+            logits = g.step(id, true).unwrap().unwrap().to_vec();
+        }
+        assert_eq!(got, want, "T {temperature} top-p {top_p}");
+        assert_eq!(session.logits(), &logits[..]);
+    }
+    assert!(
+        decided_all && missed,
+        "decided_all {decided_all}, missed {missed}"
+    );
 }

@@ -206,8 +206,17 @@ pub fn run(a: Args) -> Result<()> {
     }
     streamer.finish(&mut out)?;
     let decode_s = t1.elapsed().as_secs_f64();
+    // A top-p sampler without a top-k draws from the engine's 256 best candidates
+    // unless they can't decide; say how often the logits had to be read.
+    let nucleus = match sampler.top_p_only() {
+        Some(_) => format!(
+            " | top-p: {} of {generated} draws read the logits",
+            session.nucleus_misses()
+        ),
+        None => String::new(),
+    };
     eprintln!(
-        "{}prompt {} tokens, prefill {:.1} tok/s | generated {generated} tokens, decode {:.1} tok/s | {}",
+        "{}prompt {} tokens, prefill {:.1} tok/s | generated {generated} tokens, decode {:.1} tok/s | {}{nucleus}",
         if INTERRUPTED.load(Ordering::SeqCst) { "interrupted | " } else { "" },
         done,
         done as f64 / prefill_s.max(1e-9),

@@ -17,7 +17,7 @@ use super::step::StepLayout;
 use super::{Dispatch, GpuContext, GpuOptions};
 use crate::config::Config;
 use crate::cq::CqMatrix;
-use crate::engine::Engine;
+use crate::engine::{Engine, Nucleus};
 use crate::engram::{table_rows_for, TokenHistory};
 use crate::error::{Error, Result};
 use crate::weights::Model;
@@ -114,7 +114,8 @@ pub struct GpuEngine {
     /// Top-k selection for the last `k` asked (rebuilt when `k` changes), its
     /// output and staging buffers, and the words read back.
     sample: SampleKernels,
-    topk: Option<(usize, Dispatch)>,
+    /// The top-k dispatch of the last `(k, temperature bits)` asked for.
+    topk: Option<((usize, u32), Dispatch)>,
     topk_out: wgpu::Buffer,
     topk_staging: wgpu::Buffer,
     topk_words: Vec<u32>,
@@ -973,6 +974,42 @@ impl GpuEngine {
         self.ctx.check_errors()
     }
 
+    /// Run a step that ends in the device top-k (`k <= MAX_K`, with the softmax
+    /// denominator at `temperature` when it is > 0): the candidates into `out`, the
+    /// denominator returned (0 when not asked for).
+    fn step_candidates(
+        &mut self,
+        token: u32,
+        k: usize,
+        temperature: f32,
+        out: &mut Vec<(f32, u32)>,
+    ) -> Result<f32> {
+        self.check_token(token)?;
+        let key = (k, temperature.to_bits());
+        if self.topk.as_ref().is_none_or(|(have, _)| *have != key) {
+            let p = TopkParams {
+                n: self.model.config.vocab as u32,
+                off: 0,
+                k: k as u32,
+                temperature,
+            };
+            let d = self
+                .sample
+                .topk(&self.ctx, &p, &self.logits, &self.topk_out);
+            self.topk = Some((key, d));
+        }
+        self.run_step(token, Tail::TopK)?;
+        self.ctx.map_read_into(
+            &self.topk_staging,
+            bytemuck::cast_slice_mut(&mut self.topk_words),
+        )?;
+        let Some(total) = decode_topk(&self.topk_words, out) else {
+            return Err(non_finite_logits(self.pos - 1));
+        };
+        self.logits_at = LogitsAt::Device;
+        Ok(total)
+    }
+
     fn check_token(&self, token: u32) -> Result<()> {
         let vocab = self.model.config.vocab;
         if token as usize >= vocab {
@@ -1060,29 +1097,31 @@ impl Engine for GpuEngine {
             crate::sample::top_k_into(l, k, out);
             return Ok(());
         }
-        self.check_token(token)?;
-        if self.topk.as_ref().is_none_or(|(have, _)| *have != k) {
-            let p = TopkParams {
-                n: self.model.config.vocab as u32,
-                off: 0,
-                k: k as u32,
-                _pad: 0,
-            };
-            let d = self
-                .sample
-                .topk(&self.ctx, &p, &self.logits, &self.topk_out);
-            self.topk = Some((k, d));
+        self.step_candidates(token, k, 0.0, out).map(|_| ())
+    }
+
+    fn step_nucleus(
+        &mut self,
+        token: u32,
+        temperature: f32,
+        out: &mut Vec<(f32, u32)>,
+    ) -> Result<Nucleus> {
+        if !(temperature > 0.0 && temperature.is_finite()) {
+            return Err(Error::InvalidArgument(format!(
+                "step_nucleus: temperature {temperature} is not > 0"
+            )));
         }
-        self.run_step(token, Tail::TopK)?;
-        self.ctx.map_read_into(
-            &self.topk_staging,
-            bytemuck::cast_slice_mut(&mut self.topk_words),
-        )?;
-        if decode_topk(&self.topk_words, out).is_none() {
-            return Err(non_finite_logits(self.pos - 1));
-        }
-        self.logits_at = LogitsAt::Device;
-        Ok(())
+        let total = self.step_candidates(token, MAX_K, temperature, out)?;
+        // The device sums f32 terms: WGSL's exp is within 3 + 2|x| ulp (below
+        // 2e-5 relative for every term that matters against the largest, which
+        // is 1), each invocation adds ceil(n / 256) terms in a row and a tree of 8
+        // levels joins them (one rounding each); 4× that for safety.
+        let n = self.model.config.vocab as f64;
+        let rounding = ((n / 256.0).ceil() + 8.0) * f64::from(f32::EPSILON);
+        Ok(Nucleus {
+            total: f64::from(total),
+            rel_err: 4.0 * (2e-5 + rounding),
+        })
     }
 
     fn last_logits(&mut self) -> Result<Option<&[f32]>> {

@@ -1,7 +1,8 @@
 //! Sampling help on the device (shaders/sample.wgsl): the GPU twin of
 //! [`crate::sample::argmax`] plus a non-finite flag, so a greedy decode step reads
 //! back 8 bytes instead of `vocab` floats, and the top-k candidates (at most
-//! [`MAX_K`]) for top-k / top-p sampling, which then read back `8·k + 8` bytes.
+//! [`MAX_K`]) for top-k / top-p sampling, which then read back `8·k + 12` bytes,
+//! with the softmax denominator a top-p cut without a top-k needs.
 
 use crate::gpu::{Dispatch, GpuContext, Kernel};
 use bytemuck::{Pod, Zeroable};
@@ -24,8 +25,9 @@ pub struct ArgmaxParams {
 /// Largest `k` [`SampleKernels::topk`] gathers (WGSL `MAX_K`).
 pub const MAX_K: usize = 256;
 
-/// Words of the top-k output buffer: flag, count, `MAX_K` ids, `MAX_K` logit bit patterns.
-pub const TOPK_WORDS: usize = 2 + 2 * MAX_K;
+/// Words of the top-k output buffer: flag, count, `MAX_K` ids, `MAX_K` logit bit
+/// patterns, the softmax denominator's bit pattern.
+pub const TOPK_WORDS: usize = 3 + 2 * MAX_K;
 
 /// Mirror of WGSL `TopkParams`.
 #[repr(C)]
@@ -37,8 +39,9 @@ pub struct TopkParams {
     pub off: u32,
     /// Candidates wanted (clamped to [`MAX_K`] and `n`).
     pub k: u32,
-    /// Padding to 16 bytes.
-    pub _pad: u32,
+    /// `> 0`: also compute `Σ exp((logit − max) / temperature)` over all logits
+    /// (the softmax denominator of a top-p cut); `0`: skip it.
+    pub temperature: f32,
 }
 
 /// The compiled pipelines of the family.
@@ -75,8 +78,9 @@ impl SampleKernels {
 impl SampleKernels {
     /// One workgroup: the `min(k, n, MAX_K)` largest of `logits[off .. off + n]`
     /// (ties at the cut toward lower ids) into `out` ([`TOPK_WORDS`] u32: flag,
-    /// count, ids, logit bits), in no particular order; the flag is 1 when a logit
-    /// is NaN or infinite.
+    /// count, ids, logit bits, softmax denominator), in no particular order; the
+    /// flag is 1 when a logit is NaN or infinite. With `temperature > 0` the last
+    /// word is `Σ exp((logit − max) / temperature)` over all `n` logits (f32).
     pub fn topk(
         &self,
         ctx: &GpuContext,
@@ -85,21 +89,23 @@ impl SampleKernels {
         out: &wgpu::Buffer,
     ) -> Dispatch {
         let ub = ctx.uniform_init("topk params", bytemuck::bytes_of(p));
-        Dispatch::new(ctx, &self.topk, &[&ub, logits, out], [1, 1, 1])
-            .with_bytes(p.n as u64 * 4 * 6 + TOPK_WORDS as u64 * 4)
+        Dispatch::new(ctx, &self.topk, &[&ub, logits, out], [1, 1, 1]).with_bytes(
+            p.n as u64 * 4 * if p.temperature > 0.0 { 8 } else { 6 } + TOPK_WORDS as u64 * 4,
+        )
     }
 }
 
-/// Decode the top-k output buffer into `(logit, id)` pairs, or `None` when the
-/// flag says a logit was not finite.
-pub fn decode_topk(words: &[u32], out: &mut Vec<(f32, u32)>) -> Option<()> {
+/// Decode the top-k output buffer into `(logit, id)` pairs and return the softmax
+/// denominator (0 unless asked for), or `None` when the flag says a logit was not
+/// finite.
+pub fn decode_topk(words: &[u32], out: &mut Vec<(f32, u32)>) -> Option<f32> {
     out.clear();
     if words[0] != 0 {
         return None;
     }
     let m = (words[1] as usize).min(MAX_K);
     out.extend((0..m).map(|i| (f32::from_bits(words[2 + MAX_K + i]), words[2 + i])));
-    Some(())
+    Some(f32::from_bits(words[2 + 2 * MAX_K]))
 }
 
 #[cfg(test)]
