@@ -1,7 +1,8 @@
 //! The batched prefill of [`CpuEngine`]: a prompt goes through each layer in
 //! chunks of tokens, layer by layer, so one pass over a CQ matrix serves the
 //! whole chunk (the 8-lane kernels decode each weight vector once for four
-//! tokens, see [`crate::cq::CqMatrix::matmul_rows_prepared`]) and the per-token
+//! tokens, see [`crate::cq::CqMatrix::matmul_rows_prepared`]; inputs that several
+//! matrices share are prepared and laid out for that kernel once) and the per-token
 //! work between the matvecs (norms, MLP, routing) is split over the pool by token.
 //!
 //! Causal attention inside a chunk: at each layer the chunk's keys and values are
@@ -17,7 +18,7 @@
 
 use super::block;
 use super::engine::CpuEngine;
-use crate::cq::{prepare_into, CqMatrix};
+use crate::cq::{prepare_into, BatchIn, BatchLayout, CpuKernels, CqMatrix};
 use crate::engram::table_rows_for;
 use crate::error::{Error, Result};
 use crate::kernels::attention::KvHeadView;
@@ -80,11 +81,22 @@ pub(super) struct Batch {
     prep: BatchPrep,
 }
 
-/// The chunk's inputs prepared for each distinct (group, padded), once per activation.
+/// The chunk's inputs prepared for each distinct (group, padded, batched-kernel
+/// layout), once per activation: `wq wk wv wg` (and the three Φ) share one.
 #[derive(Debug, Default)]
 struct BatchPrep {
-    slots: Vec<(usize, usize, Vec<f32>)>,
+    slots: Vec<PrepSlot>,
     used: usize,
+    /// One prepared input per pool part, before it is laid out.
+    tmp: Vec<f32>,
+}
+
+#[derive(Debug, Default)]
+struct PrepSlot {
+    group: usize,
+    padded: usize,
+    lay: Option<BatchLayout>,
+    data: Vec<f32>,
 }
 
 impl BatchPrep {
@@ -92,34 +104,67 @@ impl BatchPrep {
         self.used = 0;
     }
 
-    /// `prepare(x_t)` for `m`, every token `t` of `xs` (`[n, m.cols()]`), as `[n, padded]`.
-    fn get(&mut self, xs: &[f32], n: usize, m: &CqMatrix) -> Result<&[f32]> {
+    /// `prepare(x_t)` for `m`, every token `t` of `xs` (`[n, m.cols()]`), as
+    /// `[n, padded]`, laid out for `m`'s batched kernel when it has one.
+    fn get(
+        &mut self,
+        xs: &[f32],
+        n: usize,
+        m: &CqMatrix,
+    ) -> Result<(BatchIn<'_>, Option<BatchLayout>)> {
         let (group, padded, cols) = (m.group(), m.padded(), m.cols());
+        let lay = m.batch_layout(CpuKernels::selected(), n);
         let hit = self.slots[..self.used]
             .iter()
-            .position(|(g, p, _)| *g == group && *p == padded);
+            .position(|s| s.group == group && s.padded == padded && s.lay == lay);
         let i = match hit {
             Some(i) => i,
             None => {
                 if self.used == self.slots.len() {
-                    self.slots.push((0, 0, Vec::new()));
+                    self.slots.push(PrepSlot::default());
                 }
+                let parts = Pool::global().threads();
+                grow(&mut self.tmp, parts * padded, "prefill prepared inputs")?;
                 let slot = &mut self.slots[self.used];
-                slot.0 = group;
-                slot.1 = padded;
-                grow(&mut slot.2, n * padded, "prefill prepared inputs")?;
-                let out = SharedSlice::new(&mut slot.2[..n * padded]);
-                per_token(n, &|_, t| {
-                    // SAFETY: token t owns its row of `out`.
-                    let o = unsafe { out.range(t * padded..(t + 1) * padded) };
-                    prepare_into(&xs[t * cols..(t + 1) * cols], group, o);
+                (slot.group, slot.padded, slot.lay) = (group, padded, lay);
+                grow(&mut slot.data, n * padded, "prefill prepared inputs")?;
+                let out = SharedSlice::new(&mut slot.data[..n * padded]);
+                let tmp = SharedSlice::new(&mut self.tmp);
+                per_token(n, &|part, t| {
+                    // SAFETY: token t owns its row of `out`, part `part` its scratch.
+                    let (o, x) = unsafe { (row(&out, t, padded), row(&tmp, part, padded)) };
+                    let src = &xs[t * cols..(t + 1) * cols];
+                    match lay {
+                        Some(lay) => {
+                            prepare_into(src, group, x);
+                            lay.lay_out(x, o);
+                        }
+                        None => prepare_into(src, group, o),
+                    }
                 });
                 self.used += 1;
                 self.used - 1
             }
         };
-        Ok(&self.slots[i].2[..n * padded])
+        let data = &self.slots[i].data[..n * padded];
+        Ok(match lay {
+            Some(_) => (BatchIn::LaidOut(data), lay),
+            None => (BatchIn::Prepared(data), lay),
+        })
     }
+}
+
+/// `m`'s rows `first .. first + count` for the `n` inputs of `input` (from
+/// [`BatchPrep::get`]) into `out` (`[n, count]`).
+fn matmul(
+    m: &CqMatrix,
+    (input, lay): (BatchIn<'_>, Option<BatchLayout>),
+    n: usize,
+    first: usize,
+    count: usize,
+    out: &mut [f32],
+) {
+    m.matmul_rows_in(CpuKernels::selected(), input, lay, n, first, count, out);
 }
 
 /// Make `v` at least `n` values long (new ones zero; never shrinks, so later
@@ -303,11 +348,9 @@ impl CpuEngine {
                 grow(&mut bt.site_key[i], n * h, "prefill engram keys")?;
                 grow(&mut bt.site_value[i], n * h, "prefill engram values")?;
                 let pv = bt.prep.get(&bt.e[..n * ed], n, &site.wv)?;
-                site.wv
-                    .matmul_rows_prepared(pv, n, 0, h, &mut bt.site_v[..n * h]);
+                matmul(&site.wv, pv, n, 0, h, &mut bt.site_v[..n * h]);
                 let pk = bt.prep.get(&bt.e[..n * ed], n, &site.wk)?;
-                site.wk
-                    .matmul_rows_prepared(pk, n, 0, h, &mut bt.site_key[i][..n * h]);
+                matmul(&site.wk, pk, n, 0, h, &mut bt.site_key[i][..n * h]);
                 for t in 0..n {
                     let pos = t0 + t as u64;
                     let slot = (pos % ring) as usize;
@@ -383,14 +426,11 @@ impl CpuEngine {
             }
             bt.prep.clear();
             let px = bt.prep.get(&bt.xhat[..n * 4 * h], n, &m.phi_pre)?;
-            m.phi_pre
-                .matmul_rows_prepared(px, n, 4 * l, 4, &mut bt.p_pre[..n * 4]);
+            matmul(&m.phi_pre, px, n, 4 * l, 4, &mut bt.p_pre[..n * 4]);
             let px = bt.prep.get(&bt.xhat[..n * 4 * h], n, &m.phi_post)?;
-            m.phi_post
-                .matmul_rows_prepared(px, n, 4 * l, 4, &mut bt.p_post[..n * 4]);
+            matmul(&m.phi_post, px, n, 4 * l, 4, &mut bt.p_post[..n * 4]);
             let px = bt.prep.get(&bt.xhat[..n * 4 * h], n, &m.phi_res)?;
-            m.phi_res
-                .matmul_rows_prepared(px, n, 16 * l, 16, &mut bt.p_res[..n * 16]);
+            matmul(&m.phi_res, px, n, 16 * l, 16, &mut bt.p_res[..n * 16]);
 
             // 3–5: pre-mix, engram gate, attention norm, per token.
             {
@@ -421,17 +461,13 @@ impl CpuEngine {
 
             bt.prep.clear();
             let pa = bt.prep.get(&bt.a[..n * h], n, &lw.wq)?;
-            lw.wq
-                .matmul_rows_prepared(pa, n, 0, qd, &mut bt.q[..n * qd]);
+            matmul(&lw.wq, pa, n, 0, qd, &mut bt.q[..n * qd]);
             let pa = bt.prep.get(&bt.a[..n * h], n, &lw.wk)?;
-            lw.wk
-                .matmul_rows_prepared(pa, n, 0, kvd, &mut bt.k[..n * kvd]);
+            matmul(&lw.wk, pa, n, 0, kvd, &mut bt.k[..n * kvd]);
             let pa = bt.prep.get(&bt.a[..n * h], n, &lw.wv)?;
-            lw.wv
-                .matmul_rows_prepared(pa, n, 0, kvd, &mut bt.v[..n * kvd]);
+            matmul(&lw.wv, pa, n, 0, kvd, &mut bt.v[..n * kvd]);
             let pa = bt.prep.get(&bt.a[..n * h], n, &lw.wg)?;
-            lw.wg
-                .matmul_rows_prepared(pa, n, 0, qd, &mut bt.g[..n * qd]);
+            matmul(&lw.wg, pa, n, 0, qd, &mut bt.g[..n * qd]);
             {
                 let (q, k) = (SharedSlice::new(&mut bt.q), SharedSlice::new(&mut bt.k));
                 let (cos, sin) = (&bt.cos, &bt.sin);
@@ -540,8 +576,7 @@ impl CpuEngine {
             });
             bt.prep.clear();
             let po = bt.prep.get(&bt.o[..n * qd], n, &lw.wo)?;
-            lw.wo
-                .matmul_rows_prepared(po, n, 0, h, &mut bt.attn[..n * h]);
+            matmul(&lw.wo, po, n, 0, h, &mut bt.attn[..n * h]);
 
             // 5 (end) – 9: residual, MLP, update and routing, per token.
             {

@@ -34,6 +34,30 @@ pub struct CqMatrix {
     lut: Lut,
 }
 
+/// How the batched kernel wants its inputs: each prepared input permuted for an
+/// 8-lane plan at a bit width (see [`CqMatrix::batch_layout`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BatchLayout {
+    plan: Plan,
+    bits: u32,
+}
+
+impl BatchLayout {
+    /// Lay out prepared inputs (`[tokens, padded]`) into `dst` (the same length).
+    pub(crate) fn lay_out(&self, preps: &[f32], dst: &mut [f32]) {
+        self.plan.permute_into(self.bits, preps, dst);
+    }
+}
+
+/// The inputs of a batched matvec.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum BatchIn<'a> {
+    /// Prepared inputs, `[tokens, padded]`.
+    Prepared(&'a [f32]),
+    /// Prepared inputs laid out by [`BatchLayout::lay_out`].
+    LaidOut(&'a [f32]),
+}
+
 thread_local! {
     /// The prepared activation in the SIMD kernels' order (reused between calls).
     static PERMUTED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -315,35 +339,71 @@ impl CqMatrix {
         count: usize,
         out: &mut [f32],
     ) {
-        let padded = self.padded();
-        assert_eq!(
-            preps.len(),
-            tokens * padded,
-            "matmul: prepared inputs length"
+        let lay = self.batch_layout(kernels, tokens);
+        self.matmul_rows_in(
+            kernels,
+            BatchIn::Prepared(preps),
+            lay,
+            tokens,
+            first,
+            count,
+            out,
         );
+    }
+
+    /// The activation layout of the batched kernel for `tokens` inputs under
+    /// `kernels`, or `None` when the inputs run one at a time: the batched kernel
+    /// pays when every pool thread gets whole passes of 4 inputs.
+    pub(crate) fn batch_layout(&self, kernels: CpuKernels, tokens: usize) -> Option<BatchLayout> {
+        if !CpuKernels::available().contains(&kernels) {
+            return None;
+        }
+        let gb = self.group * self.bits as usize / 8;
+        let plan = Plan::choose(kernels, self.bits, gb).filter(|p| p.lanes == 8)?;
+        (tokens >= 4 * Pool::global().threads()).then_some(BatchLayout {
+            plan,
+            bits: self.bits,
+        })
+    }
+
+    /// The batched matvec of `tokens` inputs given prepared (`[tokens, padded]`)
+    /// or already laid out for `lay` (the value of [`CqMatrix::batch_layout`] for
+    /// these kernels and tokens, which the caller passes along).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn matmul_rows_in(
+        &self,
+        kernels: CpuKernels,
+        input: BatchIn<'_>,
+        lay: Option<BatchLayout>,
+        tokens: usize,
+        first: usize,
+        count: usize,
+        out: &mut [f32],
+    ) {
+        let padded = self.padded();
+        let xs = match input {
+            BatchIn::Prepared(x) | BatchIn::LaidOut(x) => x,
+        };
+        assert_eq!(xs.len(), tokens * padded, "matmul: inputs length");
         assert_eq!(out.len(), tokens * count, "matmul: output length");
         assert!(first + count <= self.rows, "matmul: rows out of range");
+        assert_eq!(lay, self.batch_layout(kernels, tokens), "matmul: layout");
         let kernels = if CpuKernels::available().contains(&kernels) {
             kernels
         } else {
             CpuKernels::Scalar
         };
-        let pool = Pool::global();
-        let gb = self.group * self.bits as usize / 8;
-        let plan = Plan::choose(kernels, self.bits, gb).filter(|p| p.lanes == 8);
-        // The batched kernel pays when every thread gets whole passes of 4 inputs;
-        // otherwise each input runs alone (with its rows split over the pool).
-        let plan = match plan {
-            Some(p) if tokens >= 4 * pool.threads() && count > 0 => p,
-            _ => {
-                for (x, o) in preps
-                    .chunks_exact(padded)
-                    .zip(out.chunks_exact_mut(count.max(1)))
-                {
-                    self.matvec_rows_prepared_with(kernels, x, first, &mut o[..count]);
-                }
-                return;
+        let Some(lay) = lay.filter(|_| count > 0) else {
+            let BatchIn::Prepared(preps) = input else {
+                unreachable!("laid-out inputs come with a layout");
+            };
+            for (x, o) in preps
+                .chunks_exact(padded)
+                .zip(out.chunks_exact_mut(count.max(1)))
+            {
+                self.matvec_rows_prepared_with(kernels, x, first, &mut o[..count]);
             }
+            return;
         };
         PERMUTED.with(|cell| {
             let mut own = Vec::new();
@@ -353,27 +413,33 @@ impl CqMatrix {
                 Err(_) => &mut own,
             };
             // Every value is overwritten below; only grow (no clearing memset).
-            if xp.len() < tokens * padded {
-                xp.resize(tokens * padded, 0.0);
+            let scratch = if matches!(input, BatchIn::Prepared(_)) {
+                tokens * padded
+            } else {
+                0
+            };
+            if xp.len() < scratch {
+                xp.resize(scratch, 0.0);
             }
-            let xp = SharedSlice::new(&mut xp[..tokens * padded]);
+            let xp = SharedSlice::new(&mut xp[..scratch]);
             let shared = SharedSlice::new(out);
             let rb = self.row_bytes();
-            // Inputs, not rows, are split over the threads: each thread permutes
+            // Inputs, not rows, are split over the threads: each thread lays out
             // its inputs and reads all the rows (from cache), decoding each weight
             // vector once per 4 inputs.
-            pool.for_ranges(tokens, 4, &|range| {
+            Pool::global().for_ranges(tokens, 4, &|range| {
+                let span = range.start * padded..range.end * padded;
                 // SAFETY: the ranges of one for_ranges call are disjoint.
-                let (o, x) = unsafe {
-                    (
-                        shared.range(range.start * count..range.end * count),
-                        xp.range(range.start * padded..range.end * padded),
-                    )
+                let o = unsafe { shared.range(range.start * count..range.end * count) };
+                let x: &[f32] = match input {
+                    BatchIn::LaidOut(x) => &x[span],
+                    BatchIn::Prepared(p) => {
+                        // SAFETY: as above.
+                        let d = unsafe { xp.range(span.clone()) };
+                        lay.lay_out(&p[span], d);
+                        d
+                    }
                 };
-                let src = &preps[range.start * padded..range.end * padded];
-                for (p, d) in src.chunks_exact(padded).zip(x.chunks_exact_mut(padded)) {
-                    plan.permute_into(self.bits, p, d);
-                }
                 let r = simd::Rows {
                     codebook: &self.codebook,
                     packed: &self.packed[first * rb..(first + count) * rb],
@@ -383,7 +449,7 @@ impl CqMatrix {
                     group: self.group,
                     groups: self.groups,
                 };
-                simd::rows_batch(plan, &r, count, range.len(), o, count);
+                simd::rows_batch(lay.plan, &r, count, range.len(), o, count);
             });
         });
     }

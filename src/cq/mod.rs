@@ -8,4 +8,5 @@ mod simd;
 
 pub use fwht::{fwht, fwht_scalar, nfwht};
 pub use matrix::{cq_matvec, cq_matvec_rows, dequantize_row, prepare, prepare_into, CqMatrix};
+pub(crate) use matrix::{BatchIn, BatchLayout};
 pub use simd::CpuKernels;

@@ -425,27 +425,28 @@ mod x86 {
         let base = r.packed.as_ptr();
         let x0 = xp.as_ptr();
         let mut n = 0;
+        // Rows of whole blocks of 4: `rows8` reduces each row's group sum as lane
+        // `i` of `hsum4x8` (a per-row order: ((v0+v1)+(v2+v3)) + ((v4+v5)+(v6+v7)))
+        // and accumulates `fma(sum, norm, acc)`; here lane `t` holds token `t`, so
+        // each row is finished before the next with the same operations.
+        let zero = _mm256_setzero_ps();
         while n + 4 <= rows {
-            let mut acc = [_mm_setzero_ps(); T];
-            for k in 0..g {
-                let xs: [*const f32; T] = std::array::from_fn(|t| x0.add(t * padded + k * r.group));
-                let at = |i: usize| base.add((n + i) * row_bytes + k * gb);
-                let v0 = group8_tokens::<T, B>(at(0), xs, blocks, lo, hi);
-                let v1 = group8_tokens::<T, B>(at(1), xs, blocks, lo, hi);
-                let v2 = group8_tokens::<T, B>(at(2), xs, blocks, lo, hi);
-                let v3 = group8_tokens::<T, B>(at(3), xs, blocks, lo, hi);
-                let nr = _mm_setr_ps(
-                    r.norms[n * g + k],
-                    r.norms[(n + 1) * g + k],
-                    r.norms[(n + 2) * g + k],
-                    r.norms[(n + 3) * g + k],
-                );
-                for t in 0..T {
-                    acc[t] = _mm_fmadd_ps(hsum4x8(v0[t], v1[t], v2[t], v3[t]), nr, acc[t]);
+            for i in n..n + 4 {
+                let mut acc = _mm_setzero_ps();
+                for k in 0..g {
+                    let xs: [*const f32; T] =
+                        std::array::from_fn(|t| x0.add(t * padded + k * r.group));
+                    let v =
+                        group8_tokens::<T, B>(base.add(i * row_bytes + k * gb), xs, blocks, lo, hi);
+                    let at = |t: usize| if t < T { v[t] } else { zero };
+                    let sum = hsum4x8(at(0), at(1), at(2), at(3));
+                    acc = _mm_fmadd_ps(sum, _mm_set1_ps(r.norms[i * g + k]), acc);
                 }
-            }
-            for t in 0..T {
-                _mm_storeu_ps(out.add(t * stride + n), acc[t]);
+                let mut lanes = [0.0f32; 4];
+                _mm_storeu_ps(lanes.as_mut_ptr(), acc);
+                for (t, &v) in lanes.iter().enumerate().take(T) {
+                    *out.add(t * stride + i) = v;
+                }
             }
             n += 4;
         }
