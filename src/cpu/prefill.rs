@@ -130,7 +130,7 @@ impl BatchPrep {
                 grow(&mut slot.data, n * padded, "prefill prepared inputs")?;
                 let out = SharedSlice::new(&mut slot.data[..n * padded]);
                 let tmp = SharedSlice::new(&mut self.tmp);
-                per_token(n, &|part, t| {
+                per_token(n, padded, &|part, t| {
                     // SAFETY: token t owns its row of `out`, part `part` its scratch.
                     let (o, x) = unsafe { (row(&out, t, padded), row(&tmp, part, padded)) };
                     let src = &xs[t * cols..(t + 1) * cols];
@@ -196,20 +196,26 @@ fn note(
         .as_ref()
         .map_or(data.len() / w.max(1), |(p, _)| (p - t0) as usize);
     let rows = data.chunks_exact(w).take(limit);
+    // A branch-free scan per row (vectorizes; rows are short).
     if let Some(t) = rows
         .into_iter()
-        .position(|r| !r.iter().all(|v| v.is_finite()))
+        .position(|r| r.iter().fold(false, |bad, v| bad | !v.is_finite()))
     {
         *bad = Some((t0 + t as u64, name()));
     }
 }
 
+/// Below this many floats of work in all, [`per_token`] runs on the caller alone
+/// (a hand-out to the pool costs more than small models' per-token work).
+const PARALLEL_FLOATS: usize = 1 << 15;
+
 /// Call `f(part, t)` for every token `t < n`, the tokens split over the pool in
-/// contiguous runs (`part` is the pool part running it).
-fn per_token(n: usize, f: &(dyn Fn(usize, usize) + Sync)) {
+/// contiguous runs (`part` is the pool part running it) when the work is worth
+/// it: `work` floats touched per token.
+fn per_token(n: usize, work: usize, f: &(dyn Fn(usize, usize) + Sync)) {
     let pool = Pool::global();
     let parts = pool.threads();
-    if n < 2 || parts == 1 {
+    if n < 2 || parts == 1 || n.saturating_mul(work) < PARALLEL_FLOATS {
         (0..n).for_each(|t| f(0, t));
         return;
     }
@@ -418,7 +424,7 @@ impl CpuEngine {
             {
                 let xh = SharedSlice::new(&mut bt.xhat[..n * 4 * h]);
                 let lanes = &bt.lanes;
-                per_token(n, &|_, t| {
+                per_token(n, 4 * h, &|_, t| {
                     // SAFETY: token t owns its row.
                     let x = unsafe { row(&xh, t, 4 * h) };
                     rms_unit_into(&lanes[t * 4 * h..(t + 1) * 4 * h], x);
@@ -439,7 +445,7 @@ impl CpuEngine {
                 let (a, tmp) = (SharedSlice::new(&mut bt.a), SharedSlice::new(&mut bt.tmp));
                 let (lanes, p_pre) = (&bt.lanes, &bt.p_pre);
                 let (keys, values) = (&bt.site_key, &bt.site_value);
-                per_token(n, &|_, t| {
+                per_token(n, 4 * h, &|_, t| {
                     // SAFETY: token t owns its rows.
                     let (u, b, a, tmp) =
                         unsafe { (row(&u, t, h), row(&b, t, h), row(&a, t, h), row(&tmp, t, h)) };
@@ -472,7 +478,7 @@ impl CpuEngine {
                 let (q, k) = (SharedSlice::new(&mut bt.q), SharedSlice::new(&mut bt.k));
                 let (cos, sin) = (&bt.cos, &bt.sin);
                 let half = hd / 2;
-                per_token(n, &|_, t| {
+                per_token(n, qd, &|_, t| {
                     // SAFETY: token t owns its rows.
                     let (q, k) = unsafe { (row(&q, t, qd), row(&k, t, kvd)) };
                     let (cs, sn) = (
@@ -512,7 +518,7 @@ impl CpuEngine {
                     SharedSlice::new(&mut bt.kv_vs),
                 );
                 let (k, v) = (&bt.k, &bt.v);
-                per_token(n, &|_, t| {
+                per_token(n, kvd, &|_, t| {
                     for j in 0..c.kv_heads {
                         let r = j * vr + rows + t;
                         let head = t * kvd + j * hd..t * kvd + (j + 1) * hd;
@@ -534,7 +540,7 @@ impl CpuEngine {
                 let (slots, slot_at) = (&bt.slots, &bt.slot_at);
                 let (kk, kv, ks, vs) = (&bt.kv_k, &bt.kv_v, &bt.kv_ks, &bt.kv_vs);
                 let g = c.heads / c.kv_heads;
-                per_token(n, &|part, t| {
+                per_token(n, rows * kvd, &|part, t| {
                     let tslots = &slots[slot_at[t]..slot_at[t + 1]];
                     let (qt, gt) = (&q[t * qd..(t + 1) * qd], &gate[t * qd..(t + 1) * qd]);
                     for j in 0..c.kv_heads {
@@ -592,7 +598,7 @@ impl CpuEngine {
                 let (b, u, lanes) = (&bt.b, &bt.u, &bt.lanes);
                 let (p_post, p_res) = (&bt.p_post, &bt.p_res);
                 let hdim = c.hadamard_dim;
-                per_token(n, &|part, t| {
+                per_token(n, c.hadamard_dim + 4 * h, &|part, t| {
                     // SAFETY: token t owns its rows, pool part `part` its MLP scratch.
                     let (attn, after, out, next, z) = unsafe {
                         (
