@@ -326,6 +326,42 @@ fn matvec_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
             for (var w = 0u; w < mp.group_words; w++) {
                 let wi = g * mp.group_words + w;
                 let xb = (wi - g0 * mp.group_words) * per;
+                // 4 and 2 bits: the word's activations as vec4s and its codes taken
+                // with constant shifts, so no private array is indexed by a loop
+                // variable (lavapipe keeps such arrays in memory: loading x through
+                // one cost ~38% of these matvecs).
+                if (BITS == 4u) {
+                    let x0 = vec4<f32>(xw[xb], xw[xb + 1u], xw[xb + 2u], xw[xb + 3u]);
+                    let x1 = vec4<f32>(xw[xb + 4u], xw[xb + 5u], xw[xb + 6u], xw[xb + 7u]);
+                    for (var k = 0u; k < ROWS_PER_INV; k++) {
+                        let wd = arena[rr[k].pbase + wi];
+                        let a = vec4<f32>(cb[k][wd & 15u], cb[k][(wd >> 4u) & 15u],
+                                          cb[k][(wd >> 8u) & 15u], cb[k][(wd >> 12u) & 15u]);
+                        let b = vec4<f32>(cb[k][(wd >> 16u) & 15u], cb[k][(wd >> 20u) & 15u],
+                                          cb[k][(wd >> 24u) & 15u], cb[k][wd >> 28u]);
+                        gacc[k] += dot(a, x0) + dot(b, x1);
+                    }
+                    continue;
+                }
+                if (BITS == 2u) {
+                    let x0 = vec4<f32>(xw[xb], xw[xb + 1u], xw[xb + 2u], xw[xb + 3u]);
+                    let x1 = vec4<f32>(xw[xb + 4u], xw[xb + 5u], xw[xb + 6u], xw[xb + 7u]);
+                    let x2 = vec4<f32>(xw[xb + 8u], xw[xb + 9u], xw[xb + 10u], xw[xb + 11u]);
+                    let x3 = vec4<f32>(xw[xb + 12u], xw[xb + 13u], xw[xb + 14u], xw[xb + 15u]);
+                    for (var k = 0u; k < ROWS_PER_INV; k++) {
+                        let wd = arena[rr[k].pbase + wi];
+                        let a = vec4<f32>(cb[k][wd & 3u], cb[k][(wd >> 2u) & 3u],
+                                          cb[k][(wd >> 4u) & 3u], cb[k][(wd >> 6u) & 3u]);
+                        let b = vec4<f32>(cb[k][(wd >> 8u) & 3u], cb[k][(wd >> 10u) & 3u],
+                                          cb[k][(wd >> 12u) & 3u], cb[k][(wd >> 14u) & 3u]);
+                        let c = vec4<f32>(cb[k][(wd >> 16u) & 3u], cb[k][(wd >> 18u) & 3u],
+                                          cb[k][(wd >> 20u) & 3u], cb[k][(wd >> 22u) & 3u]);
+                        let e = vec4<f32>(cb[k][(wd >> 24u) & 3u], cb[k][(wd >> 26u) & 3u],
+                                          cb[k][(wd >> 28u) & 3u], cb[k][wd >> 30u]);
+                        gacc[k] += (dot(a, x0) + dot(b, x1)) + (dot(c, x2) + dot(e, x3));
+                    }
+                    continue;
+                }
                 for (var j = 0u; j < per; j++) {
                     xv[j] = xw[xb + j];
                 }
