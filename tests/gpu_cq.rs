@@ -50,6 +50,7 @@ fn matvec_matches_cpu_for_every_bits_and_group_with_fused_parts() {
         Reduction::Portable,
         Reduction::Subgroup,
         Reduction::RowPerInvocation,
+        Reduction::RowPerInvocationSubgroup,
     ] {
         let k = CqKernels::with_reduction(&ctx, red);
         if ctx.caps.subgroups {
@@ -238,7 +239,11 @@ fn matvec_from_a_raw_input_prepares_it_in_every_mode() {
             shapes.push((n, [1u32, 2, 4, 8][i], group));
         }
     }
-    for red in [Reduction::Subgroup, Reduction::RowPerInvocation] {
+    for red in [
+        Reduction::Subgroup,
+        Reduction::RowPerInvocation,
+        Reduction::RowPerInvocationSubgroup,
+    ] {
         let k = CqKernels::with_reduction(&ctx, red);
         for &(n, bits, group) in &shapes {
             let rows = 37;
@@ -307,6 +312,7 @@ fn tall_matrices_spread_rows_over_each_team_in_turn() {
         Reduction::Portable,
         Reduction::Subgroup,
         Reduction::RowPerInvocation,
+        Reduction::RowPerInvocationSubgroup,
     ] {
         let k = CqKernels::with_reduction(&ctx, red);
         let out = poisoned(&ctx, rows);

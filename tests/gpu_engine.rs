@@ -72,12 +72,17 @@ fn portable_kernels_match_cpu_too() {
 #[test]
 fn every_matvec_variant_matches_cpu_end_to_end() {
     // Whatever the adapter picks by default, run the other matvec kernels too:
-    // one row per invocation (CPU adapters) and 16 lanes per row with the
-    // subgroup reduction (GPUs).
+    // rows per invocation (CPU adapters) with and without subgroup broadcasts,
+    // and 16 lanes per row with the subgroup reduction (GPUs).
     let Some(_) = gpu() else { return };
-    for (row_matvec, label) in [(true, "row per invocation"), (false, "16 lanes per row")] {
+    for (row_matvec, no_subgroups, label) in [
+        (true, false, "rows per invocation"),
+        (true, true, "rows per invocation, no subgroups"),
+        (false, false, "16 lanes per row"),
+    ] {
         let opts = cqlm::gpu::GpuOptions {
             row_matvec: Some(row_matvec),
+            no_subgroups,
             ..Default::default()
         };
         let ctx = cqlm::gpu::GpuContext::new(&opts, 1 << 20).unwrap();

@@ -26,8 +26,11 @@ pub enum Reduction {
     Portable,
     /// `subgroupShuffleXor` (adapters with SUBGROUP; `CQLM_NO_SUBGROUPS=1` turns it off).
     Subgroup,
-    /// No reduction: one invocation per row (`matvec_rows`), for CPU adapters.
+    /// No reduction: one invocation per 4 rows (`matvec_rows`), for CPU adapters.
     RowPerInvocation,
+    /// `RowPerInvocation` with each word's activations passed to the lanes by
+    /// subgroup broadcasts (`matvec_rows_sg`; adapters with SUBGROUP).
+    RowPerInvocationSubgroup,
 }
 /// Largest group the shared-memory FWHTs of `matvec` and `gather` handle.
 pub const MAX_GROUP: usize = 4096;
@@ -163,7 +166,9 @@ impl CqKernels {
     /// Compile every entry point (one matvec pipeline per bit width), with the
     /// subgroup reduction when the device has subgroups enabled.
     pub fn new(ctx: &GpuContext) -> CqKernels {
-        let r = if ctx.caps.row_matvec {
+        let r = if ctx.caps.row_matvec && ctx.caps.subgroups {
+            Reduction::RowPerInvocationSubgroup
+        } else if ctx.caps.row_matvec {
             Reduction::RowPerInvocation
         } else if ctx.caps.subgroups {
             Reduction::Subgroup
@@ -173,19 +178,23 @@ impl CqKernels {
         Self::with_reduction(ctx, r)
     }
 
-    /// Compile with an explicit matvec reduction (tests cover both). `Subgroup`
-    /// falls back to `Portable` on a device without subgroups enabled.
+    /// Compile with an explicit matvec reduction (tests cover every one). Without
+    /// subgroups enabled, `Subgroup` falls back to `Portable` and
+    /// `RowPerInvocationSubgroup` to `RowPerInvocation`.
     pub fn with_reduction(ctx: &GpuContext, reduction: Reduction) -> CqKernels {
-        let reduction = if reduction == Reduction::Subgroup && !ctx.caps.subgroups {
-            Reduction::Portable
-        } else {
-            reduction
+        let reduction = match reduction {
+            Reduction::Subgroup if !ctx.caps.subgroups => Reduction::Portable,
+            Reduction::RowPerInvocationSubgroup if !ctx.caps.subgroups => {
+                Reduction::RowPerInvocation
+            }
+            r => r,
         };
         let sg_source = subgroup_source();
         let (src, entry) = match reduction {
             Reduction::Portable => (SOURCE, "matvec"),
             Reduction::Subgroup => (sg_source.as_str(), "matvec_sg"),
             Reduction::RowPerInvocation => (SOURCE, "matvec_rows"),
+            Reduction::RowPerInvocationSubgroup => (sg_source.as_str(), "matvec_rows_sg"),
         };
         let mv = |bits: u32, name| Kernel::new(ctx, src, name, entry, 4, &[("BITS", bits as f64)]);
         CqKernels {
@@ -316,7 +325,7 @@ impl CqKernels {
             params.team_rows = params.total_rows.div_ceil(4 * 128).clamp(1, 16);
             let rows_per_wg = match self.reduction {
                 // 4 rows per invocation, 64 invocations (cq.wgsl ROWS_PER_INV).
-                Reduction::RowPerInvocation => 256,
+                Reduction::RowPerInvocation | Reduction::RowPerInvocationSubgroup => 256,
                 _ => 4 * params.team_rows,
             };
             let g = grid(
