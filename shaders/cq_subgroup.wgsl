@@ -42,6 +42,9 @@ fn matvec_sg(
 }
 
 // ---------------------------------------------------------------- matvec_rows_sg
+// Binding 9: the arena again, as vec4<u32> (packed rows start 16-byte aligned).
+@group(0) @binding(9) var<storage, read> arena4: array<vec4<u32>>;
+
 // `matvec_rows` (cq.wgsl) for CPU adapters with subgroups: the same geometry,
 // bindings and sums, except that at 4 and 2 bits a word's activations reach the
 // lanes as one load per lane and subgroup broadcasts (subgroups of at least 8),
@@ -85,91 +88,171 @@ fn matvec_rows_sg(
         let g0 = c0 / (mp.group_words * per);
         for (var g = g0; g < g0 + len / (mp.group_words * per); g++) {
             var gacc = vec4<f32>(0.0);
-            for (var w = 0u; w < mp.group_words; w++) {
-                let wi = g * mp.group_words + w;
-                let xb = (wi - g0 * mp.group_words) * per;
-                // 4 and 2 bits: the word's activations as vec4s and its codes taken
-                // with constant shifts, so no private array is indexed by a loop
-                // variable (lavapipe keeps such arrays in memory: loading x through
-                // one cost ~38% of these matvecs).
-                if (BITS == 4u) {
-                    var x0: vec4<f32>;
-                    var x1: vec4<f32>;
-                    if (sg >= 8u) {
-                        // One load per lane, then broadcasts (no per-lane gathers
-                        // of the same 8 values).
-                        let xl = xw[xb + (sl & 7u)];
-                        x0 = vec4<f32>(subgroupBroadcast(xl, 0u), subgroupBroadcast(xl, 1u),
-                                       subgroupBroadcast(xl, 2u), subgroupBroadcast(xl, 3u));
-                        x1 = vec4<f32>(subgroupBroadcast(xl, 4u), subgroupBroadcast(xl, 5u),
-                                       subgroupBroadcast(xl, 6u), subgroupBroadcast(xl, 7u));
-                    } else {
-                        x0 = vec4<f32>(xw[xb], xw[xb + 1u], xw[xb + 2u], xw[xb + 3u]);
-                        x1 = vec4<f32>(xw[xb + 4u], xw[xb + 5u], xw[xb + 6u], xw[xb + 7u]);
-                    }
-                    for (var k = 0u; k < ROWS_PER_INV; k++) {
-                        let wd = arena[rr[k].pbase + wi];
-                        let a = vec4<f32>(cb[k][wd & 15u], cb[k][(wd >> 4u) & 15u],
-                                          cb[k][(wd >> 8u) & 15u], cb[k][(wd >> 12u) & 15u]);
-                        let b = vec4<f32>(cb[k][(wd >> 16u) & 15u], cb[k][(wd >> 20u) & 15u],
-                                          cb[k][(wd >> 24u) & 15u], cb[k][wd >> 28u]);
-                        gacc[k] += dot(a, x0) + dot(b, x1);
-                    }
-                    continue;
-                }
-                if (BITS == 2u) {
-                    var x0: vec4<f32>;
-                    var x1: vec4<f32>;
-                    var x2: vec4<f32>;
-                    var x3: vec4<f32>;
-                    if (sg >= 8u) {
-                        let xl = xw[xb + (sl & 7u)];
-                        let xh = xw[xb + 8u + (sl & 7u)];
-                        x0 = vec4<f32>(subgroupBroadcast(xl, 0u), subgroupBroadcast(xl, 1u),
-                                       subgroupBroadcast(xl, 2u), subgroupBroadcast(xl, 3u));
-                        x1 = vec4<f32>(subgroupBroadcast(xl, 4u), subgroupBroadcast(xl, 5u),
-                                       subgroupBroadcast(xl, 6u), subgroupBroadcast(xl, 7u));
-                        x2 = vec4<f32>(subgroupBroadcast(xh, 0u), subgroupBroadcast(xh, 1u),
-                                       subgroupBroadcast(xh, 2u), subgroupBroadcast(xh, 3u));
-                        x3 = vec4<f32>(subgroupBroadcast(xh, 4u), subgroupBroadcast(xh, 5u),
-                                       subgroupBroadcast(xh, 6u), subgroupBroadcast(xh, 7u));
-                    } else {
-                        x0 = vec4<f32>(xw[xb], xw[xb + 1u], xw[xb + 2u], xw[xb + 3u]);
-                        x1 = vec4<f32>(xw[xb + 4u], xw[xb + 5u], xw[xb + 6u], xw[xb + 7u]);
-                        x2 = vec4<f32>(xw[xb + 8u], xw[xb + 9u], xw[xb + 10u], xw[xb + 11u]);
-                        x3 = vec4<f32>(xw[xb + 12u], xw[xb + 13u], xw[xb + 14u], xw[xb + 15u]);
-                    }
-                    for (var k = 0u; k < ROWS_PER_INV; k++) {
-                        let wd = arena[rr[k].pbase + wi];
-                        let a = vec4<f32>(cb[k][wd & 3u], cb[k][(wd >> 2u) & 3u],
-                                          cb[k][(wd >> 4u) & 3u], cb[k][(wd >> 6u) & 3u]);
-                        let b = vec4<f32>(cb[k][(wd >> 8u) & 3u], cb[k][(wd >> 10u) & 3u],
-                                          cb[k][(wd >> 12u) & 3u], cb[k][(wd >> 14u) & 3u]);
-                        let c = vec4<f32>(cb[k][(wd >> 16u) & 3u], cb[k][(wd >> 18u) & 3u],
-                                          cb[k][(wd >> 20u) & 3u], cb[k][(wd >> 22u) & 3u]);
-                        let e = vec4<f32>(cb[k][(wd >> 24u) & 3u], cb[k][(wd >> 26u) & 3u],
-                                          cb[k][(wd >> 28u) & 3u], cb[k][wd >> 30u]);
-                        gacc[k] += (dot(a, x0) + dot(b, x1)) + (dot(c, x2) + dot(e, x3));
-                    }
-                    continue;
-                }
-                for (var j = 0u; j < per; j++) {
-                    xv[j] = xw[xb + j];
-                }
-                for (var k = 0u; k < ROWS_PER_INV; k++) {
-                    let word = arena[rr[k].pbase + wi];
-                    var d = 0.0;
-                    for (var j = 0u; j < per; j++) {
-                        let idx = (word >> (j * BITS)) & (ncb - 1u);
-                        var level: f32;
-                        if (BITS <= 4u) {
-                            level = cb[k][idx & 15u];
-                        } else {
-                            level = bitcast<f32>(arena[rr[k].cb + idx]);
+            // Four words at a time where a group holds whole fours (packed rows
+            // start 16-byte aligned): one vec4<u32> gather per row instead of four.
+            if ((BITS == 4u || BITS == 2u) && mp.group_words % 4u == 0u && sg >= 8u) {
+                for (var w = 0u; w < mp.group_words; w += 4u) {
+                    let wi = g * mp.group_words + w;
+                    let xb = (wi - g0 * mp.group_words) * per;
+                    if (BITS == 4u) {
+                        let l0 = xw[xb + 0u + (sl & 7u)];
+                        let l1 = xw[xb + 8u + (sl & 7u)];
+                        let l2 = xw[xb + 16u + (sl & 7u)];
+                        let l3 = xw[xb + 24u + (sl & 7u)];
+                        let x0 = vec4<f32>(subgroupBroadcast(l0, 0u), subgroupBroadcast(l0, 1u), subgroupBroadcast(l0, 2u), subgroupBroadcast(l0, 3u));
+                        let x1 = vec4<f32>(subgroupBroadcast(l0, 4u), subgroupBroadcast(l0, 5u), subgroupBroadcast(l0, 6u), subgroupBroadcast(l0, 7u));
+                        let x2 = vec4<f32>(subgroupBroadcast(l1, 0u), subgroupBroadcast(l1, 1u), subgroupBroadcast(l1, 2u), subgroupBroadcast(l1, 3u));
+                        let x3 = vec4<f32>(subgroupBroadcast(l1, 4u), subgroupBroadcast(l1, 5u), subgroupBroadcast(l1, 6u), subgroupBroadcast(l1, 7u));
+                        let x4 = vec4<f32>(subgroupBroadcast(l2, 0u), subgroupBroadcast(l2, 1u), subgroupBroadcast(l2, 2u), subgroupBroadcast(l2, 3u));
+                        let x5 = vec4<f32>(subgroupBroadcast(l2, 4u), subgroupBroadcast(l2, 5u), subgroupBroadcast(l2, 6u), subgroupBroadcast(l2, 7u));
+                        let x6 = vec4<f32>(subgroupBroadcast(l3, 0u), subgroupBroadcast(l3, 1u), subgroupBroadcast(l3, 2u), subgroupBroadcast(l3, 3u));
+                        let x7 = vec4<f32>(subgroupBroadcast(l3, 4u), subgroupBroadcast(l3, 5u), subgroupBroadcast(l3, 6u), subgroupBroadcast(l3, 7u));
+                        for (var k = 0u; k < ROWS_PER_INV; k++) {
+                            let q = arena4[(rr[k].pbase + wi) >> 2u];
+                            let d0 = dot(vec4<f32>(cb[k][q.x & 15u], cb[k][(q.x >> 4u) & 15u], cb[k][(q.x >> 8u) & 15u], cb[k][(q.x >> 12u) & 15u]), x0)
+                                + dot(vec4<f32>(cb[k][(q.x >> 16u) & 15u], cb[k][(q.x >> 20u) & 15u], cb[k][(q.x >> 24u) & 15u], cb[k][q.x >> 28u]), x1);
+                            let d1 = dot(vec4<f32>(cb[k][q.y & 15u], cb[k][(q.y >> 4u) & 15u], cb[k][(q.y >> 8u) & 15u], cb[k][(q.y >> 12u) & 15u]), x2)
+                                + dot(vec4<f32>(cb[k][(q.y >> 16u) & 15u], cb[k][(q.y >> 20u) & 15u], cb[k][(q.y >> 24u) & 15u], cb[k][q.y >> 28u]), x3);
+                            let d2 = dot(vec4<f32>(cb[k][q.z & 15u], cb[k][(q.z >> 4u) & 15u], cb[k][(q.z >> 8u) & 15u], cb[k][(q.z >> 12u) & 15u]), x4)
+                                + dot(vec4<f32>(cb[k][(q.z >> 16u) & 15u], cb[k][(q.z >> 20u) & 15u], cb[k][(q.z >> 24u) & 15u], cb[k][q.z >> 28u]), x5);
+                            let d3 = dot(vec4<f32>(cb[k][q.w & 15u], cb[k][(q.w >> 4u) & 15u], cb[k][(q.w >> 8u) & 15u], cb[k][(q.w >> 12u) & 15u]), x6)
+                                + dot(vec4<f32>(cb[k][(q.w >> 16u) & 15u], cb[k][(q.w >> 20u) & 15u], cb[k][(q.w >> 24u) & 15u], cb[k][q.w >> 28u]), x7);
+                            gacc[k] += (d0 + d1) + (d2 + d3);
                         }
-                        d += level * xv[j];
+                    } else {
+                        let l0 = xw[xb + 0u + (sl & 7u)];
+                        let l1 = xw[xb + 8u + (sl & 7u)];
+                        let l2 = xw[xb + 16u + (sl & 7u)];
+                        let l3 = xw[xb + 24u + (sl & 7u)];
+                        let l4 = xw[xb + 32u + (sl & 7u)];
+                        let l5 = xw[xb + 40u + (sl & 7u)];
+                        let l6 = xw[xb + 48u + (sl & 7u)];
+                        let l7 = xw[xb + 56u + (sl & 7u)];
+                        let x0 = vec4<f32>(subgroupBroadcast(l0, 0u), subgroupBroadcast(l0, 1u), subgroupBroadcast(l0, 2u), subgroupBroadcast(l0, 3u));
+                        let x1 = vec4<f32>(subgroupBroadcast(l0, 4u), subgroupBroadcast(l0, 5u), subgroupBroadcast(l0, 6u), subgroupBroadcast(l0, 7u));
+                        let x2 = vec4<f32>(subgroupBroadcast(l1, 0u), subgroupBroadcast(l1, 1u), subgroupBroadcast(l1, 2u), subgroupBroadcast(l1, 3u));
+                        let x3 = vec4<f32>(subgroupBroadcast(l1, 4u), subgroupBroadcast(l1, 5u), subgroupBroadcast(l1, 6u), subgroupBroadcast(l1, 7u));
+                        let x4 = vec4<f32>(subgroupBroadcast(l2, 0u), subgroupBroadcast(l2, 1u), subgroupBroadcast(l2, 2u), subgroupBroadcast(l2, 3u));
+                        let x5 = vec4<f32>(subgroupBroadcast(l2, 4u), subgroupBroadcast(l2, 5u), subgroupBroadcast(l2, 6u), subgroupBroadcast(l2, 7u));
+                        let x6 = vec4<f32>(subgroupBroadcast(l3, 0u), subgroupBroadcast(l3, 1u), subgroupBroadcast(l3, 2u), subgroupBroadcast(l3, 3u));
+                        let x7 = vec4<f32>(subgroupBroadcast(l3, 4u), subgroupBroadcast(l3, 5u), subgroupBroadcast(l3, 6u), subgroupBroadcast(l3, 7u));
+                        let x8 = vec4<f32>(subgroupBroadcast(l4, 0u), subgroupBroadcast(l4, 1u), subgroupBroadcast(l4, 2u), subgroupBroadcast(l4, 3u));
+                        let x9 = vec4<f32>(subgroupBroadcast(l4, 4u), subgroupBroadcast(l4, 5u), subgroupBroadcast(l4, 6u), subgroupBroadcast(l4, 7u));
+                        let x10 = vec4<f32>(subgroupBroadcast(l5, 0u), subgroupBroadcast(l5, 1u), subgroupBroadcast(l5, 2u), subgroupBroadcast(l5, 3u));
+                        let x11 = vec4<f32>(subgroupBroadcast(l5, 4u), subgroupBroadcast(l5, 5u), subgroupBroadcast(l5, 6u), subgroupBroadcast(l5, 7u));
+                        let x12 = vec4<f32>(subgroupBroadcast(l6, 0u), subgroupBroadcast(l6, 1u), subgroupBroadcast(l6, 2u), subgroupBroadcast(l6, 3u));
+                        let x13 = vec4<f32>(subgroupBroadcast(l6, 4u), subgroupBroadcast(l6, 5u), subgroupBroadcast(l6, 6u), subgroupBroadcast(l6, 7u));
+                        let x14 = vec4<f32>(subgroupBroadcast(l7, 0u), subgroupBroadcast(l7, 1u), subgroupBroadcast(l7, 2u), subgroupBroadcast(l7, 3u));
+                        let x15 = vec4<f32>(subgroupBroadcast(l7, 4u), subgroupBroadcast(l7, 5u), subgroupBroadcast(l7, 6u), subgroupBroadcast(l7, 7u));
+                        for (var k = 0u; k < ROWS_PER_INV; k++) {
+                            let q = arena4[(rr[k].pbase + wi) >> 2u];
+                            let d0 = (dot(vec4<f32>(cb[k][q.x & 3u], cb[k][(q.x >> 2u) & 3u], cb[k][(q.x >> 4u) & 3u], cb[k][(q.x >> 6u) & 3u]), x0)
+                                + dot(vec4<f32>(cb[k][(q.x >> 8u) & 3u], cb[k][(q.x >> 10u) & 3u], cb[k][(q.x >> 12u) & 3u], cb[k][(q.x >> 14u) & 3u]), x1))
+                                + (dot(vec4<f32>(cb[k][(q.x >> 16u) & 3u], cb[k][(q.x >> 18u) & 3u], cb[k][(q.x >> 20u) & 3u], cb[k][(q.x >> 22u) & 3u]), x2)
+                                + dot(vec4<f32>(cb[k][(q.x >> 24u) & 3u], cb[k][(q.x >> 26u) & 3u], cb[k][(q.x >> 28u) & 3u], cb[k][q.x >> 30u]), x3));
+                            let d1 = (dot(vec4<f32>(cb[k][q.y & 3u], cb[k][(q.y >> 2u) & 3u], cb[k][(q.y >> 4u) & 3u], cb[k][(q.y >> 6u) & 3u]), x4)
+                                + dot(vec4<f32>(cb[k][(q.y >> 8u) & 3u], cb[k][(q.y >> 10u) & 3u], cb[k][(q.y >> 12u) & 3u], cb[k][(q.y >> 14u) & 3u]), x5))
+                                + (dot(vec4<f32>(cb[k][(q.y >> 16u) & 3u], cb[k][(q.y >> 18u) & 3u], cb[k][(q.y >> 20u) & 3u], cb[k][(q.y >> 22u) & 3u]), x6)
+                                + dot(vec4<f32>(cb[k][(q.y >> 24u) & 3u], cb[k][(q.y >> 26u) & 3u], cb[k][(q.y >> 28u) & 3u], cb[k][q.y >> 30u]), x7));
+                            let d2 = (dot(vec4<f32>(cb[k][q.z & 3u], cb[k][(q.z >> 2u) & 3u], cb[k][(q.z >> 4u) & 3u], cb[k][(q.z >> 6u) & 3u]), x8)
+                                + dot(vec4<f32>(cb[k][(q.z >> 8u) & 3u], cb[k][(q.z >> 10u) & 3u], cb[k][(q.z >> 12u) & 3u], cb[k][(q.z >> 14u) & 3u]), x9))
+                                + (dot(vec4<f32>(cb[k][(q.z >> 16u) & 3u], cb[k][(q.z >> 18u) & 3u], cb[k][(q.z >> 20u) & 3u], cb[k][(q.z >> 22u) & 3u]), x10)
+                                + dot(vec4<f32>(cb[k][(q.z >> 24u) & 3u], cb[k][(q.z >> 26u) & 3u], cb[k][(q.z >> 28u) & 3u], cb[k][q.z >> 30u]), x11));
+                            let d3 = (dot(vec4<f32>(cb[k][q.w & 3u], cb[k][(q.w >> 2u) & 3u], cb[k][(q.w >> 4u) & 3u], cb[k][(q.w >> 6u) & 3u]), x12)
+                                + dot(vec4<f32>(cb[k][(q.w >> 8u) & 3u], cb[k][(q.w >> 10u) & 3u], cb[k][(q.w >> 12u) & 3u], cb[k][(q.w >> 14u) & 3u]), x13))
+                                + (dot(vec4<f32>(cb[k][(q.w >> 16u) & 3u], cb[k][(q.w >> 18u) & 3u], cb[k][(q.w >> 20u) & 3u], cb[k][(q.w >> 22u) & 3u]), x14)
+                                + dot(vec4<f32>(cb[k][(q.w >> 24u) & 3u], cb[k][(q.w >> 26u) & 3u], cb[k][(q.w >> 28u) & 3u], cb[k][q.w >> 30u]), x15));
+                            gacc[k] += (d0 + d1) + (d2 + d3);
+                        }
                     }
-                    gacc[k] += d;
+                }
+            } else {
+                for (var w = 0u; w < mp.group_words; w++) {
+                    let wi = g * mp.group_words + w;
+                    let xb = (wi - g0 * mp.group_words) * per;
+                    // 4 and 2 bits: the word's activations as vec4s and its codes taken
+                    // with constant shifts, so no private array is indexed by a loop
+                    // variable (lavapipe keeps such arrays in memory: loading x through
+                    // one cost ~38% of these matvecs).
+                    if (BITS == 4u) {
+                        var x0: vec4<f32>;
+                        var x1: vec4<f32>;
+                        if (sg >= 8u) {
+                            // One load per lane, then broadcasts (no per-lane gathers
+                            // of the same 8 values).
+                            let xl = xw[xb + (sl & 7u)];
+                            x0 = vec4<f32>(subgroupBroadcast(xl, 0u), subgroupBroadcast(xl, 1u),
+                                           subgroupBroadcast(xl, 2u), subgroupBroadcast(xl, 3u));
+                            x1 = vec4<f32>(subgroupBroadcast(xl, 4u), subgroupBroadcast(xl, 5u),
+                                           subgroupBroadcast(xl, 6u), subgroupBroadcast(xl, 7u));
+                        } else {
+                            x0 = vec4<f32>(xw[xb], xw[xb + 1u], xw[xb + 2u], xw[xb + 3u]);
+                            x1 = vec4<f32>(xw[xb + 4u], xw[xb + 5u], xw[xb + 6u], xw[xb + 7u]);
+                        }
+                        for (var k = 0u; k < ROWS_PER_INV; k++) {
+                            let wd = arena[rr[k].pbase + wi];
+                            let a = vec4<f32>(cb[k][wd & 15u], cb[k][(wd >> 4u) & 15u],
+                                              cb[k][(wd >> 8u) & 15u], cb[k][(wd >> 12u) & 15u]);
+                            let b = vec4<f32>(cb[k][(wd >> 16u) & 15u], cb[k][(wd >> 20u) & 15u],
+                                              cb[k][(wd >> 24u) & 15u], cb[k][wd >> 28u]);
+                            gacc[k] += dot(a, x0) + dot(b, x1);
+                        }
+                        continue;
+                    }
+                    if (BITS == 2u) {
+                        var x0: vec4<f32>;
+                        var x1: vec4<f32>;
+                        var x2: vec4<f32>;
+                        var x3: vec4<f32>;
+                        if (sg >= 8u) {
+                            let xl = xw[xb + (sl & 7u)];
+                            let xh = xw[xb + 8u + (sl & 7u)];
+                            x0 = vec4<f32>(subgroupBroadcast(xl, 0u), subgroupBroadcast(xl, 1u),
+                                           subgroupBroadcast(xl, 2u), subgroupBroadcast(xl, 3u));
+                            x1 = vec4<f32>(subgroupBroadcast(xl, 4u), subgroupBroadcast(xl, 5u),
+                                           subgroupBroadcast(xl, 6u), subgroupBroadcast(xl, 7u));
+                            x2 = vec4<f32>(subgroupBroadcast(xh, 0u), subgroupBroadcast(xh, 1u),
+                                           subgroupBroadcast(xh, 2u), subgroupBroadcast(xh, 3u));
+                            x3 = vec4<f32>(subgroupBroadcast(xh, 4u), subgroupBroadcast(xh, 5u),
+                                           subgroupBroadcast(xh, 6u), subgroupBroadcast(xh, 7u));
+                        } else {
+                            x0 = vec4<f32>(xw[xb], xw[xb + 1u], xw[xb + 2u], xw[xb + 3u]);
+                            x1 = vec4<f32>(xw[xb + 4u], xw[xb + 5u], xw[xb + 6u], xw[xb + 7u]);
+                            x2 = vec4<f32>(xw[xb + 8u], xw[xb + 9u], xw[xb + 10u], xw[xb + 11u]);
+                            x3 = vec4<f32>(xw[xb + 12u], xw[xb + 13u], xw[xb + 14u], xw[xb + 15u]);
+                        }
+                        for (var k = 0u; k < ROWS_PER_INV; k++) {
+                            let wd = arena[rr[k].pbase + wi];
+                            let a = vec4<f32>(cb[k][wd & 3u], cb[k][(wd >> 2u) & 3u],
+                                              cb[k][(wd >> 4u) & 3u], cb[k][(wd >> 6u) & 3u]);
+                            let b = vec4<f32>(cb[k][(wd >> 8u) & 3u], cb[k][(wd >> 10u) & 3u],
+                                              cb[k][(wd >> 12u) & 3u], cb[k][(wd >> 14u) & 3u]);
+                            let c = vec4<f32>(cb[k][(wd >> 16u) & 3u], cb[k][(wd >> 18u) & 3u],
+                                              cb[k][(wd >> 20u) & 3u], cb[k][(wd >> 22u) & 3u]);
+                            let e = vec4<f32>(cb[k][(wd >> 24u) & 3u], cb[k][(wd >> 26u) & 3u],
+                                              cb[k][(wd >> 28u) & 3u], cb[k][wd >> 30u]);
+                            gacc[k] += (dot(a, x0) + dot(b, x1)) + (dot(c, x2) + dot(e, x3));
+                        }
+                        continue;
+                    }
+                    for (var j = 0u; j < per; j++) {
+                        xv[j] = xw[xb + j];
+                    }
+                    for (var k = 0u; k < ROWS_PER_INV; k++) {
+                        let word = arena[rr[k].pbase + wi];
+                        var d = 0.0;
+                        for (var j = 0u; j < per; j++) {
+                            let idx = (word >> (j * BITS)) & (ncb - 1u);
+                            var level: f32;
+                            if (BITS <= 4u) {
+                                level = cb[k][idx & 15u];
+                            } else {
+                                level = bitcast<f32>(arena[rr[k].cb + idx]);
+                            }
+                            d += level * xv[j];
+                        }
+                        gacc[k] += d;
+                    }
                 }
             }
             for (var k = 0u; k < ROWS_PER_INV; k++) {

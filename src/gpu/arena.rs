@@ -99,6 +99,8 @@ impl ArenaBuilder {
         let a = self.room(v.len());
         let off = self.arenas[a].len() as u32;
         self.arenas[a].extend(v.iter().map(|x| x.to_bits()));
+        let len = self.arenas[a].len().next_multiple_of(4);
+        self.arenas[a].resize(len, 0);
         Some((a, off))
     }
 
@@ -109,7 +111,7 @@ impl ArenaBuilder {
         let norm_words_per_row = m.groups().div_ceil(2);
         let cb = m.codebook().len();
         let per_row = row_words + norm_words_per_row + 1;
-        let max_rows = self.limit_words.saturating_sub(cb + 1) / per_row;
+        let max_rows = self.limit_words.saturating_sub(cb + 7) / per_row;
         if max_rows == 0 {
             return None;
         }
@@ -118,11 +120,14 @@ impl ArenaBuilder {
         let mut first = 0;
         while first < m.rows() {
             let rows = max_rows.min(m.rows() - first);
-            let words = cb + rows * row_words + (rows * m.groups()).div_ceil(2);
+            let words = cb + 6 + rows * row_words + (rows * m.groups()).div_ceil(2);
             let a = self.room(words);
             let arena = &mut self.arenas[a];
             let cb_off = arena.len() as u32;
             arena.extend(m.codebook().iter().map(|x| x.to_bits()));
+            // Packed rows start on a 16-byte boundary, so kernels may read them
+            // as vec4<u32> where a row's words come in fours.
+            arena.resize(arena.len().next_multiple_of(4), 0);
             let packed_off = arena.len() as u32;
             let bytes = &m.packed()[first * m.row_bytes()..(first + rows) * m.row_bytes()];
             arena.extend(
@@ -137,6 +142,8 @@ impl ArenaBuilder {
                 let hi = p.get(1).map_or(0, |h| h.to_bits() as u32);
                 lo | (hi << 16)
             }));
+            // Arenas stay a whole number of vec4<u32> long.
+            arena.resize(arena.len().next_multiple_of(4), 0);
             parts.push(CqPart {
                 arena: a,
                 packed_off,

@@ -343,20 +343,14 @@ impl CqKernels {
                 } else {
                     raw_reads
                 };
+            let arena = &arenas[p0.arena];
+            let mut bufs = vec![&ub, arena, x_buf, out, gains_buf.unwrap_or(arena)];
+            if self.reduction == Reduction::RowPerInvocationSubgroup {
+                // Binding 9: the arena again, read as vec4<u32>.
+                bufs.push(arena);
+            }
             out_d.push(
-                Dispatch::new(
-                    ctx,
-                    &self.matvec[bits_slot(m0.bits)],
-                    &[
-                        &ub,
-                        &arenas[p0.arena],
-                        x_buf,
-                        out,
-                        gains_buf.unwrap_or(&arenas[p0.arena]),
-                    ],
-                    g,
-                )
-                .with_bytes(bytes),
+                Dispatch::new(ctx, &self.matvec[bits_slot(m0.bits)], &bufs, g).with_bytes(bytes),
             );
             i = j;
         }
