@@ -65,15 +65,77 @@ fn wg_sum(v: f32, li: u32) -> f32 {
 
 // Unnormalised butterfly stages h = 1 .. n/2 on buf[0..n], in place. Call in uniform
 // control flow after a barrier that follows the loads; ends with a barrier.
+//
+// Three stages per pass (radix 8): a pass starting at stage h0 gives each
+// invocation groups of m = min(8, n / h0) elements base + j·h0 (j < m), which it
+// loads into registers, runs stages h0, 2·h0, 4·h0 on (those that are < n) and
+// stores back; one barrier per pass instead of one per stage, and 2 loads and
+// stores per element per pass instead of per stage (workgroup memory accesses
+// with per-invocation indices are gathers on CPU adapters). Every stage pairs
+// the same elements with the same additions as the stage-by-stage order of
+// SEED §1, in the same order, so the result is bit-identical.
+// One butterfly: (a, b) <- (a + b, a - b).
+fn bfly(a: ptr<function, f32>, b: ptr<function, f32>) {
+    let t = *a;
+    *a = t + *b;
+    *b = t - *b;
+}
+
 fn fwht_shared(n: u32, li: u32) {
-    for (var h = 1u; h < n; h = h << 1u) {
-        for (var p = li; p < n / 2u; p += WG) {
-            let i = (p / h) * 2u * h + (p % h);
-            let j = i + h;
-            let a = buf[i];
-            let b = buf[j];
-            buf[i] = a + b;
-            buf[j] = a - b;
+    for (var h0 = 1u; h0 < n; h0 = h0 * 8u) {
+        let m = min(8u, n / h0);
+        for (var grp = li; grp < n / m; grp += WG) {
+            let e = (grp / h0) * (m * h0) + grp % h0;
+            // Unrolled by hand so the values stay in registers.
+            if (m == 8u) {
+                var v0 = buf[e + 0u * h0];
+                var v1 = buf[e + 1u * h0];
+                var v2 = buf[e + 2u * h0];
+                var v3 = buf[e + 3u * h0];
+                var v4 = buf[e + 4u * h0];
+                var v5 = buf[e + 5u * h0];
+                var v6 = buf[e + 6u * h0];
+                var v7 = buf[e + 7u * h0];
+                bfly(&v0, &v1);
+                bfly(&v2, &v3);
+                bfly(&v4, &v5);
+                bfly(&v6, &v7);
+                bfly(&v0, &v2);
+                bfly(&v1, &v3);
+                bfly(&v4, &v6);
+                bfly(&v5, &v7);
+                bfly(&v0, &v4);
+                bfly(&v1, &v5);
+                bfly(&v2, &v6);
+                bfly(&v3, &v7);
+                buf[e + 0u * h0] = v0;
+                buf[e + 1u * h0] = v1;
+                buf[e + 2u * h0] = v2;
+                buf[e + 3u * h0] = v3;
+                buf[e + 4u * h0] = v4;
+                buf[e + 5u * h0] = v5;
+                buf[e + 6u * h0] = v6;
+                buf[e + 7u * h0] = v7;
+            } else if (m == 4u) {
+                var v0 = buf[e + 0u * h0];
+                var v1 = buf[e + 1u * h0];
+                var v2 = buf[e + 2u * h0];
+                var v3 = buf[e + 3u * h0];
+                bfly(&v0, &v1);
+                bfly(&v2, &v3);
+                bfly(&v0, &v2);
+                bfly(&v1, &v3);
+                buf[e + 0u * h0] = v0;
+                buf[e + 1u * h0] = v1;
+                buf[e + 2u * h0] = v2;
+                buf[e + 3u * h0] = v3;
+            } else {
+                var v0 = buf[e + 0u * h0];
+                var v1 = buf[e + 1u * h0];
+                bfly(&v0, &v1);
+                buf[e + 0u * h0] = v0;
+                buf[e + 1u * h0] = v1;
+            }
         }
         workgroupBarrier();
     }
