@@ -49,8 +49,16 @@ fn matvec_sg(
 // bindings and sums, except that at 4 and 2 bits a word's activations reach the
 // lanes as one load per lane and subgroup broadcasts (subgroups of at least 8),
 // instead of every lane loading the same 8 or 16 values from workgroup memory
-// (on lavapipe each such load is a per-lane gather). The subgroup broadcasts sit
-// in uniform control flow (BITS and the subgroup size are uniform).
+// (on lavapipe each such load is a per-lane gather), and that a row's words come
+// four per vec4<u32> load (binding 9) where a group holds whole fours. The
+// subgroup broadcasts sit in uniform control flow (BITS and the subgroup size are
+// uniform). Dispatch: as matvec_rows; bindings 4..9.
+//
+// A deliberate twin of matvec_rows rather than one body with the activation
+// loads behind a function defined per variant: that version was measured 15%
+// slower on lavapipe (matvec4 81-88 against 71-72 ms/token in interleaved
+// profiles; the call and its struct result are not optimised away), and this
+// kernel exists for lavapipe.
 @compute @workgroup_size(64)
 fn matvec_rows_sg(
     @builtin(workgroup_id) wid: vec3<u32>,
