@@ -398,7 +398,9 @@ mod x86 {
 
     /// The batched twin of [`rows8`]: rows `0 .. rows` for `T` tokens whose
     /// activations start `padded` floats apart at `xp`, row `i` of token `t` going
-    /// to `out[t·stride + i]`. Same row blocks, reductions and order as `rows8`.
+    /// to `out[t·stride + i]`. Every (row, token) gets the operations `rows8`
+    /// gives that row for that token alone (its block-of-4 or tail reduction),
+    /// so the values are the same bits.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn rows8_tokens<const B: i32, const T: usize>(
         r: &Rows<'_>,
