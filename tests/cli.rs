@@ -213,6 +213,65 @@ fn logits_all_positions() {
 }
 
 #[test]
+fn logits_after_a_chunked_prefill_equal_stepping_bit_for_bit() {
+    // `logits` prefills the earlier ids through the engine's batched prefill;
+    // whatever the chunk (--prefill-chunk, 1 = one step per token), the file
+    // holds the same bits, and they equal the last row of --all-positions
+    // (which steps every id with logits).
+    let dir = tempfile::tempdir().unwrap();
+    synth(dir.path(), 6, "m.cqlm");
+    let ids: Vec<String> = (0..23).map(|i| ((i * 37 + 11) % 256).to_string()).collect();
+    let ids = ids.join(",");
+    let run = |extra: &[&str], out: &str| {
+        let mut args = vec![
+            "logits",
+            "--model",
+            "m.cqlm",
+            "--ids",
+            &ids,
+            "--backend",
+            "cpu",
+        ];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--out", out]);
+        let o = cqlm(dir.path(), &args);
+        assert_ok(&o, out);
+        read_npy(&dir.path().join(out))
+    };
+    let (shape1, one) = run(&["--prefill-chunk", "1"], "c1.npy");
+    let (shape5, five) = run(&["--prefill-chunk", "5"], "c5.npy");
+    let (_, dflt) = run(&[], "c64.npy");
+    let (shape_all, all) = run(&["--all-positions"], "all.npy");
+    let vocab = Config::preset_tiny().vocab;
+    assert_eq!(shape1, vec![1, vocab]);
+    assert_eq!(shape5, shape1);
+    assert_eq!(shape_all, vec![23, vocab]);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    assert_eq!(bits(&five), bits(&one));
+    assert_eq!(bits(&dflt), bits(&one));
+    assert_eq!(bits(&all[22 * vocab..]), bits(&one));
+    // The chunk must be at least 1.
+    let o = cqlm(
+        dir.path(),
+        &[
+            "logits",
+            "--model",
+            "m.cqlm",
+            "--ids",
+            "1",
+            "--backend",
+            "cpu",
+            "--prefill-chunk",
+            "0",
+            "--out",
+            "z.npy",
+        ],
+    );
+    assert!(!o.status.success());
+    assert!(!dir.path().join("z.npy").exists());
+}
+
+#[test]
 fn logits_writes_to_exactly_the_given_path() {
     let dir = tempfile::tempdir().unwrap();
     synth(dir.path(), 3, "m.cqlm");

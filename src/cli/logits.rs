@@ -32,11 +32,15 @@ pub fn run(a: Args) -> Result<()> {
     let mut engine = make_engine(model, &a.backend, false)?;
     let n = a.ids.0.len();
     let mut rows: Vec<f32> = Vec::with_capacity(if a.all_positions { n * vocab } else { vocab });
-    for (i, &id) in a.ids.0.iter().enumerate() {
-        let want = a.all_positions || i + 1 == n;
-        if let Some(l) = engine.step(id, want)? {
-            rows.extend_from_slice(l);
+    if a.all_positions {
+        for &id in &a.ids.0 {
+            if let Some(l) = engine.step(id, true)? {
+                rows.extend_from_slice(l);
+            }
         }
+    } else if let Some(l) = engine.step_many(&a.ids.0, true)? {
+        // Earlier ids prefilled without logits (in chunks on the CPU: the same bits).
+        rows.extend_from_slice(l);
     }
     let p = rows.len() / vocab;
     // Write through a temporary file beside the target so a failure leaves nothing behind.
