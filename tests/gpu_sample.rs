@@ -165,6 +165,29 @@ fn topk_kernel_matches_the_cpu_selection_with_ties_at_the_cut() {
     );
 }
 
+/// The reference for the session tests: after the prompt `1, 2, 3`, `n` tokens
+/// drawn by `cfg`'s sampler from the full logits read back from a GPU engine each
+/// step; returns them and the last logits.
+fn draw_from_read_back_logits(
+    model: &Arc<cqlm::Model>,
+    ctx: Arc<GpuContext>,
+    cfg: cqlm::sample::SamplerConfig,
+    n: usize,
+) -> (Vec<u32>, Vec<f32>) {
+    let mut g = GpuEngine::with_context(Arc::clone(model), ctx).unwrap();
+    let mut logits = g.prefill(&[1, 2, 3]).unwrap();
+    let mut sampler = cqlm::sample::Sampler::new(cfg).unwrap();
+    let mut history = vec![1u32, 2, 3];
+    let mut drawn = Vec::new();
+    for _ in 0..n {
+        let id = sampler.sample(&logits, &history);
+        drawn.push(id);
+        history.push(id);
+        logits = g.step(id, true).unwrap().unwrap().to_vec();
+    }
+    (drawn, logits)
+}
+
 #[test]
 fn sampled_generation_on_the_gpu_draws_what_the_full_logits_draw() {
     use cqlm::sample::{Sampler, SamplerConfig};
@@ -190,17 +213,7 @@ fn sampled_generation_on_the_gpu_draws_what_the_full_logits_draw() {
         })
         .unwrap();
     // ... which must draw exactly what sampling the full read-back logits draws.
-    let mut g = GpuEngine::with_context(Arc::clone(&model), ctx).unwrap();
-    let mut logits = g.prefill(&[1, 2, 3]).unwrap();
-    let mut s2 = Sampler::new(cfg).unwrap();
-    let mut want = Vec::new();
-    let mut history = vec![1u32, 2, 3];
-    for _ in 0..got.len() {
-        let id = s2.sample(&logits, &history);
-        want.push(id);
-        history.push(id);
-        logits = g.step(id, true).unwrap().unwrap().to_vec();
-    }
+    let (want, logits) = draw_from_read_back_logits(&model, ctx, cfg, got.len());
     assert_eq!(got, want);
     // The session's logits after generating are the engine's last logits.
     assert_eq!(session.logits(), &logits[..]);
@@ -319,17 +332,7 @@ fn top_p_generation_on_the_gpu_draws_what_the_full_logits_draw() {
         );
         decided_all |= misses == 0 && got.len() == n;
         missed |= misses > 0;
-        let mut g = GpuEngine::with_context(Arc::clone(&model), Arc::clone(&ctx)).unwrap();
-        let mut logits = g.prefill(&[1, 2, 3]).unwrap();
-        let mut s2 = Sampler::new(cfg).unwrap();
-        let mut want = Vec::new();
-        let mut history = vec![1u32, 2, 3];
-        for _ in 0..got.len() {
-            let id = s2.sample(&logits, &history);
-            want.push(id);
-            history.push(id);
-            logits = g.step(id, true).unwrap().unwrap().to_vec();
-        }
+        let (want, logits) = draw_from_read_back_logits(&model, Arc::clone(&ctx), cfg, got.len());
         assert_eq!(got, want, "T {temperature} top-p {top_p}");
         assert_eq!(session.logits(), &logits[..]);
     }

@@ -306,6 +306,22 @@ mod x86 {
         _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps::<1>(t))
     }
 
+    /// The permute tables of [`level8`] for a codebook of `2^B` levels: its two
+    /// halves for 16 levels, else the codebook repeated to 8 entries (twice).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn tables8<const B: i32>(codebook: &[f32]) -> (__m256, __m256) {
+        if B == 4 {
+            (
+                _mm256_loadu_ps(codebook.as_ptr()),
+                _mm256_loadu_ps(codebook.as_ptr().add(8)),
+            )
+        } else {
+            let t = _mm256_loadu_ps(repeated::<8>(codebook).as_ptr());
+            (t, t)
+        }
+    }
+
     /// Levels of the low bits of each lane: one permute for up to 8 entries
     /// (`lo` holds the codebook repeated), two blended on bit 3 for 16 (`lo`, `hi`).
     #[inline]
@@ -410,16 +426,7 @@ mod x86 {
         out: *mut f32,
         stride: usize,
     ) {
-        let (lo, hi) = if B == 4 {
-            (
-                _mm256_loadu_ps(r.codebook.as_ptr()),
-                _mm256_loadu_ps(r.codebook.as_ptr().add(8)),
-            )
-        } else {
-            let table = repeated::<8>(r.codebook);
-            let t = _mm256_loadu_ps(table.as_ptr());
-            (t, t)
-        };
+        let (lo, hi) = tables8::<B>(r.codebook);
         let gb = r.group * B as usize / 8;
         let blocks = gb / 32;
         let row_bytes = gb * r.groups;
@@ -473,16 +480,7 @@ mod x86 {
     /// 8 lanes, `B ∈ {1, 2, 4}`, four rows at a time (two pairs), then single rows.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn rows8<const B: i32>(r: &Rows<'_>, out: &mut [f32]) {
-        let (lo, hi) = if B == 4 {
-            (
-                _mm256_loadu_ps(r.codebook.as_ptr()),
-                _mm256_loadu_ps(r.codebook.as_ptr().add(8)),
-            )
-        } else {
-            let table = repeated::<8>(r.codebook);
-            let t = _mm256_loadu_ps(table.as_ptr());
-            (t, t)
-        };
+        let (lo, hi) = tables8::<B>(r.codebook);
         let gb = r.group * B as usize / 8;
         let blocks = gb / 32;
         let row_bytes = gb * r.groups;
