@@ -3,7 +3,7 @@
 //! the KV ring.
 
 use cqlm::cq::quantize::quantize;
-use cqlm::cq::{cq_matvec, dequantize_row};
+use cqlm::cq::{cq_matvec, dequantize_row, prepare};
 use cqlm::kernels::kv::{attended_ranges, physical_slot, quantize_int8};
 use cqlm::kernels::mhc::sinkhorn_route;
 use cqlm::synth::random_cq;
@@ -30,10 +30,21 @@ proptest! {
         let m = random_cq(&mut rng, rows, cols, bits, group.min(cols.next_power_of_two()).max(32), 0.5);
         let x: Vec<f32> = (0..cols).map(|i| ((i as u64 ^ seed) % 17) as f32 / 8.0 - 1.0).collect();
         let y = cq_matvec(&m, &x).unwrap();
+        // Rounding is relative to the terms the kernel actually adds, norm·level ×
+        // prepared input (the dense row's terms can cancel to exactly 0, e.g. a
+        // 1-bit row with as many +c as −c levels against a one-column input).
+        let prep = prepare(&m, &x).unwrap();
         for (r, yr) in y.iter().enumerate() {
             let row = dequantize_row(&m, r).unwrap();
             let want: f64 = row.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
-            let scale: f64 = row.iter().zip(&x).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
+            let dense: f64 = row.iter().zip(&x).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
+            let summed: f64 = (0..m.padded())
+                .map(|c| {
+                    let norm = m.norms()[r * m.groups() + c / m.group()] as f64;
+                    (norm * m.codebook()[m.index(r, c)] as f64 * prep[c] as f64).abs()
+                })
+                .sum();
+            let scale = dense.max(summed);
             prop_assert!((*yr as f64 - want).abs() <= 1e-5 * scale.max(1e-6), "row {}: {} vs {}", r, yr, want);
         }
     }
@@ -94,5 +105,28 @@ proptest! {
         let n = slots.len();
         slots.dedup();
         prop_assert_eq!(slots.len(), n);
+    }
+}
+
+/// The case proptest found (seed 1055509378183824549): a 1-bit 3×1 matrix whose
+/// row 2 dequantizes to exactly 0 while the kernel's terms leave −4.8e-9.
+#[test]
+fn matvec_of_a_row_that_dequantizes_to_zero_is_within_rounding() {
+    let mut rng = ChaCha8Rng::seed_from_u64(1055509378183824549);
+    let m = random_cq(&mut rng, 3, 1, 1, 32, 0.5);
+    let x = [((1055509378183824549u64) % 17) as f32 / 8.0 - 1.0];
+    let y = cq_matvec(&m, &x).unwrap();
+    let prep = prepare(&m, &x).unwrap();
+    for (r, yr) in y.iter().enumerate() {
+        let want = dequantize_row(&m, r).unwrap()[0] as f64 * x[0] as f64;
+        let summed: f64 = (0..m.padded())
+            .map(|c| {
+                (m.norms()[r] as f64 * m.codebook()[m.index(r, c)] as f64 * prep[c] as f64).abs()
+            })
+            .sum();
+        assert!(
+            (*yr as f64 - want).abs() <= 1e-5 * summed,
+            "row {r}: {yr} vs {want}"
+        );
     }
 }
