@@ -22,6 +22,11 @@
 //            file when the adapter has subgroups).
 //   matvec_rows  the same bindings and params for CPU adapters: one invocation per
 //            4 rows, no reduction (see its comment for the geometry).
+//            Every matvec entry takes mp.tokens inputs (a prefill chunk; 1 for a
+//            decode step), input t at x_off + t·x_tstride and its outputs at
+//            out_off + t·y_tstride, one after another with the same arithmetic;
+//            cq_subgroup.wgsl's matvec_rows_sgb shares each decoded word among
+//            up to 8 of them.
 //   gather   bindings 12..15 dispatch (groups, 1, 1), workgroup 256:
 //            dequantize_row of the row whose index is idx[idx_at], times `scale`,
 //            written `copies` times `copy_stride` apart. group <= 4096. A matrix
@@ -72,6 +77,11 @@ struct MatvecParams {
     lane_stride: u32, // distance between lanes in xin (mode 3)
     group: u32,       // group width
     team_rows: u32,   // `matvec`: rows each 16-lane team computes in turn
+    tokens: u32,      // inputs in this dispatch (1 for a decode step): input t starts
+                      // at x_off + t·x_tstride, its outputs at out_off + t·y_tstride
+    tb: u32,          // `matvec_rows_sgb`: inputs staged together (tb·padded <= XW)
+    x_tstride: u32,
+    y_tstride: u32,
     // Per part p: parts[2p] = (packed_off, norms_off, cb_off, row_first),
     //             parts[2p+1] = (rows, out_off, 0, 0).
     parts: array<vec4<u32>, 8>,
@@ -88,17 +98,37 @@ struct MatvecParams {
 var<workgroup> lut: array<f32, 1024>;
 var<workgroup> red: array<f32, 64>;
 
+// First element of the input being prepared (token t of a batched dispatch:
+// mp.x_off + t·mp.x_tstride; set by each entry point before staging).
+var<private> xbase: u32;
+
 fn x_raw(i: u32) -> f32 {
     if (mp.mode == 3u) {
-        let o = mp.x_off + i;
+        let o = xbase + i;
         let s = mp.lane_stride;
         return (xin[o] + xin[o + s] + xin[o + 2u * s] + xin[o + 3u * s]) / 4.0;
     }
-    return xin[mp.x_off + i];
+    return xin[xbase + i];
 }
 
-// 1 / sqrt(mean(x²) + ε) over the raw input for modes 1..3 (1 otherwise), by the
-// 64 invocations of the workgroup. Uniform control flow.
+// Column c (< padded) of the input at xbase after the pre-op with RMS factor r,
+// before the transform (0 in the padding).
+fn pre_op(c: u32, r: f32) -> f32 {
+    var v = 0.0;
+    if (c < mp.n) {
+        v = x_raw(c);
+        if (mp.mode != 0u) {
+            v = v * r;
+            if (mp.mode >= 2u) {
+                v = v * (1.0 + gains[mp.w_off + c]);
+            }
+        }
+    }
+    return v;
+}
+
+// 1 / sqrt(mean(x²) + ε) over the raw input at xbase for modes 1..3 (1
+// otherwise), by the 64 invocations of the workgroup. Uniform control flow.
 fn input_rms(li: u32) -> f32 {
     if (mp.mode == 0u || mp.mode == 4u) {
         return 1.0;
@@ -129,24 +159,13 @@ fn input_rms(li: u32) -> f32 {
 fn stage_chunk(li: u32, c0: u32, len: u32, r: f32) {
     if (mp.mode == 4u) {
         for (var i = li; i < len; i += 64u) {
-            xw[i] = xin[mp.x_off + c0 + i];
+            xw[i] = xin[xbase + c0 + i];
         }
         workgroupBarrier();
         return;
     }
     for (var i = li; i < len; i += 64u) {
-        let c = c0 + i;
-        var v = 0.0;
-        if (c < mp.n) {
-            v = x_raw(c);
-            if (mp.mode != 0u) {
-                v = v * r;
-                if (mp.mode >= 2u) {
-                    v = v * (1.0 + gains[mp.w_off + c]);
-                }
-            }
-        }
-        xw[i] = v;
+        xw[i] = pre_op(c0 + i, r);
     }
     workgroupBarrier();
     fwht_groups(len, mp.group, li, 64u);
@@ -261,22 +280,27 @@ fn team_row(wid: vec3<u32>, t: u32, li: u32) -> u32 {
 // Portable variant: shared-memory tree reduction of each row's 16 partial sums.
 @compute @workgroup_size(64)
 fn matvec(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let r = matvec_setup(li);
     let lane = li % 16u;
-    for (var t = 0u; t < mp.team_rows; t++) {
-        let part = matvec_partial(team_row(wid, t, li), li, r);
-        red[li] = part.acc;
-        workgroupBarrier();
-        for (var s = 8u; s > 0u; s = s >> 1u) {
-            if (lane < s) {
-                red[li] += red[li + s];
+    // The inputs one after another (each team turn ends with a barrier, so the
+    // next input's staging never overwrites values still being read).
+    for (var tok = 0u; tok < mp.tokens; tok++) {
+        xbase = mp.x_off + tok * mp.x_tstride;
+        let r = matvec_setup(li);
+        for (var t = 0u; t < mp.team_rows; t++) {
+            let part = matvec_partial(team_row(wid, t, li), li, r);
+            red[li] = part.acc;
+            workgroupBarrier();
+            for (var s = 8u; s > 0u; s = s >> 1u) {
+                if (lane < s) {
+                    red[li] += red[li + s];
+                }
+                workgroupBarrier();
+            }
+            if (lane == 0u && part.out_at != 0xffffffffu) {
+                yout[part.out_at + tok * mp.y_tstride] = red[li];
             }
             workgroupBarrier();
         }
-        if (lane == 0u && part.out_at != 0xffffffffu) {
-            yout[part.out_at] = red[li];
-        }
-        workgroupBarrier();
     }
 }
 
@@ -293,105 +317,113 @@ const ROWS_PER_INV: u32 = 4u;
 
 @compute @workgroup_size(64)
 fn matvec_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let ncb = 1u << BITS;
-    let per = 32u / BITS;
-    let wg = wid.x + wid.y * mp.grid_x;
-    let r = input_rms(li);
-    let padded = mp.row_words * per;
-    // An input of one chunk is staged once, before the rows' setup.
-    let single = padded <= XW;
-    if (single) {
-        stage_chunk(li, 0u, padded, r);
-    }
-    let first = (wg * 64u + li) * ROWS_PER_INV;
-    // Rows past the last compute on the last row and write nothing.
-    var rr: array<RowRef, 4>;
-    var cb: array<array<f32, 16>, 4>;
-    for (var k = 0u; k < ROWS_PER_INV; k++) {
-        rr[k] = row_ref(min(first + k, mp.total_rows - 1u));
-        for (var i = 0u; i < min(ncb, 16u); i++) {
-            cb[k][i] = bitcast<f32>(arena[rr[k].cb + i]);
+    // The inputs one after another, each as a decode step computes it.
+    for (var tok = 0u; tok < mp.tokens; tok++) {
+        xbase = mp.x_off + tok * mp.x_tstride;
+        let ncb = 1u << BITS;
+        let per = 32u / BITS;
+        let wg = wid.x + wid.y * mp.grid_x;
+        let r = input_rms(li);
+        let padded = mp.row_words * per;
+        // An input of one chunk is staged once, before the rows' setup.
+        let single = padded <= XW;
+        if (single) {
+            stage_chunk(li, 0u, padded, r);
         }
-    }
-    var acc = vec4<f32>(0.0);
-    var xv: array<f32, 32>;
-    for (var c0 = 0u; c0 < padded; c0 += XW) {
-        let len = min(XW, padded - c0);
-        if (!single) {
-            stage_chunk(li, c0, len, r);
+        let first = (wg * 64u + li) * ROWS_PER_INV;
+        // Rows past the last compute on the last row and write nothing.
+        var rr: array<RowRef, 4>;
+        var cb: array<array<f32, 16>, 4>;
+        for (var k = 0u; k < ROWS_PER_INV; k++) {
+            rr[k] = row_ref(min(first + k, mp.total_rows - 1u));
+            for (var i = 0u; i < min(ncb, 16u); i++) {
+                cb[k][i] = bitcast<f32>(arena[rr[k].cb + i]);
+            }
         }
-        let g0 = c0 / (mp.group_words * per);
-        for (var g = g0; g < g0 + len / (mp.group_words * per); g++) {
-            var gacc = vec4<f32>(0.0);
-            for (var w = 0u; w < mp.group_words; w++) {
-                let wi = g * mp.group_words + w;
-                let xb = (wi - g0 * mp.group_words) * per;
-                // 4 and 2 bits: the word's activations as vec4s and its codes taken
-                // with constant shifts, so no private array is indexed by a loop
-                // variable (lavapipe keeps such arrays in memory: loading x through
-                // one cost ~38% of these matvecs).
-                if (BITS == 4u) {
-                    let x0 = vec4<f32>(xw[xb], xw[xb + 1u], xw[xb + 2u], xw[xb + 3u]);
-                    let x1 = vec4<f32>(xw[xb + 4u], xw[xb + 5u], xw[xb + 6u], xw[xb + 7u]);
-                    for (var k = 0u; k < ROWS_PER_INV; k++) {
-                        let wd = arena[rr[k].pbase + wi];
-                        let a = vec4<f32>(cb[k][wd & 15u], cb[k][(wd >> 4u) & 15u],
-                                          cb[k][(wd >> 8u) & 15u], cb[k][(wd >> 12u) & 15u]);
-                        let b = vec4<f32>(cb[k][(wd >> 16u) & 15u], cb[k][(wd >> 20u) & 15u],
-                                          cb[k][(wd >> 24u) & 15u], cb[k][wd >> 28u]);
-                        gacc[k] += dot(a, x0) + dot(b, x1);
+        var acc = vec4<f32>(0.0);
+        var xv: array<f32, 32>;
+        for (var c0 = 0u; c0 < padded; c0 += XW) {
+            let len = min(XW, padded - c0);
+            if (!single) {
+                stage_chunk(li, c0, len, r);
+            }
+            let g0 = c0 / (mp.group_words * per);
+            for (var g = g0; g < g0 + len / (mp.group_words * per); g++) {
+                var gacc = vec4<f32>(0.0);
+                for (var w = 0u; w < mp.group_words; w++) {
+                    let wi = g * mp.group_words + w;
+                    let xb = (wi - g0 * mp.group_words) * per;
+                    // 4 and 2 bits: the word's activations as vec4s and its codes taken
+                    // with constant shifts, so no private array is indexed by a loop
+                    // variable (lavapipe keeps such arrays in memory: loading x through
+                    // one cost ~38% of these matvecs).
+                    if (BITS == 4u) {
+                        let x0 = vec4<f32>(xw[xb], xw[xb + 1u], xw[xb + 2u], xw[xb + 3u]);
+                        let x1 = vec4<f32>(xw[xb + 4u], xw[xb + 5u], xw[xb + 6u], xw[xb + 7u]);
+                        for (var k = 0u; k < ROWS_PER_INV; k++) {
+                            let wd = arena[rr[k].pbase + wi];
+                            let a = vec4<f32>(cb[k][wd & 15u], cb[k][(wd >> 4u) & 15u],
+                                              cb[k][(wd >> 8u) & 15u], cb[k][(wd >> 12u) & 15u]);
+                            let b = vec4<f32>(cb[k][(wd >> 16u) & 15u], cb[k][(wd >> 20u) & 15u],
+                                              cb[k][(wd >> 24u) & 15u], cb[k][wd >> 28u]);
+                            gacc[k] += dot(a, x0) + dot(b, x1);
+                        }
+                        continue;
                     }
-                    continue;
-                }
-                if (BITS == 2u) {
-                    let x0 = vec4<f32>(xw[xb], xw[xb + 1u], xw[xb + 2u], xw[xb + 3u]);
-                    let x1 = vec4<f32>(xw[xb + 4u], xw[xb + 5u], xw[xb + 6u], xw[xb + 7u]);
-                    let x2 = vec4<f32>(xw[xb + 8u], xw[xb + 9u], xw[xb + 10u], xw[xb + 11u]);
-                    let x3 = vec4<f32>(xw[xb + 12u], xw[xb + 13u], xw[xb + 14u], xw[xb + 15u]);
-                    for (var k = 0u; k < ROWS_PER_INV; k++) {
-                        let wd = arena[rr[k].pbase + wi];
-                        let a = vec4<f32>(cb[k][wd & 3u], cb[k][(wd >> 2u) & 3u],
-                                          cb[k][(wd >> 4u) & 3u], cb[k][(wd >> 6u) & 3u]);
-                        let b = vec4<f32>(cb[k][(wd >> 8u) & 3u], cb[k][(wd >> 10u) & 3u],
-                                          cb[k][(wd >> 12u) & 3u], cb[k][(wd >> 14u) & 3u]);
-                        let c = vec4<f32>(cb[k][(wd >> 16u) & 3u], cb[k][(wd >> 18u) & 3u],
-                                          cb[k][(wd >> 20u) & 3u], cb[k][(wd >> 22u) & 3u]);
-                        let e = vec4<f32>(cb[k][(wd >> 24u) & 3u], cb[k][(wd >> 26u) & 3u],
-                                          cb[k][(wd >> 28u) & 3u], cb[k][wd >> 30u]);
-                        gacc[k] += (dot(a, x0) + dot(b, x1)) + (dot(c, x2) + dot(e, x3));
+                    if (BITS == 2u) {
+                        let x0 = vec4<f32>(xw[xb], xw[xb + 1u], xw[xb + 2u], xw[xb + 3u]);
+                        let x1 = vec4<f32>(xw[xb + 4u], xw[xb + 5u], xw[xb + 6u], xw[xb + 7u]);
+                        let x2 = vec4<f32>(xw[xb + 8u], xw[xb + 9u], xw[xb + 10u], xw[xb + 11u]);
+                        let x3 = vec4<f32>(xw[xb + 12u], xw[xb + 13u], xw[xb + 14u], xw[xb + 15u]);
+                        for (var k = 0u; k < ROWS_PER_INV; k++) {
+                            let wd = arena[rr[k].pbase + wi];
+                            let a = vec4<f32>(cb[k][wd & 3u], cb[k][(wd >> 2u) & 3u],
+                                              cb[k][(wd >> 4u) & 3u], cb[k][(wd >> 6u) & 3u]);
+                            let b = vec4<f32>(cb[k][(wd >> 8u) & 3u], cb[k][(wd >> 10u) & 3u],
+                                              cb[k][(wd >> 12u) & 3u], cb[k][(wd >> 14u) & 3u]);
+                            let c = vec4<f32>(cb[k][(wd >> 16u) & 3u], cb[k][(wd >> 18u) & 3u],
+                                              cb[k][(wd >> 20u) & 3u], cb[k][(wd >> 22u) & 3u]);
+                            let e = vec4<f32>(cb[k][(wd >> 24u) & 3u], cb[k][(wd >> 26u) & 3u],
+                                              cb[k][(wd >> 28u) & 3u], cb[k][wd >> 30u]);
+                            gacc[k] += (dot(a, x0) + dot(b, x1)) + (dot(c, x2) + dot(e, x3));
+                        }
+                        continue;
                     }
-                    continue;
-                }
-                for (var j = 0u; j < per; j++) {
-                    xv[j] = xw[xb + j];
+                    for (var j = 0u; j < per; j++) {
+                        xv[j] = xw[xb + j];
+                    }
+                    for (var k = 0u; k < ROWS_PER_INV; k++) {
+                        let word = arena[rr[k].pbase + wi];
+                        var d = 0.0;
+                        for (var j = 0u; j < per; j++) {
+                            let idx = (word >> (j * BITS)) & (ncb - 1u);
+                            var level: f32;
+                            if (BITS <= 4u) {
+                                level = cb[k][idx & 15u];
+                            } else {
+                                level = bitcast<f32>(arena[rr[k].cb + idx]);
+                            }
+                            d += level * xv[j];
+                        }
+                        gacc[k] += d;
+                    }
                 }
                 for (var k = 0u; k < ROWS_PER_INV; k++) {
-                    let word = arena[rr[k].pbase + wi];
-                    var d = 0.0;
-                    for (var j = 0u; j < per; j++) {
-                        let idx = (word >> (j * BITS)) & (ncb - 1u);
-                        var level: f32;
-                        if (BITS <= 4u) {
-                            level = cb[k][idx & 15u];
-                        } else {
-                            level = bitcast<f32>(arena[rr[k].cb + idx]);
-                        }
-                        d += level * xv[j];
-                    }
-                    gacc[k] += d;
+                    acc[k] += norm_at(rr[k].nbase + g) * gacc[k];
                 }
             }
-            for (var k = 0u; k < ROWS_PER_INV; k++) {
-                acc[k] += norm_at(rr[k].nbase + g) * gacc[k];
+            if (!single) {
+                workgroupBarrier();
             }
         }
-        if (!single) {
-            workgroupBarrier();
+        for (var k = 0u; k < ROWS_PER_INV; k++) {
+            if (first + k < mp.total_rows) {
+                yout[rr[k].out_at + tok * mp.y_tstride] = acc[k];
+            }
         }
-    }
-    for (var k = 0u; k < ROWS_PER_INV; k++) {
-        if (first + k < mp.total_rows) {
-            yout[rr[k].out_at] = acc[k];
+        // The next input's staging must not overwrite values still being read.
+        if (tok + 1u < mp.tokens) {
+            workgroupBarrier();
         }
     }
 }
@@ -451,3 +483,4 @@ fn gather(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
         }
     }
 }
+

@@ -330,3 +330,125 @@ fn tall_matrices_spread_rows_over_each_team_in_turn() {
         assert!(e <= 1e-5, "{red:?}: {e}");
     }
 }
+
+#[test]
+fn batched_matvec_equals_one_dispatch_per_input_bit_for_bit() {
+    // A prefill matvec takes `tokens` inputs `x_stride` apart and writes outputs
+    // `y_stride` apart. Each output must be exactly what the one-input dispatch
+    // gives for that input (and so within SPEC §6 of the CPU), for every variant,
+    // every bit width, raw and prepared inputs, more inputs than one staged block
+    // (8), blocks limited by the input length, an input too long for the batched
+    // kernel, and more rows than one workgroup (not a multiple of 4); the gaps
+    // between outputs stay poisoned.
+    use cqlm::gpu::kernels::cq::{Batch, MatvecInput};
+    let Some(ctx) = gpu() else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(41);
+    // (cols, bits, group): four-word groups at 4 and 2 bits (the batched kernel:
+    // 8 inputs per block at 300 columns, 4 at 1000), groups of fewer words, 1 and 8
+    // bits, and 2500 columns (over half the staging array: one input at a time).
+    let shapes = [
+        (300usize, 4u32, 128usize),
+        (1000, 4, 256),
+        (300, 2, 64),
+        (200, 2, 32),
+        (150, 4, 16),
+        (130, 1, 64),
+        (77, 8, 32),
+        (2500, 4, 128),
+    ];
+    let tokens = 11usize;
+    for red in [
+        Reduction::Portable,
+        Reduction::Subgroup,
+        Reduction::RowPerInvocation,
+        Reduction::RowPerInvocationSubgroup,
+    ] {
+        let k = CqKernels::with_reduction(&ctx, red);
+        for &(n, bits, group) in &shapes {
+            let rows = 261;
+            let m = random_cq(&mut rng, rows, n, bits, group, 0.05);
+            let mut ab = ArenaBuilder::new(ctx.caps.max_storage_binding);
+            let g = ab.push_cq(&m).expect("fits");
+            let arenas = upload_arenas(&ctx, &ab);
+            let (xs, ys) = (n.max(m.padded()) + 5, rows + 3);
+            let xs_all = random_vec(&mut rng, tokens * xs);
+            let w = random_vec(&mut rng, n);
+            let src = ctx.storage_init("inputs", bytemuck::cast_slice(&xs_all));
+            let wb = ctx.storage_init("w", bytemuck::cast_slice(&w));
+            // Prepared inputs for mode 4, at the same stride.
+            let mut prepared = vec![0.0f32; tokens * xs];
+            for t in 0..tokens {
+                m.prepare_into(
+                    &xs_all[t * xs..t * xs + n],
+                    &mut prepared[t * xs..t * xs + m.padded()],
+                );
+            }
+            let pb = ctx.storage_init("prepared", bytemuck::cast_slice(&prepared));
+            for mode in [None, Some(PrepareMode::Zcrms)] {
+                let input_at = |at: usize| match mode {
+                    None => MatvecInput::Prepared(&pb, at),
+                    Some(mode) => MatvecInput::Raw {
+                        mode,
+                        n,
+                        src: (&src, at),
+                        lane_stride: 0,
+                        gains: (&wb, 0),
+                    },
+                };
+                let what = format!("{red:?} {mode:?} n {n} bits {bits} group {group}");
+                let out = poisoned(&ctx, tokens * ys);
+                let batch = Batch {
+                    tokens,
+                    x_stride: xs,
+                    y_stride: ys,
+                };
+                let ds =
+                    k.matvec_batch(&ctx, &arenas, &[(&g, 0, rows, 1)], input_at(0), &out, batch);
+                let batched_kernel = red == Reduction::RowPerInvocationSubgroup
+                    && ctx.caps.subgroup_min >= 8
+                    && (bits == 2 || bits == 4)
+                    && (m.group() * bits as usize).is_multiple_of(128)
+                    && 2 * m.padded() <= 4096;
+                assert_eq!(
+                    ds[0].name.ends_with("_batch"),
+                    batched_kernel,
+                    "{what}: kernel {}",
+                    ds[0].name
+                );
+                run_dispatches(&ctx, &ds).unwrap();
+                let got = ctx.read_f32(&out, 0, tokens * ys).unwrap();
+                for t in 0..tokens {
+                    let one = poisoned(&ctx, ys);
+                    let ds =
+                        k.matvec_from(&ctx, &arenas, &[(&g, 0, rows, 1)], input_at(t * xs), &one);
+                    run_dispatches(&ctx, &ds).unwrap();
+                    let single = ctx.read_f32(&one, 0, ys).unwrap();
+                    let row = &got[t * ys..(t + 1) * ys];
+                    assert!(
+                        row[0].is_nan() && row[rows + 1..].iter().all(|v| v.is_nan()),
+                        "{what}: gap of input {t} written"
+                    );
+                    for (r, (a, b)) in row[1..=rows].iter().zip(&single[1..=rows]).enumerate() {
+                        assert_eq!(
+                            a.to_bits(),
+                            b.to_bits(),
+                            "{what}: input {t} row {r}: {a} vs {b}"
+                        );
+                    }
+                    let x = &xs_all[t * xs..t * xs + n];
+                    let pre = match mode {
+                        None => x.to_vec(),
+                        Some(_) => {
+                            let mut p = vec![0.0f32; n];
+                            zcrms_into(x, &w, &mut p);
+                            p
+                        }
+                    };
+                    let want = cqlm::cq::cq_matvec(&m, &pre).unwrap();
+                    let e = rel_l2(&row[1..=rows], &want);
+                    assert!(e <= 1e-5, "{what}: input {t} against the CPU: {e}");
+                }
+            }
+        }
+    }
+}

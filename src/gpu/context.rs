@@ -26,6 +26,8 @@ pub struct GpuOptions {
 pub struct Capabilities {
     /// Subgroup operations are enabled (and not switched off by `CQLM_NO_SUBGROUPS=1`).
     pub subgroups: bool,
+    /// The smallest subgroup size the adapter may run (0 without subgroups).
+    pub subgroup_min: u32,
     /// Timestamp queries inside compute passes are enabled.
     pub timestamps: bool,
     /// Largest storage binding in bytes.
@@ -185,6 +187,7 @@ impl GpuContext {
         })?;
         let caps = Capabilities {
             subgroups,
+            subgroup_min: if subgroups { info.subgroup_min_size } else { 0 },
             timestamps,
             max_storage_binding: opts
                 .max_storage_binding

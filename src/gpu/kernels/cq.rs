@@ -63,12 +63,47 @@ pub struct MatvecParams {
     pub group: u32,
     /// Rows each 16-lane team of the `matvec` entry computes in turn.
     pub team_rows: u32,
+    /// Inputs in the dispatch (1 for a decode step).
+    pub tokens: u32,
+    /// Inputs `matvec_rows_sgb` stages together.
+    pub tb: u32,
+    /// Elements between consecutive inputs.
+    pub x_tstride: u32,
+    /// Elements between consecutive inputs' outputs.
+    pub y_tstride: u32,
     /// `[packed_off, norms_off, cb_off, row_first, rows, out_off, 0, 0]` per part.
     pub parts: [[u32; 8]; 4],
 }
 
 /// `MatvecParams::mode` of an input that is already `prepare(x)` (SPEC §2).
 pub const PREPARED: u32 = 4;
+
+/// Columns of the workgroup staging array (WGSL `XW`).
+const XW: usize = 4096;
+/// Most inputs `matvec_rows_sgb` stages together (the size of its accumulator arrays).
+const MAX_TB: usize = 8;
+
+/// The inputs of a batched matvec dispatch: `tokens` inputs, input `t` at the
+/// [`MatvecInput`]'s offset plus `t · x_stride` elements, its outputs at each
+/// item's output offset plus `t · y_stride`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Batch {
+    /// Number of inputs (at least 1).
+    pub tokens: usize,
+    /// Elements between consecutive inputs.
+    pub x_stride: usize,
+    /// Elements between consecutive outputs.
+    pub y_stride: usize,
+}
+
+impl Batch {
+    /// One input: a decode step's matvec.
+    pub const ONE: Batch = Batch {
+        tokens: 1,
+        x_stride: 0,
+        y_stride: 0,
+    };
+}
 
 /// The input of a matvec dispatch.
 #[derive(Debug, Clone, Copy)]
@@ -150,6 +185,9 @@ pub struct CqKernels {
     pub reduction: Reduction,
     /// Matvec pipelines for bits 1, 2, 4, 8.
     matvec: [Kernel; 4],
+    /// `matvec_rows_sgb` for bits 2 and 4 (with [`Reduction::RowPerInvocationSubgroup`]
+    /// on subgroups of at least 8): batches share each decoded word.
+    batched: Option<[Kernel; 2]>,
     gather: Kernel,
 }
 
@@ -197,8 +235,24 @@ impl CqKernels {
             Reduction::RowPerInvocationSubgroup => (sg_source.as_str(), "matvec_rows_sg"),
         };
         let mv = |bits: u32, name| Kernel::new(ctx, src, name, entry, 4, &[("BITS", bits as f64)]);
+        let batched = (reduction == Reduction::RowPerInvocationSubgroup
+            && ctx.caps.subgroup_min >= 8)
+            .then(|| {
+                let k = |bits: u32, name| {
+                    Kernel::new(
+                        ctx,
+                        &sg_source,
+                        name,
+                        "matvec_rows_sgb",
+                        4,
+                        &[("BITS", bits as f64)],
+                    )
+                };
+                [k(2, "matvec2_batch"), k(4, "matvec4_batch")]
+            });
         CqKernels {
             reduction,
+            batched,
             matvec: [
                 mv(1, "matvec1"),
                 mv(2, "matvec2"),
@@ -233,6 +287,24 @@ impl CqKernels {
         input: MatvecInput<'_>,
         out: &wgpu::Buffer,
     ) -> Vec<Dispatch> {
+        self.matvec_batch(ctx, arenas, items, input, out, Batch::ONE)
+    }
+
+    /// [`CqKernels::matvec_from`] for `batch.tokens` inputs in one dispatch per
+    /// fused geometry. Every output equals what the single-input dispatch computes
+    /// for its input, bit for bit (the kernels run the same operations in the
+    /// same order per input); on CPU adapters with subgroups, 2- and 4-bit
+    /// matrices decode each packed word once for up to 8 inputs.
+    pub fn matvec_batch(
+        &self,
+        ctx: &GpuContext,
+        arenas: &[wgpu::Buffer],
+        items: &[(&GpuCq, usize, usize, usize)],
+        input: MatvecInput<'_>,
+        out: &wgpu::Buffer,
+        batch: Batch,
+    ) -> Vec<Dispatch> {
+        let tokens = batch.tokens.max(1);
         // Without gains, binding 8 gets the arena (read-only, like binding 5): any
         // buffer but the input, which is bound read_write.
         let (x_buf, gains_buf, mode, x_off, n, lane_stride, w_off, raw_reads) = match input {
@@ -304,6 +376,10 @@ impl CqKernels {
                 lane_stride: lane_stride as u32,
                 group: m0.group as u32,
                 team_rows: 1,
+                tokens: tokens as u32,
+                tb: 1,
+                x_tstride: batch.x_stride as u32,
+                y_tstride: batch.y_stride as u32,
                 parts: [[0; 8]; 4],
             };
             for (k, &(_, p, row_in_part, n, out_off)) in flat[i..j].iter().enumerate() {
@@ -333,25 +409,44 @@ impl CqKernels {
                 ctx.caps.max_workgroups_per_dim,
             );
             params.grid_x = g[0];
+            // The batched kernel where it applies: its four-word path, at least two
+            // inputs staged together.
+            let padded = m0.padded();
+            let kernel = match &self.batched {
+                Some([k2, k4])
+                    if tokens > 1
+                        && (m0.bits == 2 || m0.bits == 4)
+                        && m0.group_words() % 4 == 0
+                        && 2 * padded <= XW =>
+                {
+                    params.tb = tokens.min(XW / padded).min(MAX_TB) as u32;
+                    if m0.bits == 2 {
+                        k2
+                    } else {
+                        k4
+                    }
+                }
+                _ => &self.matvec[bits_slot(m0.bits)],
+            };
             let ub = ctx.uniform_init("matvec params", bytemuck::bytes_of(&params));
-            // Packed rows, their f16 norms, the codebooks, the input once and the outputs.
+            // Packed rows, their f16 norms, the codebooks, the inputs and the outputs.
             let rows = params.total_rows as u64;
-            let bytes = rows * (m0.row_words() as u64 * 4 + m0.groups as u64 * 2 + 4)
+            let bytes = rows * (m0.row_words() as u64 * 4 + m0.groups as u64 * 2)
                 + (j - i) as u64 * (4u64 << m0.bits)
-                + if mode == PREPARED {
-                    m0.padded() as u64 * 4
-                } else {
-                    raw_reads
-                };
+                + tokens as u64
+                    * (rows * 4
+                        + if mode == PREPARED {
+                            padded as u64 * 4
+                        } else {
+                            raw_reads
+                        });
             let arena = &arenas[p0.arena];
             let mut bufs = vec![&ub, arena, x_buf, out, gains_buf.unwrap_or(arena)];
             if self.reduction == Reduction::RowPerInvocationSubgroup {
                 // Binding 9: the arena again, read as vec4<u32>.
                 bufs.push(arena);
             }
-            out_d.push(
-                Dispatch::new(ctx, &self.matvec[bits_slot(m0.bits)], &bufs, g).with_bytes(bytes),
-            );
+            out_d.push(Dispatch::new(ctx, kernel, &bufs, g).with_bytes(bytes));
             i = j;
         }
         out_d
