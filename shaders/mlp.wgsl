@@ -5,8 +5,9 @@
 // f32 buffer `vectors`, addressed by element offsets in the params.
 //
 // Entry point and bindings (group 0):
-//   mlp  bindings 0..2  dispatch (1, 1, 1), workgroup 256 (ONE workgroup):
-//        params, act (read_write), vectors (read).
+//   mlp  bindings 0..2  dispatch (1, tokens, 1), workgroup 256 (ONE workgroup per
+//        token; a decode step has one, a prefill chunk one per token slot, slot y
+//        at act offsets + y·tstride): params, act (read_write), vectors (read).
 //        after  = b + out_scale·zcrms(attn, post_norm)
 //        z      = zcrms(after, mlp_norm) zero-padded to hd; z ⊙= d1; z = nfwht(z);
 //        z      = silu(d2 ⊙ z); z = nfwht(z); z ⊙= d3
@@ -39,11 +40,14 @@ struct MlpParams {
     d3: u32,        // vectors
     out_scale: u32, // vectors: attn_out_scale (one value)
     out: u32,       // act: out = after + z[..hidden] (the MLP output, for parity captures)
-    _pad0: u32,
+    tstride: u32,   // act elements between token slots (workgroup y of a prefill chunk)
 }
 @group(0) @binding(0) var<uniform> mp: MlpParams;
 @group(0) @binding(1) var<storage, read_write> act: array<f32>;
 @group(0) @binding(2) var<storage, read> vecs: array<f32>;
+
+// First act element of this workgroup's token slot: workgroup_id.y · tstride.
+var<private> ta: u32;
 
 // Reductions use buf[0..256] before the transforms use all of it.
 var<workgroup> buf: array<f32, 4096>;
@@ -141,7 +145,7 @@ fn fwht_shared(n: u32, li: u32) {
     }
 }
 
-// Stages h = CHUNK .. hd/2 on act[z .. z + hd], in place. Call in uniform control
+// Stages h = CHUNK .. hd/2 on act[ta + z .. z + hd], in place. Call in uniform control
 // flow after a storage barrier that follows the stores; ends with a storage barrier.
 fn fwht_global(li: u32) {
     let n = mp.hd;
@@ -150,10 +154,10 @@ fn fwht_global(li: u32) {
         for (var p = li; p < n / 2u; p += WG) {
             let i = z + (p / h) * 2u * h + (p % h);
             let j = i + h;
-            let a = act[i];
-            let b = act[j];
-            act[i] = a + b;
-            act[j] = a - b;
+            let a = act[ta + i];
+            let b = act[ta + j];
+            act[ta + i] = a + b;
+            act[ta + j] = a - b;
         }
         storageBarrier();
         workgroupBarrier();
@@ -164,7 +168,7 @@ fn fwht_global(li: u32) {
 fn z_init(i: u32, r: f32) -> f32 {
     var v = 0.0;
     if (i < mp.hidden) {
-        v = act[mp.after + i] * r * (1.0 + vecs[mp.mlp_norm + i]);
+        v = act[ta + mp.after + i] * r * (1.0 + vecs[mp.mlp_norm + i]);
     }
     return v * vecs[mp.d1 + i];
 }
@@ -174,22 +178,23 @@ fn silu(x: f32) -> f32 {
 }
 
 @compute @workgroup_size(256)
-fn mlp(@builtin(local_invocation_index) li: u32) {
+fn mlp(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    ta = wid.y * mp.tstride;
     let h = mp.hidden;
     let hd = mp.hd;
     // after = b + s·zcrms(attn, post_norm).
     var asq = 0.0;
     for (var c = li; c < h; c += WG) {
-        let x = act[mp.attn + c];
+        let x = act[ta + mp.attn + c];
         asq += x * x;
     }
     let ra = 1.0 / sqrt(wg_sum(asq, li) / f32(h) + EPS);
     let s = vecs[mp.out_scale];
     var fsq = 0.0;
     for (var c = li; c < h; c += WG) {
-        let x = act[mp.attn + c] * ra * (1.0 + vecs[mp.post_norm + c]);
-        let f = act[mp.b + c] + s * x;
-        act[mp.after + c] = f;
+        let x = act[ta + mp.attn + c] * ra * (1.0 + vecs[mp.post_norm + c]);
+        let f = act[ta + mp.b + c] + s * x;
+        act[ta + mp.after + c] = f;
         fsq += f * f;
     }
     let rf = 1.0 / sqrt(wg_sum(fsq, li) / f32(h) + EPS);
@@ -207,9 +212,9 @@ fn mlp(@builtin(local_invocation_index) li: u32) {
         workgroupBarrier();
         fwht_shared(hd, li);
         for (var c = li; c < h; c += WG) {
-            let o = act[mp.after + c] + (buf[c] * sc) * vecs[mp.d3 + c];
-            act[mp.out + c] = o;
-            act[mp.update + c] = o - act[mp.u + c];
+            let o = act[ta + mp.after + c] + (buf[c] * sc) * vecs[mp.d3 + c];
+            act[ta + mp.out + c] = o;
+            act[ta + mp.update + c] = o - act[ta + mp.u + c];
         }
     } else {
         // First transform: chunk stages in workgroup memory, then global stages.
@@ -220,34 +225,34 @@ fn mlp(@builtin(local_invocation_index) li: u32) {
             workgroupBarrier();
             fwht_shared(CHUNK, li);
             for (var c = li; c < CHUNK; c += WG) {
-                act[mp.z + base + c] = buf[c];
+                act[ta + mp.z + base + c] = buf[c];
             }
             workgroupBarrier();
         }
         storageBarrier();
         fwht_global(li);
         for (var c = li; c < hd; c += WG) {
-            act[mp.z + c] = silu(vecs[mp.d2 + c] * (act[mp.z + c] * sc));
+            act[ta + mp.z + c] = silu(vecs[mp.d2 + c] * (act[ta + mp.z + c] * sc));
         }
         storageBarrier();
         // Second transform.
         for (var base = 0u; base < hd; base += CHUNK) {
             for (var c = li; c < CHUNK; c += WG) {
-                buf[c] = act[mp.z + base + c];
+                buf[c] = act[ta + mp.z + base + c];
             }
             workgroupBarrier();
             fwht_shared(CHUNK, li);
             for (var c = li; c < CHUNK; c += WG) {
-                act[mp.z + base + c] = buf[c];
+                act[ta + mp.z + base + c] = buf[c];
             }
             workgroupBarrier();
         }
         storageBarrier();
         fwht_global(li);
         for (var c = li; c < h; c += WG) {
-            let o = act[mp.after + c] + (act[mp.z + c] * sc) * vecs[mp.d3 + c];
-            act[mp.out + c] = o;
-            act[mp.update + c] = o - act[mp.u + c];
+            let o = act[ta + mp.after + c] + (act[ta + mp.z + c] * sc) * vecs[mp.d3 + c];
+            act[ta + mp.out + c] = o;
+            act[ta + mp.update + c] = o - act[ta + mp.u + c];
         }
     }
 }

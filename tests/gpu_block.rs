@@ -253,7 +253,7 @@ fn mlp_matches_cpu_in_shared_and_global_transforms() {
             d1: push(&mut vecs, &d1),
             d2: push(&mut vecs, &d2),
             d3: push(&mut vecs, &d3),
-            _pad: 0,
+            tstride: 0,
         };
         push_nan(&mut act, 3);
         let ab = ctx.storage_init("act", bytemuck::cast_slice(&act));

@@ -302,3 +302,111 @@ fn cli_logits_on_the_gpu_match_the_cpu() {
         assert!(e <= 2e-2, "position {p}: {e}");
     }
 }
+
+/// A model whose matvecs take the batched prefill kernel on CPU adapters (2 and
+/// 4 bits, groups of 128: four-word groups), with engram and a short window.
+fn batched_shapes(seed: u64) -> Arc<Model> {
+    let mut c = Config::preset_tiny();
+    c.hidden = 128;
+    c.hadamard_dim = 256;
+    let plan = BitsPlan {
+        group: 128,
+        ..BitsPlan::mixed()
+    };
+    Arc::new(synth_model(&c, &plan, seed).unwrap())
+}
+
+#[test]
+fn gpu_prefill_chunks_match_gpu_steps_bit_for_bit() {
+    // A prefill chunk runs each matvec once for all its tokens and the per-token
+    // kernels in token order; its logits, and every decode step after it, must be
+    // exactly those of one step per token: chunk sizes 2..32 (more than the
+    // window), prompts cut mid-chunk, positions across the window wrap, with and
+    // without engram and with every matvec variant; and within SPEC §6 of the CPU.
+    let Some(_) = gpu() else { return };
+    for (row_matvec, no_subgroups) in [(true, false), (true, true), (false, false)] {
+        let opts = cqlm::gpu::GpuOptions {
+            row_matvec: Some(row_matvec),
+            no_subgroups,
+            ..Default::default()
+        };
+        let ctx = cqlm::gpu::GpuContext::new(&opts, 1 << 20).unwrap();
+        let models = [
+            (tiny(true, 32), "tiny"),
+            (batched_shapes(31), "hidden 128, group 128"),
+            (tiny(false, 33), "tiny without engram"),
+        ];
+        // The 16-lane kernels are slow on lavapipe: one model for them.
+        let models = if row_matvec {
+            &models[..]
+        } else {
+            &models[..1]
+        };
+        for (model, what) in models {
+            let c = &model.config;
+            let ids = prompt((c.sink + 3 * c.window + 5).max(45), c.vocab, 9);
+            let after = [7u32, 1, 2];
+            // One engine, reset between runs (reset is bit-exact: tested above).
+            let mut g = GpuEngine::with_context(Arc::clone(model), Arc::clone(&ctx)).unwrap();
+            g.set_prefill_chunk(1);
+            let want = g.step_many(&ids, true).unwrap().unwrap().to_vec();
+            let want_after: Vec<Vec<f32>> = after
+                .iter()
+                .map(|&t| g.step(t, true).unwrap().unwrap().to_vec())
+                .collect();
+            let mut cpu = CpuEngine::new(Arc::clone(model)).unwrap();
+            let e = rel_l2(&want, &cpu.prefill(&ids).unwrap());
+            assert!(e <= 1e-3, "{what}: GPU against CPU after the prompt: {e}");
+            for chunk in [3usize, 8, 32] {
+                let label = format!(
+                    "{what}, rows {row_matvec}, no subgroups {no_subgroups}, chunk {chunk}"
+                );
+                g.reset();
+                g.set_prefill_chunk(chunk);
+                let cut = chunk + 1;
+                assert!(g.step_many(&ids[..cut], false).unwrap().is_none());
+                assert_eq!(g.position(), cut as u64);
+                let got = g.step_many(&ids[cut..], true).unwrap().unwrap().to_vec();
+                assert_eq!(g.position(), ids.len() as u64);
+                let same =
+                    |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(
+                    same(&got, &want),
+                    "{label}: prefill logits differ (rel L2 {})",
+                    rel_l2(&got, &want)
+                );
+                for (i, &t) in after.iter().enumerate() {
+                    let l = g.step(t, true).unwrap().unwrap();
+                    assert!(
+                        same(l, &want_after[i]),
+                        "{label}: decode step {i} after the prefill differs"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn gpu_prefill_stops_at_a_bad_token_after_the_ones_before_it() {
+    let Some(ctx) = gpu() else { return };
+    let model = tiny(true, 34);
+    let mut g = GpuEngine::with_context(Arc::clone(&model), ctx).unwrap();
+    g.set_prefill_chunk(4);
+    let mut ids = prompt(11, model.config.vocab, 2);
+    ids[6] = model.config.vocab as u32;
+    let e = g.step_many(&ids, true).unwrap_err();
+    assert!(
+        matches!(e, cqlm::Error::TokenOutOfRange { token, vocab } if token as usize == vocab),
+        "{e:?}"
+    );
+    assert_eq!(g.position(), 6, "the 6 ids before the bad one are appended");
+    // The engine goes on from there as if it had stepped those 6.
+    let mut one = GpuEngine::with_context(Arc::clone(&model), Arc::clone(g.context())).unwrap();
+    for &t in &ids[..6] {
+        one.step(t, false).unwrap();
+    }
+    let a = g.step(5, true).unwrap().unwrap().to_vec();
+    let b = one.step(5, true).unwrap().unwrap().to_vec();
+    assert_eq!(a, b);
+}

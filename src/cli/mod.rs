@@ -120,8 +120,8 @@ pub struct BackendArgs {
     /// GPU adapter whose name contains this (case-insensitive); default: `CQLM_ADAPTER`, then the best one.
     #[arg(long, value_name = "NAME")]
     pub adapter: Option<String>,
-    /// CPU prefill: prompt tokens per layer-by-layer chunk (1 = one step per token;
-    /// the logits are the same for every value).
+    /// Prefill: prompt tokens per layer-by-layer chunk (1 = one step per token; the
+    /// logits are the same for every value). The GPU takes at most 32 (its token slots).
     #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub prefill_chunk: u32,
 }
@@ -133,10 +133,15 @@ pub fn make_engine(model: Arc<Model>, b: &BackendArgs, notice: bool) -> Result<B
         adapter: b.adapter.clone(),
         ..Default::default()
     };
+    let gpu_engine = |model| -> cqlm::Result<GpuEngine> {
+        let mut e = GpuEngine::new(model, &opts)?;
+        e.set_prefill_chunk(b.prefill_chunk as usize);
+        Ok(e)
+    };
     match b.backend {
-        Some(Backend::Gpu) => Ok(Box::new(GpuEngine::new(model, &opts)?)),
+        Some(Backend::Gpu) => Ok(Box::new(gpu_engine(model)?)),
         Some(Backend::Cpu) => Ok(Box::new(cpu_engine(model, b)?)),
-        None => match GpuEngine::new(Arc::clone(&model), &opts) {
+        None => match gpu_engine(Arc::clone(&model)) {
             Ok(e) => Ok(Box::new(e)),
             Err(cqlm::Error::Gpu(msg)) => {
                 if notice {

@@ -3,10 +3,17 @@
 //! step writes only the small step buffer, records the prebuilt dispatches into one
 //! command encoder, submits once and, when logits are wanted, reads them back
 //! through one staging buffer.
+//!
+//! The prefill ([`Engine::step_many`]) runs prompt tokens in chunks of up to
+//! [`PREFILL_SLOTS`]: the per-token buffers (activations, lanes, step input) have
+//! one slot per token, the step's per-token dispatches are rebound to each slot
+//! (built once), and each matvec (and the MLP) runs as one dispatch for the whole
+//! chunk, so its weights are decoded once for all tokens. The per-token kernels
+//! run in token order, so the logits are bit-identical to one step per token.
 
 use super::arena::{ArenaBuilder, GpuCq};
 use super::kernels::attention::{AttentionKernels, AttnParams, KvCache};
-use super::kernels::cq::{CqKernels, MatvecInput, PrepareMode};
+use super::kernels::cq::{Batch, CqKernels, MatvecInput, PrepareMode};
 use super::kernels::engram::{EngramConvParams, EngramKernels};
 use super::kernels::mhc::{MhcKernels, PremixParams, RouteParams};
 use super::kernels::mlp::{MlpKernels, MlpParams};
@@ -14,7 +21,7 @@ use super::kernels::sample::{
     decode_topk, ArgmaxParams, SampleKernels, TopkParams, MAX_K, TOPK_WORDS,
 };
 use super::step::StepLayout;
-use super::{Dispatch, GpuContext, GpuOptions};
+use super::{Dispatch, GpuContext, GpuOptions, Window};
 use crate::config::Config;
 use crate::cq::CqMatrix;
 use crate::engine::{Engine, Nucleus};
@@ -87,6 +94,61 @@ impl Vectors {
     }
 }
 
+/// Most token slots a prefill chunk uses (fewer where the device's storage
+/// binding limit can't hold that many copies of the per-token buffers).
+pub const PREFILL_SLOTS: usize = 32;
+
+/// A matvec of the step, kept so that its batched form (one dispatch per fused
+/// geometry for all tokens of a prefill chunk) can be built for any chunk length.
+struct MatvecPlan {
+    items: Vec<(GpuCq, usize, usize, usize)>,
+    mode: PrepareMode,
+    n: usize,
+    src: (wgpu::Buffer, usize),
+    lane_stride: usize,
+    gains: (wgpu::Buffer, usize),
+    out: wgpu::Buffer,
+    /// Elements between token slots of the input and of the output buffer.
+    x_stride: usize,
+    y_stride: usize,
+}
+
+/// One layer of the step as a prefill chunk runs it: three batched matvecs and
+/// the per-token dispatches between them (slot-0 bindings; rebound per slot).
+struct LayerPlan {
+    phi: MatvecPlan,
+    premix: Dispatch,
+    qkvg: MatvecPlan,
+    qk_store: Dispatch,
+    attend: Dispatch,
+    wo: MatvecPlan,
+    /// The MLP's params (with the slot stride): one dispatch runs every token.
+    mlp: MlpParams,
+    route: Dispatch,
+}
+
+/// The per-token buffers of the step and their slot strides (elements).
+struct Slots {
+    /// Token slots allocated.
+    count: usize,
+    act: usize,
+    lanes: usize,
+    step: usize,
+}
+
+/// Everything a prefill chunk records, built on first use.
+struct Prefill {
+    /// Head dispatches per slot.
+    head: Vec<Vec<Dispatch>>,
+    /// Per layer, per slot: premix, qk_store, attend, route.
+    per_token: Vec<Vec<[Dispatch; 4]>>,
+    /// The tail per slot.
+    tail: Vec<Vec<Dispatch>>,
+    /// Per layer, the dispatches that serve all tokens of a chunk at once (the
+    /// matvecs phi, qkvg and wo, and the MLP), per chunk length built so far.
+    batched: Vec<(usize, Vec<[Vec<Dispatch>; 4]>)>,
+}
+
 /// The GPU engine. Weights and state live on the device for the engine's life.
 pub struct GpuEngine {
     ctx: Arc<GpuContext>,
@@ -129,6 +191,17 @@ pub struct GpuEngine {
     /// Capture points of the head, each layer and the tail (indices into their dispatch lists).
     captures: [Vec<CapturePoint>; 3],
     layer_captures: Vec<Vec<CapturePoint>>,
+    /// The prefill: per-token buffer slots, the layers' plan, the kernels and
+    /// arenas its batched matvecs need, and its dispatches once built.
+    slots: Slots,
+    prefill_chunk: usize,
+    plan: Vec<LayerPlan>,
+    cq: CqKernels,
+    mlp_k: MlpKernels,
+    vectors: wgpu::Buffer,
+    arena_bufs: Vec<wgpu::Buffer>,
+    prefill: Option<Prefill>,
+    chunk_words: Vec<u32>,
     _keep: Vec<wgpu::Buffer>,
 }
 
@@ -339,18 +412,31 @@ impl GpuEngine {
             .iter()
             .map(|_| (act_r.take(h), act_r.take(h), act_r.take(h)))
             .collect();
-        let act = ctx.storage_zeroed("activations", act_r.len as u64 * 4)?;
+        // Per-token buffers get one slot per token of a prefill chunk, each at
+        // a stride the device can bind a window at; a decode step uses slot 0.
+        let layout = StepLayout::new(&c);
+        let align = (ctx.device.limits().min_storage_buffer_offset_alignment as usize / 4).max(1);
+        let stride = |n: usize| n.div_ceil(align) * align;
+        let (act_s, lanes_s, step_s) = (stride(act_r.len), stride(4 * h), stride(layout.words()));
+        let fit = ctx.caps.max_storage_binding.min(ctx.caps.max_buffer) as usize
+            / (4 * act_s.max(lanes_s).max(step_s));
+        let slots = Slots {
+            count: fit.clamp(1, PREFILL_SLOTS),
+            act: act_s,
+            lanes: lanes_s,
+            step: step_s,
+        };
+        let act = ctx.storage_zeroed("activations", (slots.count * act_s) as u64 * 4)?;
 
         // ---- state.
-        let lanes = ctx.storage_zeroed("lanes", 4 * h as u64 * 4)?;
+        let lanes = ctx.storage_zeroed("lanes", (slots.count * lanes_s) as u64 * 4)?;
         let cache = KvCache::new(&ctx, c.layers, c.kv_heads, c.cache_rows(), c.head_dim)?;
         let rows = c.cache_rows();
         let scores = ctx.storage_zeroed("attention scores", (c.heads * rows) as u64 * 4)?;
         let ring = c.engram.as_ref().map_or(1, |e| e.ring());
         let rings =
             ctx.storage_zeroed("engram rings", (sites.len().max(1) * ring * h) as u64 * 4)?;
-        let layout = StepLayout::new(&c);
-        let step_buf = ctx.storage_zeroed("step", layout.words() as u64 * 4)?;
+        let step_buf = ctx.storage_zeroed("step", (slots.count * step_s) as u64 * 4)?;
         let logits = ctx.storage_zeroed("logits", c.vocab as u64 * 4)?;
         let staging = ctx.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("logits staging"),
@@ -444,18 +530,40 @@ impl GpuEngine {
 
         let mut layers = Vec::with_capacity(c.layers);
         let mut layer_captures = Vec::with_capacity(c.layers);
+        let mut plan = Vec::with_capacity(c.layers);
         for l in 0..c.layers {
             let lv = &layer_vecs[l];
             let [wq, wk, wv, wg, wo] = &lw[l];
-            let mut d = matvec(
-                &[
-                    (&phi_pre, 4 * l, 4, p_at),
-                    (&phi_post, 4 * l, 4, p_at + 4),
-                    (&phi_res, 16 * l, 16, p_at + 8),
+            let mv_plan = |items: Vec<(GpuCq, usize, usize, usize)>,
+                           mode: PrepareMode,
+                           n: usize,
+                           src: (&wgpu::Buffer, usize),
+                           gains: (&wgpu::Buffer, usize)| {
+                let from_lanes = src.0 == &lanes;
+                MatvecPlan {
+                    items,
+                    mode,
+                    n,
+                    src: (src.0.clone(), src.1),
+                    lane_stride: h,
+                    gains: (gains.0.clone(), gains.1),
+                    out: act.clone(),
+                    x_stride: if from_lanes { slots.lanes } else { slots.act },
+                    y_stride: slots.act,
+                }
+            };
+            let phi = mv_plan(
+                vec![
+                    (phi_pre.clone(), 4 * l, 4, p_at),
+                    (phi_post.clone(), 4 * l, 4, p_at + 4),
+                    (phi_res.clone(), 16 * l, 16, p_at + 8),
                 ],
-                raw_input(PrepareMode::RmsUnit, 4 * h, (&lanes, 0), h, (&vectors, 0)),
-                &act,
+                PrepareMode::RmsUnit,
+                4 * h,
+                (&lanes, 0),
+                (&vectors, 0),
             );
+            let mut d = phi.dispatches(&cq, &ctx, &arenas, 1);
             let site = w
                 .engram
                 .as_ref()
@@ -478,7 +586,8 @@ impl GpuEngine {
                 norm_u: nu as u32,
                 norm_k: nk as u32,
             };
-            d.push(mhc.premix(&ctx, &pm, &lanes, &act, &vectors));
+            let premix = mhc.premix(&ctx, &pm, &lanes, &act, &vectors);
+            d.push(premix.clone());
             let mut caps = Vec::new();
             let mut cap = |after: usize, name: &str, lanes: bool, offset: usize, len: usize| {
                 caps.push(CapturePoint {
@@ -492,22 +601,19 @@ impl GpuEngine {
             };
             cap(d.len(), "u", false, u_at, h);
             cap(d.len(), "block_in", false, b_at, h);
-            d.extend(matvec(
-                &[
-                    (wq, 0, c.q_dim(), q_at),
-                    (wk, 0, c.kv_dim(), k_at),
-                    (wv, 0, c.kv_dim(), v_at),
-                    (wg, 0, c.q_dim(), g_at),
+            let qkvg = mv_plan(
+                vec![
+                    (wq.clone(), 0, c.q_dim(), q_at),
+                    (wk.clone(), 0, c.kv_dim(), k_at),
+                    (wv.clone(), 0, c.kv_dim(), v_at),
+                    (wg.clone(), 0, c.q_dim(), g_at),
                 ],
-                raw_input(
-                    PrepareMode::Zcrms,
-                    h,
-                    (&act, b_at),
-                    h,
-                    (&vectors, lv.attn_norm),
-                ),
-                &act,
-            ));
+                PrepareMode::Zcrms,
+                h,
+                (&act, b_at),
+                (&vectors, lv.attn_norm),
+            );
+            d.extend(qkvg.dispatches(&cq, &ctx, &arenas, 1));
             let ap = AttnParams {
                 layer: l as u32,
                 heads: c.heads as u32,
@@ -528,17 +634,22 @@ impl GpuEngine {
                 sin_at: layout.sin_at() as u32,
                 _pad: [0; 3],
             };
-            d.push(att.qk_store(&ctx, &ap, &act, &vectors, &step_buf, &cache));
+            let qk_store = att.qk_store(&ctx, &ap, &act, &vectors, &step_buf, &cache);
+            d.push(qk_store.clone());
             cap(d.len(), "q", false, q_at, c.q_dim());
             cap(d.len(), "k", false, k_at, c.kv_dim());
             cap(d.len(), "v", false, v_at, c.kv_dim());
-            d.push(att.attend(&ctx, &ap, &act, &step_buf, &cache, &scores));
+            let attend = att.attend(&ctx, &ap, &act, &step_buf, &cache, &scores);
+            d.push(attend.clone());
             cap(d.len(), "attn_o", false, o_at, c.q_dim());
-            d.extend(matvec(
-                &[(wo, 0, h, attn_at)],
-                raw_input(PrepareMode::Copy, c.q_dim(), (&act, o_at), h, (&vectors, 0)),
-                &act,
-            ));
+            let wo = mv_plan(
+                vec![(wo.clone(), 0, h, attn_at)],
+                PrepareMode::Copy,
+                c.q_dim(),
+                (&act, o_at),
+                (&vectors, 0),
+            );
+            d.extend(wo.dispatches(&cq, &ctx, &arenas, 1));
             let mp = MlpParams {
                 hidden: h as u32,
                 hd: c.hadamard_dim as u32,
@@ -559,9 +670,10 @@ impl GpuEngine {
                 d3: lv.d[2] as u32,
                 out_scale: lv.scale as u32,
                 out: out_at as u32,
-                _pad: 0,
+                tstride: slots.act as u32,
             };
-            d.push(mlp.mlp(&ctx, &mp, &act, &vectors));
+            let mlp_d = mlp.mlp(&ctx, &mp, &act, &vectors);
+            d.push(mlp_d.clone());
             cap(d.len(), "after_attn", false, after_at, h);
             cap(d.len(), "mlp_out", false, out_at, h);
             cap(d.len(), "update", false, update_at, h);
@@ -579,11 +691,22 @@ impl GpuEngine {
                 route_out: route_at as u32,
                 _pad: 0,
             };
-            d.push(mhc.route(&ctx, &rp, &lanes, &act, &vectors));
+            let route = mhc.route(&ctx, &rp, &lanes, &act, &vectors);
+            d.push(route.clone());
             cap(d.len(), "route", false, route_at, 16);
             cap(d.len(), "lanes", true, 0, 4 * h);
             layers.push(d);
             layer_captures.push(caps);
+            plan.push(LayerPlan {
+                phi,
+                premix,
+                qkvg,
+                qk_store,
+                attend,
+                wo,
+                mlp: mp,
+                route,
+            });
         }
 
         let tail = matvec(
@@ -604,6 +727,8 @@ impl GpuEngine {
             .map_or(Vec::new(), |e| e.tables.iter().map(|t| t.rows()).collect());
         let n_arenas = arenas.len();
         let act_keep = act.clone();
+        let arena_bufs = arenas.clone();
+        let vectors_keep = vectors.clone();
         let mut keep = vec![vectors, act, scores, rings];
         keep.extend(arenas);
         keep.extend([
@@ -689,6 +814,15 @@ impl GpuEngine {
             act: act_keep,
             captures: [head_caps, Vec::new(), Vec::new()],
             layer_captures,
+            prefill_chunk: slots.count,
+            slots,
+            plan,
+            cq,
+            mlp_k: mlp,
+            vectors: vectors_keep,
+            arena_bufs,
+            prefill: None,
+            chunk_words: Vec::new(),
             _keep: keep,
         })
     }
@@ -726,7 +860,9 @@ impl GpuEngine {
         self.gpu_bytes
     }
 
-    fn write_step(&mut self, token: u32) {
+    /// Fill `out` (the step buffer's words for one token) for `token` at position
+    /// `pos`, appending it to the engram history.
+    fn fill_step(&mut self, token: u32, pos: u64, out: &mut [u32]) {
         let c = &self.model.config;
         self.history.push(token);
         if let Some(e) = &c.engram {
@@ -734,23 +870,178 @@ impl GpuEngine {
         }
         let rope_pos = match self.fault {
             Some(Fault::RopeAtPhysicalSlot) => {
-                crate::kernels::kv::physical_slot(self.pos, c.sink, c.window) as u64
+                crate::kernels::kv::physical_slot(pos, c.sink, c.window) as u64
             }
-            _ => self.pos,
+            _ => pos,
         };
         self.layout.fill(
             c,
             token,
-            self.pos,
+            pos,
             rope_pos,
             &self.rows_scratch,
             &mut self.cos_scratch,
             &mut self.sin_scratch,
-            &mut self.step_words,
+            out,
         );
+    }
+
+    fn write_step(&mut self, token: u32) {
+        let mut words = std::mem::take(&mut self.step_words);
+        self.fill_step(token, self.pos, &mut words[..self.layout.words()]);
+        self.ctx.queue.write_buffer(
+            &self.step_buf,
+            0,
+            bytemuck::cast_slice(&words[..self.layout.words()]),
+        );
+        self.step_words = words;
+    }
+
+    /// Token slots a prefill chunk can use on this device (at most [`PREFILL_SLOTS`]).
+    pub fn prefill_slots(&self) -> usize {
+        self.slots.count
+    }
+
+    /// Prompt tokens per prefill chunk of [`Engine::step_many`], clamped to
+    /// `1..=`[`GpuEngine::prefill_slots`] (default: all slots). 1 runs one step per
+    /// token; the logits are the same for every value, bit for bit.
+    pub fn set_prefill_chunk(&mut self, n: usize) {
+        self.prefill_chunk = n.clamp(1, self.slots.count);
+    }
+
+    /// The windows of slot `j` of the per-token buffers.
+    fn windows(&self, j: usize) -> [Window<'_>; 3] {
+        let w = |buffer, stride: usize| Window {
+            buffer,
+            offset: (j * stride * 4) as u64,
+            size: (stride * 4) as u64,
+        };
+        [
+            w(&self.act, self.slots.act),
+            w(&self.lanes, self.slots.lanes),
+            w(&self.step_buf, self.slots.step),
+        ]
+    }
+
+    /// Build the prefill's per-slot dispatches (once) and its batched matvecs for
+    /// chunks of `n` tokens (cached by `n`).
+    fn prepare_prefill(&mut self, n: usize) {
+        if self.prefill.is_none() {
+            let slots = self.slots.count;
+            let mut p = Prefill {
+                head: Vec::with_capacity(slots),
+                per_token: vec![Vec::with_capacity(slots); self.plan.len()],
+                tail: Vec::with_capacity(slots),
+                batched: Vec::new(),
+            };
+            for j in 0..slots {
+                let w = self.windows(j);
+                let re = |ds: &[Dispatch]| -> Vec<Dispatch> {
+                    ds.iter().map(|d| d.rebound(&self.ctx, &w)).collect()
+                };
+                p.head.push(re(&self.head));
+                p.tail.push(re(&self.tail));
+                for (l, lp) in self.plan.iter().enumerate() {
+                    let r = |d: &Dispatch| d.rebound(&self.ctx, &w);
+                    p.per_token[l].push([
+                        r(&lp.premix),
+                        r(&lp.qk_store),
+                        r(&lp.attend),
+                        r(&lp.route),
+                    ]);
+                }
+            }
+            self.prefill = Some(p);
+        }
+        let have = self
+            .prefill
+            .as_ref()
+            .is_some_and(|p| p.batched.iter().any(|(k, _)| *k == n));
+        if !have {
+            let b: Vec<[Vec<Dispatch>; 4]> = self
+                .plan
+                .iter()
+                .map(|lp| {
+                    let mv =
+                        |m: &MatvecPlan| m.dispatches(&self.cq, &self.ctx, &self.arena_bufs, n);
+                    let mlp =
+                        self.mlp_k
+                            .mlp_tokens(&self.ctx, &lp.mlp, &self.act, &self.vectors, n);
+                    [mv(&lp.phi), mv(&lp.qkvg), mv(&lp.wo), vec![mlp]]
+                })
+                .collect();
+            if let Some(p) = self.prefill.as_mut() {
+                p.batched.push((n, b));
+            }
+        }
+    }
+
+    /// Run `ids` (all `< vocab`, at most [`GpuEngine::prefill_slots`]) as one
+    /// prefill chunk: token `j` in slot `j`, the weights of each matvec read once
+    /// for all of them, the per-token kernels in token order (so each token's
+    /// attention sees exactly the cache rows its own step would, across the window
+    /// wrap too), and with `tail` the logits of the last token.
+    fn run_chunk(&mut self, ids: &[u32], tail: Tail) -> Result<()> {
+        let n = ids.len();
+        debug_assert!(n >= 1 && n <= self.slots.count);
+        self.ctx.check_errors()?;
+        let (stride, words) = (self.slots.step, self.layout.words());
+        let mut all = std::mem::take(&mut self.chunk_words);
+        all.clear();
+        all.resize(n * stride, 0);
+        for (j, &token) in ids.iter().enumerate() {
+            let pos = self.pos + j as u64;
+            self.fill_step(token, pos, &mut all[j * stride..j * stride + words]);
+        }
         self.ctx
             .queue
-            .write_buffer(&self.step_buf, 0, bytemuck::cast_slice(&self.step_words));
+            .write_buffer(&self.step_buf, 0, bytemuck::cast_slice(&all));
+        self.chunk_words = all;
+        self.prepare_prefill(n);
+        let Some(p) = self.prefill.as_ref() else {
+            return Err(Error::Gpu("the prefill dispatches are missing".into()));
+        };
+        let Some((_, batched)) = p.batched.iter().find(|(k, _)| *k == n) else {
+            return Err(Error::Gpu("the batched prefill matvecs are missing".into()));
+        };
+        let mut enc = self
+            .ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("cqlm prefill chunk"),
+            });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("cqlm prefill"),
+                timestamp_writes: None,
+            });
+            for head in &p.head[..n] {
+                head.iter().for_each(|d| d.record(&mut pass));
+            }
+            for (per_token, [phi, qkvg, wo, mlp]) in p.per_token.iter().zip(batched) {
+                let tok = &per_token[..n];
+                phi.iter().for_each(|d| d.record(&mut pass));
+                tok.iter().for_each(|d| d[0].record(&mut pass));
+                qkvg.iter().for_each(|d| d.record(&mut pass));
+                for d in tok {
+                    d[1].record(&mut pass);
+                    d[2].record(&mut pass);
+                }
+                wo.iter().for_each(|d| d.record(&mut pass));
+                mlp.iter().for_each(|d| d.record(&mut pass));
+                tok.iter().for_each(|d| d[3].record(&mut pass));
+            }
+            if tail != Tail::None {
+                p.tail[n - 1].iter().for_each(|d| d.record(&mut pass));
+            }
+        }
+        if tail == Tail::Logits {
+            self.encode_logits_copy(&mut enc);
+        }
+        self.ctx.queue.submit([enc.finish()]);
+        self.pos += n as u64;
+        self.logits_at = LogitsAt::Nowhere;
+        self.ctx.check_errors()
     }
 
     /// Run one step and also copy every named intermediate out of it (the CPU
@@ -888,6 +1179,18 @@ impl GpuEngine {
         Ok(&self.logits_host)
     }
 
+    /// Read back the logits the last submitted work copied to staging, refusing
+    /// non-finite ones (named at the last position).
+    fn checked_logits(&mut self) -> Result<&[f32]> {
+        let t = self.pos - 1;
+        let logits = self.fetch_logits()?;
+        if !logits.iter().all(|v| v.is_finite()) {
+            return Err(non_finite_logits(t));
+        }
+        self.logits_at = LogitsAt::Host;
+        Ok(&self.logits_host)
+    }
+
     /// Count a step recorded by a tool as done.
     pub(crate) fn advance(&mut self) {
         self.pos += 1;
@@ -1019,6 +1322,36 @@ impl GpuEngine {
     }
 }
 
+impl MatvecPlan {
+    /// The dispatches for `tokens` inputs in consecutive slots (1: the decode step's).
+    fn dispatches(
+        &self,
+        cq: &CqKernels,
+        ctx: &GpuContext,
+        arenas: &[wgpu::Buffer],
+        tokens: usize,
+    ) -> Vec<Dispatch> {
+        let items: Vec<(&GpuCq, usize, usize, usize)> = self
+            .items
+            .iter()
+            .map(|(m, a, b, o)| (m, *a, *b, *o))
+            .collect();
+        let input = raw_input(
+            self.mode,
+            self.n,
+            (&self.src.0, self.src.1),
+            self.lane_stride,
+            (&self.gains.0, self.gains.1),
+        );
+        let batch = Batch {
+            tokens,
+            x_stride: self.x_stride,
+            y_stride: self.y_stride,
+        };
+        cq.matvec_batch(ctx, arenas, &items, input, &self.out, batch)
+    }
+}
+
 /// A raw matvec input (each workgroup prepares it), lanes `lane_stride` apart.
 fn raw_input<'a>(
     mode: PrepareMode,
@@ -1069,13 +1402,7 @@ impl Engine for GpuEngine {
         if !want_logits {
             return Ok(None);
         }
-        let t = self.pos - 1;
-        let logits = self.fetch_logits()?;
-        if !logits.iter().all(|v| v.is_finite()) {
-            return Err(non_finite_logits(t));
-        }
-        self.logits_at = LogitsAt::Host;
-        Ok(Some(&self.logits_host))
+        self.checked_logits().map(Some)
     }
 
     fn step_argmax(&mut self, token: u32) -> Result<u32> {
@@ -1122,6 +1449,37 @@ impl Engine for GpuEngine {
             total: f64::from(total),
             rel_err: 4.0 * (2e-5 + rounding),
         })
+    }
+
+    fn step_many(&mut self, ids: &[u32], want_logits: bool) -> Result<Option<&[f32]>> {
+        let vocab = self.model.config.vocab;
+        if let Some(bad) = ids.iter().position(|&t| t as usize >= vocab) {
+            self.step_many(&ids[..bad], false)?;
+            return Err(Error::TokenOutOfRange {
+                token: ids[bad],
+                vocab,
+            });
+        }
+        if ids.is_empty() {
+            return Ok(None);
+        }
+        let chunks = ids.len().div_ceil(self.prefill_chunk);
+        for (i, part) in ids.chunks(self.prefill_chunk).enumerate() {
+            let tail = if want_logits && i + 1 == chunks {
+                Tail::Logits
+            } else {
+                Tail::None
+            };
+            if self.prefill_chunk == 1 {
+                self.run_step(part[0], tail)?;
+            } else {
+                self.run_chunk(part, tail)?;
+            }
+        }
+        if !want_logits {
+            return Ok(None);
+        }
+        self.checked_logits().map(Some)
     }
 
     fn last_logits(&mut self) -> Result<Option<&[f32]>> {

@@ -13,4 +13,4 @@ pub use context::{
     device_type_name, env_flag, list_adapters, Capabilities, GpuContext, GpuOptions,
 };
 pub use engine::{Captured, Fault, GpuEngine};
-pub use util::{grid, run_dispatches, Dispatch, Kernel, STORAGE};
+pub use util::{grid, run_dispatches, Dispatch, Kernel, Window, STORAGE};

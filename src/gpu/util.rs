@@ -191,11 +191,17 @@ impl Kernel {
 
     /// A bind group of whole buffers, bound at bindings `base..base + buffers.len()` in order.
     pub fn bind(&self, ctx: &GpuContext, buffers: &[&wgpu::Buffer]) -> wgpu::BindGroup {
+        let at: Vec<(u32, &wgpu::Buffer)> = (0u32..).zip(buffers.iter().copied()).collect();
+        self.bind_at(ctx, &at)
+    }
+
+    /// A bind group of whole buffers at explicit bindings `base + i` (for entry
+    /// points that use only some of their family's bindings).
+    pub fn bind_at(&self, ctx: &GpuContext, buffers: &[(u32, &wgpu::Buffer)]) -> wgpu::BindGroup {
         let entries: Vec<wgpu::BindGroupEntry> = buffers
             .iter()
-            .enumerate()
-            .map(|(i, b)| wgpu::BindGroupEntry {
-                binding: self.base + i as u32,
+            .map(|&(i, b)| wgpu::BindGroupEntry {
+                binding: self.base + i,
                 resource: b.as_entire_binding(),
             })
             .collect();
@@ -220,6 +226,22 @@ pub struct Dispatch {
     pub groups: [u32; 3],
     /// Estimated bytes this dispatch reads and writes (weights, activations, cache), for profiles.
     pub bytes: u64,
+    /// The bind group's layout and `(binding, buffer)` entries, to rebind (see
+    /// [`Dispatch::rebound`]).
+    layout: wgpu::BindGroupLayout,
+    entries: Vec<(u32, wgpu::Buffer)>,
+}
+
+/// A window of a buffer that replaces the whole buffer in [`Dispatch::rebound`].
+#[derive(Debug, Clone, Copy)]
+pub struct Window<'a> {
+    /// The buffer a dispatch binds whole.
+    pub buffer: &'a wgpu::Buffer,
+    /// First byte of the window (a multiple of the device's
+    /// `min_storage_buffer_offset_alignment`).
+    pub offset: u64,
+    /// Bytes in the window.
+    pub size: u64,
 }
 
 impl Dispatch {
@@ -230,12 +252,62 @@ impl Dispatch {
         buffers: &[&wgpu::Buffer],
         groups: [u32; 3],
     ) -> Dispatch {
+        let at: Vec<(u32, &wgpu::Buffer)> = (0u32..).zip(buffers.iter().copied()).collect();
+        Self::new_at(ctx, k, &at, groups)
+    }
+
+    /// [`Dispatch::new`] with explicit bindings (see [`Kernel::bind_at`]).
+    pub fn new_at(
+        ctx: &GpuContext,
+        k: &Kernel,
+        buffers: &[(u32, &wgpu::Buffer)],
+        groups: [u32; 3],
+    ) -> Dispatch {
         Dispatch {
             name: k.name,
             pipeline: k.pipeline.clone(),
-            bind_group: k.bind(ctx, buffers),
+            bind_group: k.bind_at(ctx, buffers),
             groups,
             bytes: 0,
+            layout: k.layout.clone(),
+            entries: buffers
+                .iter()
+                .map(|&(i, b)| (k.base + i, b.clone()))
+                .collect(),
+        }
+    }
+
+    /// The same dispatch with every binding of a buffer named in `windows` bound
+    /// to that window instead of the whole buffer: the kernel's offsets then count
+    /// from the window's start. This is how one token step's dispatches are
+    /// replayed for each token slot of a prefill chunk.
+    pub fn rebound(&self, ctx: &GpuContext, windows: &[Window<'_>]) -> Dispatch {
+        let entries: Vec<wgpu::BindGroupEntry> = self
+            .entries
+            .iter()
+            .map(|(binding, b)| {
+                let resource = match windows.iter().find(|w| w.buffer == b) {
+                    Some(w) => wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: b,
+                        offset: w.offset,
+                        size: wgpu::BufferSize::new(w.size),
+                    }),
+                    None => b.as_entire_binding(),
+                };
+                wgpu::BindGroupEntry {
+                    binding: *binding,
+                    resource,
+                }
+            })
+            .collect();
+        let bind_group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(self.name),
+            layout: &self.layout,
+            entries: &entries,
+        });
+        Dispatch {
+            bind_group,
+            ..self.clone()
         }
     }
 

@@ -46,7 +46,7 @@ pub struct MlpParams {
     /// act offset of `out = after + z[..hidden]` (written for parity captures).
     pub out: u32,
     /// Padding to 64 bytes.
-    pub _pad: u32,
+    pub tstride: u32,
 }
 
 /// The compiled pipeline of the family.
@@ -72,9 +72,22 @@ impl MlpKernels {
         act: &wgpu::Buffer,
         vectors: &wgpu::Buffer,
     ) -> Dispatch {
+        self.mlp_tokens(ctx, p, act, vectors, 1)
+    }
+
+    /// [`MlpKernels::mlp`] for `tokens` token slots in one dispatch (one workgroup
+    /// each, run in parallel), slot `y` at every act offset plus `y · p.tstride`.
+    pub fn mlp_tokens(
+        &self,
+        ctx: &GpuContext,
+        p: &MlpParams,
+        act: &wgpu::Buffer,
+        vectors: &wgpu::Buffer,
+        tokens: usize,
+    ) -> Dispatch {
         let ub = ctx.uniform_init("mlp params", bytemuck::bytes_of(p));
-        Dispatch::new(ctx, &self.mlp, &[&ub, act, vectors], [1, 1, 1])
-            .with_bytes(bytes::mlp(p.hidden as usize, p.hd as usize))
+        Dispatch::new(ctx, &self.mlp, &[&ub, act, vectors], [1, tokens as u32, 1])
+            .with_bytes(tokens as u64 * bytes::mlp(p.hidden as usize, p.hd as usize))
     }
 }
 
