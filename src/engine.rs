@@ -137,9 +137,10 @@ pub trait Engine: Send {
 
     /// Append every id of `ids` in order, as one [`Engine::step`] per id would, and
     /// return the logits after the last one when `want_logits` (earlier ids run
-    /// without logits; an empty `ids` returns `None`). This is the prefill: the
-    /// CPU engine runs it in chunks, layer by layer, sharing each pass over the
-    /// weights among the chunk's tokens, with bit-identical results.
+    /// without logits; an empty `ids` returns `None`). This is the prefill: both
+    /// engines run it in chunks, layer by layer, sharing each pass over the
+    /// weights among the chunk's tokens (the GPU one dispatch per matvec for the
+    /// whole chunk), with results bit-identical to one step per token.
     ///
     /// # Errors
     /// [`crate::Error::TokenOutOfRange`] for an id `>= vocab`, after the ids before
