@@ -608,6 +608,6 @@ impl Engine for CpuEngine {
     }
 
     fn describe(&self) -> String {
-        format!("cpu ({} threads)", rayon::current_num_threads())
+        format!("cpu ({} threads)", crate::pool::Pool::global().threads())
     }
 }
