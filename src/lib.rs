@@ -27,12 +27,14 @@
 #![warn(missing_docs)]
 
 pub mod archive;
+pub mod builtin;
 pub mod config;
 pub mod cpu;
 pub mod cq;
 pub mod engine;
 pub mod engram;
 pub mod error;
+pub mod eval;
 pub mod gpu;
 pub mod kernels;
 pub mod pack;

@@ -2,6 +2,7 @@
 
 mod bench;
 mod devices;
+mod eval;
 mod generate;
 mod inspect;
 mod logits;
@@ -37,6 +38,8 @@ enum Command {
     Pack(pack::Args),
     /// Generate from a text or id prompt, greedy or sampled, streamed to stdout.
     Generate(generate::Args),
+    /// Perplexity and bits per byte of a text file, streamed through the engine.
+    Eval(eval::Args),
     /// Measure prefill and decode throughput.
     Bench(bench::Args),
     /// Per-kernel timings of a decode step (GPU timestamps or CPU timers).
@@ -55,6 +58,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Synth(a) => synth::run(a),
         Command::Pack(a) => pack::run(a),
         Command::Generate(a) => generate::run(a),
+        Command::Eval(a) => eval::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Profile(a) => profile::run(a),
         Command::Devices => devices::run(),
@@ -71,13 +75,14 @@ pub enum Backend {
     Gpu,
 }
 
-/// Seed of the built-in model used when no `--model` is given.
+/// Default seed of `--preset` weights.
 pub const BUILTIN_SEED: u64 = 2026;
 
 /// Where the model comes from: an archive, or a preset synthesized in memory.
 #[derive(Debug, clap::Args)]
 pub struct ModelArgs {
-    /// Archive to load (a cqlm safetensors file).
+    /// Archive to load (a cqlm safetensors file); default: the built-in trained model
+    /// (`models/cqlm-small.safetensors`, compiled into the binary).
     #[arg(long, value_name = "PATH", conflicts_with = "preset")]
     model: Option<PathBuf>,
     /// Synthesize this preset in memory instead (random weights): tiny, default or large.
@@ -89,18 +94,20 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
-    /// Load the archive, or synthesize the preset (`default` when neither is given),
-    /// saying on stderr that synthesized weights are random.
+    /// Load the archive, synthesize the preset (saying on stderr that its weights are
+    /// random), or, when neither is given, parse the built-in trained model.
     pub fn load(&self) -> Result<Arc<Model>> {
         if let Some(path) = &self.model {
             return Ok(Arc::new(Model::load(path)?));
         }
-        let name = self.preset.as_deref().unwrap_or("default");
+        let Some(name) = self.preset.as_deref() else {
+            return Ok(Arc::new(cqlm::builtin::model()?));
+        };
         let Some(config) = Config::preset(name) else {
             bail!("unknown preset `{name}` (expected tiny, default or large)");
         };
         eprintln!(
-            "note: no --model given: using the `{name}` preset synthesized with seed {} (random weights, the output is meaningless)",
+            "note: using the `{name}` preset synthesized with seed {} (random weights, the output is meaningless)",
             self.weights_seed
         );
         Ok(Arc::new(synth_model(
