@@ -13,7 +13,7 @@
 mod common;
 
 use common::cli::{assert_ok, cqlm};
-use common::gpu::gpu;
+use common::gpu::{gpu, rel_l2};
 use cqlm::tokenizer::TextTokenizer;
 use cqlm::{CpuEngine, Engine, GpuEngine, Model};
 use std::path::{Path, PathBuf};
@@ -65,16 +65,6 @@ fn code_margins() -> Vec<f64> {
 
 fn model() -> Arc<Model> {
     Arc::new(cqlm::builtin::model().expect("the built-in archive parses"))
-}
-
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    let num: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2))
-        .sum();
-    let den: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
-    (num / den).sqrt()
 }
 
 fn argmax_margin(v: &[f32]) -> (usize, f32) {

@@ -29,7 +29,6 @@ import sys
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from safetensors.numpy import load_file
 from safetensors import safe_open
 

@@ -245,8 +245,6 @@ class CqlmFloat(nn.Module):
         super().__init__()
         self.cfg = cfg
         H, L = cfg.hidden, cfg.layers
-        p = nn.ParameterDict()
-        self.p = p
 
         def mat(rows, cols, std=0.02):
             return nn.Parameter(torch.randn(rows, cols) * std)
@@ -316,7 +314,7 @@ class CqlmFloat(nn.Module):
 
     def _engram_values(self, rows: torch.Tensor) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         """rows `[tables, B, S]` → per site (key, value), each `[B, S, hidden]`."""
-        cfg, e, P = self.cfg, self.cfg.engram, self.params
+        e, P = self.cfg.engram, self.params
         tables = [P[f"engram.table.{n}.{h}"] for n in e.orders for h in range(e.hash_heads)]
         emb = torch.cat([F.embedding(rows[i], t) for i, t in enumerate(tables)], -1)
         out = {}
