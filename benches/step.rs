@@ -2,6 +2,7 @@
 //! (decode) and without (prefill).
 
 use cqlm::synth::{synth_model, BitsPlan};
+use cqlm::Readout;
 use cqlm::{Config, CpuEngine, Engine};
 use criterion::{criterion_group, criterion_main, Criterion};
 use std::sync::Arc;
@@ -26,7 +27,11 @@ fn step(c: &mut Criterion) {
                     engine.prefill(&prompt).expect("prefill");
                 }
                 tok = (tok * 31 + 7) % 32000;
-                engine.step(tok, want_logits).expect("step").map(|l| l[0])
+                engine
+                    .step(tok, Readout::logits_if(want_logits))
+                    .expect("step")
+                    .logits()
+                    .map(|l| l[0])
             })
         });
     }

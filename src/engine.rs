@@ -1,13 +1,16 @@
-//! The backend-independent interface of a token-stepping engine.
+//! The backend-independent interface of a token-stepping engine, and what a
+//! step hands back ([`Readout`] asks, [`StepOut`] answers).
 
 use crate::config::Config;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
-/// Candidates [`Engine::step_nucleus`] hands over (the device top-k limit).
+/// Candidates a [`Readout::Nucleus`] step hands over. The GPU selects them on the
+/// device, so this is at most its top-k limit (`gpu::kernels::sample::MAX_K`,
+/// checked at compile time there).
 pub const NUCLEUS_CANDIDATES: usize = 256;
 
-/// The softmax denominator of a step's logits at a temperature, as
-/// [`Engine::step_nucleus`] computed it.
+/// The softmax denominator of a step's logits at a temperature, as a
+/// [`Readout::Nucleus`] step computed it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Nucleus {
     /// `Σ exp((logit − max) / temperature)` over the whole vocabulary.
@@ -16,17 +19,171 @@ pub struct Nucleus {
     pub rel_err: f64,
 }
 
+/// What a step reads out of the logits it computes: the less a readout needs,
+/// the less the GPU copies back (nothing, 8 bytes, about 2 KiB, or `vocab` floats).
+/// Masked readouts (constrained generation) will join this enum.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub enum Readout {
+    /// No logits: the step only appends the token (prefill).
+    None,
+    /// The `[vocab]` logits of the next token.
+    Logits,
+    /// The greedy choice of the next token: the lowest index of the largest logit,
+    /// as [`crate::sample::argmax`].
+    Argmax,
+    /// The `k` largest next logits as `(logit, id)` pairs (ties at the cut toward
+    /// lower ids; order unspecified): all that
+    /// [`crate::sample::Sampler::sample_top_k`] needs. `k = 0` gives none.
+    TopK(usize),
+    /// What a top-p draw without a top-k needs
+    /// ([`crate::sample::Sampler::sample_nucleus`]): the [`NUCLEUS_CANDIDATES`]
+    /// largest next logits and the softmax denominator at `temperature` (> 0)
+    /// over the whole vocabulary.
+    Nucleus {
+        /// The sampling temperature.
+        temperature: f32,
+    },
+}
+
+impl Readout {
+    /// `Logits` when `want_logits`, else `None`.
+    pub fn logits_if(want_logits: bool) -> Readout {
+        if want_logits {
+            Readout::Logits
+        } else {
+            Readout::None
+        }
+    }
+
+    /// Whether this readout needs the logits computed (everything but `None`).
+    pub fn needs_logits(self) -> bool {
+        self != Readout::None
+    }
+
+    /// Check the readout's arguments.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a `Nucleus` temperature that is not a
+    /// finite number > 0.
+    pub fn validate(self) -> Result<()> {
+        if let Readout::Nucleus { temperature } = self {
+            if !(temperature > 0.0 && temperature.is_finite()) {
+                return Err(Error::InvalidArgument(format!(
+                    "nucleus readout: temperature {temperature} is not > 0"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a step handed back, as its [`Readout`] asked.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum StepOut<'a> {
+    /// Nothing ([`Readout::None`]).
+    None,
+    /// The next token's logits ([`Readout::Logits`]).
+    Logits(&'a [f32]),
+    /// The greedy next token ([`Readout::Argmax`]).
+    Token(u32),
+    /// The top candidates ([`Readout::TopK`]).
+    Candidates(&'a [(f32, u32)]),
+    /// The top candidates and the softmax denominator ([`Readout::Nucleus`]).
+    Nucleus {
+        /// The [`NUCLEUS_CANDIDATES`] largest logits (fewer for a smaller vocabulary).
+        candidates: &'a [(f32, u32)],
+        /// The softmax denominator.
+        nucleus: Nucleus,
+    },
+}
+
+impl<'a> StepOut<'a> {
+    /// Whether this is [`StepOut::None`].
+    pub fn is_none(self) -> bool {
+        matches!(self, StepOut::None)
+    }
+
+    /// The logits, if this is [`StepOut::Logits`].
+    pub fn logits(self) -> Option<&'a [f32]> {
+        match self {
+            StepOut::Logits(l) => Some(l),
+            _ => None,
+        }
+    }
+
+    /// The token, if this is [`StepOut::Token`].
+    pub fn token(self) -> Option<u32> {
+        match self {
+            StepOut::Token(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// The candidates of [`StepOut::Candidates`] or [`StepOut::Nucleus`].
+    pub fn candidates(self) -> Option<&'a [(f32, u32)]> {
+        match self {
+            StepOut::Candidates(c) | StepOut::Nucleus { candidates: c, .. } => Some(c),
+            _ => None,
+        }
+    }
+}
+
+/// The readout of `logits` on the host, for engines that have them there: what a
+/// device readout computes, with `candidates` as the buffer the candidates go in.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for a bad readout argument ([`Readout::validate`]).
+pub fn host_readout<'a>(
+    logits: &'a [f32],
+    readout: Readout,
+    candidates: &'a mut Vec<(f32, u32)>,
+) -> Result<StepOut<'a>> {
+    readout.validate()?;
+    Ok(match readout {
+        Readout::None => StepOut::None,
+        Readout::Logits => StepOut::Logits(logits),
+        Readout::Argmax => StepOut::Token(crate::sample::argmax(logits)),
+        Readout::TopK(k) => {
+            crate::sample::top_k_into(logits, k, candidates);
+            StepOut::Candidates(candidates)
+        }
+        Readout::Nucleus { temperature } => {
+            crate::sample::top_k_into(logits, NUCLEUS_CANDIDATES, candidates);
+            let m = candidates.first().map_or(0.0, |c| c.0);
+            let total = logits
+                .iter()
+                .filter(|v| !v.is_nan())
+                .map(|&v| ((v - m) / temperature).exp() as f64)
+                .sum();
+            // f64 sums of the same f32 terms in another order.
+            StepOut::Nucleus {
+                candidates,
+                nucleus: Nucleus {
+                    total,
+                    rel_err: 1e-12,
+                },
+            }
+        }
+    })
+}
+
 /// A model instance with its incremental state (KV cache, engram rings, history).
 pub trait Engine: Send {
     /// The model's config.
     fn config(&self) -> &Config;
 
-    /// Append `token` at the next logical position and, when `want_logits`, return
-    /// the `[vocab]` logits for the token after it (SPEC §4).
+    /// Append `token` at the next logical position and read out the next token's
+    /// logits as `readout` asks (SPEC §4). A readout other than
+    /// [`Readout::Logits`] lets the GPU decide on the device and copy back a few
+    /// bytes; the logits then stay available through [`Engine::last_logits`].
     ///
     /// # Errors
-    /// [`crate::Error::TokenOutOfRange`] if `token >= vocab`; the state is then unchanged.
-    fn step(&mut self, token: u32, want_logits: bool) -> Result<Option<&[f32]>>;
+    /// [`Error::TokenOutOfRange`] if `token >= vocab`, and
+    /// [`Error::InvalidArgument`] for a bad readout argument; the state is then
+    /// unchanged. [`Error::NonFinite`] when a logit the readout needs is NaN or
+    /// infinite.
+    fn step(&mut self, token: u32, readout: Readout) -> Result<StepOut<'_>>;
 
     /// Forget all tokens: the next step is at position 0.
     fn reset(&mut self);
@@ -42,117 +199,42 @@ pub trait Engine: Send {
         None
     }
 
+    /// Prompt tokens per prefill chunk of [`Engine::step_many`] (1: one step per token).
+    fn prefill_chunk(&self) -> usize {
+        1
+    }
+
     /// Bytes of device buffers held by this engine (0 for the CPU).
     fn device_bytes(&self) -> u64 {
         0
     }
 
-    /// Append `token` and return the greedy choice of the next one: the lowest index
-    /// of the largest logit, as [`crate::sample::argmax`]. The GPU picks it on the
-    /// device and reads back 8 bytes instead of `vocab` floats; the logits stay
-    /// available through [`Engine::last_logits`].
+    /// The logits computed by the last step, if it computed them (any readout but
+    /// [`Readout::None`]); `None` after a step without logits or at position 0.
     ///
     /// # Errors
-    /// As [`Engine::step`]; [`crate::Error::NonFinite`] when a logit is NaN or infinite.
-    fn step_argmax(&mut self, token: u32) -> Result<u32> {
-        match self.step(token, true)? {
-            Some(l) => Ok(crate::sample::argmax(l)),
-            None => Err(crate::Error::InvalidArgument(
-                "the engine returned no logits".into(),
-            )),
-        }
-    }
-
-    /// Append `token` and put the `k` largest next logits as `(logit, id)` pairs
-    /// into `out` (ties at the cut toward lower ids; order unspecified): all that
-    /// [`crate::sample::Sampler::sample_top_k`] needs. The GPU selects them on the
-    /// device for `k` up to 256 and reads back `8·k + 8` bytes; the logits stay
-    /// available through [`Engine::last_logits`].
-    ///
-    /// # Errors
-    /// As [`Engine::step`]; [`crate::Error::NonFinite`] when a logit is NaN or infinite.
-    fn step_top_k(&mut self, token: u32, k: usize, out: &mut Vec<(f32, u32)>) -> Result<()> {
-        match self.step(token, true)? {
-            Some(l) => {
-                crate::sample::top_k_into(l, k, out);
-                Ok(())
-            }
-            None => Err(crate::Error::InvalidArgument(
-                "the engine returned no logits".into(),
-            )),
-        }
-    }
-
-    /// Append `token` and hand over what a top-p draw without a top-k needs
-    /// ([`crate::sample::Sampler::sample_nucleus`]): the [`NUCLEUS_CANDIDATES`]
-    /// largest next logits as `(logit, id)` pairs in `out` (ties at the cut toward
-    /// lower ids; order unspecified) and the softmax denominator at `temperature`
-    /// over the whole vocabulary, `Σ exp((logit − max) / temperature)`. The GPU
-    /// computes both on the device and reads back about 2 KiB; the logits stay
-    /// available through [`Engine::last_logits`] for the rare draw the candidates
-    /// can't decide.
-    ///
-    /// # Errors
-    /// As [`Engine::step`]; [`crate::Error::NonFinite`] when a logit is NaN or
-    /// infinite; [`crate::Error::InvalidArgument`] unless `temperature > 0`.
-    fn step_nucleus(
-        &mut self,
-        token: u32,
-        temperature: f32,
-        out: &mut Vec<(f32, u32)>,
-    ) -> Result<Nucleus> {
-        if !(temperature > 0.0 && temperature.is_finite()) {
-            return Err(crate::Error::InvalidArgument(format!(
-                "step_nucleus: temperature {temperature} is not > 0"
-            )));
-        }
-        match self.step(token, true)? {
-            Some(l) => {
-                crate::sample::top_k_into(l, NUCLEUS_CANDIDATES, out);
-                let m = out.first().map_or(0.0, |c| c.0);
-                let total = l
-                    .iter()
-                    .filter(|v| !v.is_nan())
-                    .map(|&v| ((v - m) / temperature).exp() as f64)
-                    .sum();
-                // f64 sums of the same f32 terms in another order.
-                Ok(Nucleus {
-                    total,
-                    rel_err: 1e-12,
-                })
-            }
-            None => Err(crate::Error::InvalidArgument(
-                "the engine returned no logits".into(),
-            )),
-        }
-    }
-
-    /// The logits computed by the last step, if it computed them (a step with
-    /// logits or [`Engine::step_argmax`]); `None` after a step without logits or
-    /// at position 0.
-    ///
-    /// # Errors
-    /// [`crate::Error::Gpu`] if reading them back from the device fails.
+    /// [`Error::Gpu`] if reading them back from the device fails.
     fn last_logits(&mut self) -> Result<Option<&[f32]>>;
 
     /// Append every id of `ids` in order, as one [`Engine::step`] per id would, and
-    /// return the logits after the last one when `want_logits` (earlier ids run
-    /// without logits; an empty `ids` returns `None`). This is the prefill: both
-    /// engines run it in chunks, layer by layer, sharing each pass over the
-    /// weights among the chunk's tokens (the GPU one dispatch per matvec for the
-    /// whole chunk), with results bit-identical to one step per token.
+    /// read out the logits after the last one as `readout` asks (earlier ids run
+    /// without logits; an empty `ids` gives [`StepOut::None`]). This is the
+    /// prefill: both engines run it in chunks, layer by layer, sharing each pass
+    /// over the weights among the chunk's tokens (the GPU one dispatch per matvec
+    /// for the whole chunk), with results bit-identical to one step per token.
     ///
     /// # Errors
-    /// [`crate::Error::TokenOutOfRange`] for an id `>= vocab`, after the ids before
-    /// it have been appended; otherwise as [`Engine::step`].
-    fn step_many(&mut self, ids: &[u32], want_logits: bool) -> Result<Option<&[f32]>> {
+    /// [`Error::TokenOutOfRange`] for an id `>= vocab`, after the ids before it
+    /// have been appended; otherwise as [`Engine::step`].
+    fn step_many(&mut self, ids: &[u32], readout: Readout) -> Result<StepOut<'_>> {
+        readout.validate()?;
         let Some((&last, rest)) = ids.split_last() else {
-            return Ok(None);
+            return Ok(StepOut::None);
         };
         for &id in rest {
-            self.step(id, false)?;
+            self.step(id, Readout::None)?;
         }
-        self.step(last, want_logits)
+        self.step(last, readout)
     }
 
     /// [`Engine::step_many`] with logits, copied out: the logits after the last id
@@ -162,7 +244,8 @@ pub trait Engine: Send {
     /// As [`Engine::step_many`].
     fn prefill(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
         Ok(self
-            .step_many(ids, true)?
+            .step_many(ids, Readout::Logits)?
+            .logits()
             .map(<[f32]>::to_vec)
             .unwrap_or_default())
     }

@@ -5,7 +5,7 @@
 //! it through [`Engine::step`], so attention sees the sinks and the sliding window
 //! of SPEC §4.3 exactly as in generation.
 
-use crate::engine::Engine;
+use crate::engine::{Engine, Readout};
 use crate::error::{Error, Result};
 
 /// What scoring a stream measured.
@@ -88,7 +88,8 @@ pub fn score_stream(
     let mut nll = 0.0;
     for (i, pair) in ids.windows(2).enumerate() {
         let logits = engine
-            .step(pair[0], true)?
+            .step(pair[0], Readout::Logits)?
+            .logits()
             .ok_or_else(|| Error::InvalidArgument("the engine returned no logits".into()))?;
         nll += token_nll(logits, pair[1], i as u64)?;
         progress(i + 1);

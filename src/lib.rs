@@ -9,7 +9,8 @@
 //! * [`weights`]: the typed [`Model`];
 //! * [`kernels`]: the CPU reference kernels of the token step (SPEC §4);
 //! * [`cpu`]: [`CpuEngine`], the reference step;
-//! * [`engine`]: the [`Engine`] trait every backend implements;
+//! * [`engine`]: the [`Engine`] trait every backend implements, and its [`Readout`]s;
+//! * [`builder`]: [`EngineBuilder`], which chooses and configures the engine;
 //! * [`profile`]: per-kernel timings of a decode step on either backend;
 //! * [`synth`]: random well-conditioned archives (and float checkpoints) for tests and benchmarks;
 //! * [`pack`]: float checkpoint → archive, through the quantizer.
@@ -27,6 +28,7 @@
 #![warn(missing_docs)]
 
 pub mod archive;
+pub mod builder;
 pub mod builtin;
 pub mod config;
 pub mod cpu;
@@ -48,9 +50,10 @@ pub mod synth;
 pub mod tokenizer;
 pub mod weights;
 
+pub use builder::{Backend, EngineBuilder};
 pub use config::{Config, EngramConfig};
 pub use cpu::CpuEngine;
-pub use engine::Engine;
+pub use engine::{Engine, Readout, StepOut};
 pub use error::{ArchiveError, ConfigError, Error, Result};
 pub use gpu::GpuEngine;
 pub use weights::Model;

@@ -4,7 +4,7 @@
 
 use crate::cpu::{CpuEngine, Probe};
 use crate::cq::CqMatrix;
-use crate::engine::Engine;
+use crate::engine::{Engine, Readout};
 use crate::error::Result;
 use crate::gpu::arena::ArenaBuilder;
 use crate::gpu::kernels::cq::CqKernels;
@@ -305,11 +305,13 @@ pub fn run_ladder(
                 }
             }
             lc = cpu
-                .step(next, true)?
+                .step(next, Readout::Logits)?
+                .logits()
                 .map(<[f32]>::to_vec)
                 .unwrap_or_default();
             lg = gpu
-                .step(next, true)?
+                .step(next, Readout::Logits)?
+                .logits()
                 .map(<[f32]>::to_vec)
                 .unwrap_or_default();
         }

@@ -196,7 +196,7 @@ impl Sampler {
 
     /// With this sampler, [`Sampler::sample`] only looks at the `k` largest logits
     /// (top-k `k >= 2`, temperature > 0, no repetition penalty): an engine may then
-    /// hand over just those, e.g. from [`crate::Engine::step_top_k`].
+    /// hand over just those, e.g. from a [`crate::Readout::TopK`] step.
     pub fn top_k_only(&self) -> Option<usize> {
         let c = &self.cfg;
         (c.repeat_penalty == 1.0 && c.temperature > 0.0 && c.top_k >= 2).then_some(c.top_k)
@@ -218,7 +218,7 @@ impl Sampler {
 
     /// With this sampler, [`Sampler::sample`] is a top-p cut without a top-k
     /// (temperature > 0, top-p < 1, no top-k, no repetition penalty): its
-    /// temperature, for [`crate::Engine::step_nucleus`]; then
+    /// temperature, for a [`crate::Readout::Nucleus`] step; then
     /// [`Sampler::sample_nucleus`] can usually draw from the largest logits alone.
     pub fn top_p_only(&self) -> Option<f32> {
         let c = &self.cfg;

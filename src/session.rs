@@ -1,9 +1,9 @@
 //! [`Session`]: a model, an engine and the tokens so far — prefill, then generate.
 
-use crate::cpu::CpuEngine;
-use crate::engine::{Engine, Nucleus};
+pub use crate::builder::Backend;
+use crate::builder::EngineBuilder;
+use crate::engine::{Engine, Nucleus, Readout, StepOut};
 use crate::error::{Error, Result};
-use crate::gpu::{GpuEngine, GpuOptions};
 use crate::sample::Sampler;
 use crate::weights::Model;
 use std::sync::Arc;
@@ -11,17 +11,6 @@ use std::sync::Arc;
 /// Prompt tokens handed to the engine per [`Engine::step_many`] call by
 /// [`Session::prefill_with`] (one progress report each).
 pub const PREFILL_PROGRESS_CHUNK: usize = 64;
-
-/// Which engine a session runs on.
-#[derive(Debug, Clone)]
-pub enum Backend {
-    /// The CPU reference engine.
-    Cpu,
-    /// The GPU engine; fails without an adapter.
-    Gpu(GpuOptions),
-    /// The GPU engine when an adapter exists, else the CPU engine.
-    Auto(GpuOptions),
-}
 
 /// Where the next token of a generation comes from.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -71,24 +60,22 @@ impl std::fmt::Debug for Session {
 }
 
 impl Session {
-    /// A session at position 0 on `backend`.
+    /// A session at position 0 on `backend` (with the engines' default options;
+    /// [`Session::from_builder`] takes any [`EngineBuilder`]).
     ///
     /// # Errors
     /// [`Error::Gpu`] for `Backend::Gpu` without a usable adapter; allocation errors.
     pub fn new(model: Arc<Model>, backend: Backend) -> Result<Session> {
-        let mut fallback = None;
-        let engine: Box<dyn Engine> = match backend {
-            Backend::Cpu => Box::new(CpuEngine::new(Arc::clone(&model))?),
-            Backend::Gpu(o) => Box::new(GpuEngine::new(Arc::clone(&model), &o)?),
-            Backend::Auto(o) => match GpuEngine::new(Arc::clone(&model), &o) {
-                Ok(g) => Box::new(g),
-                Err(Error::Gpu(why)) => {
-                    fallback = Some(why);
-                    Box::new(CpuEngine::new(Arc::clone(&model))?)
-                }
-                Err(e) => return Err(e),
-            },
-        };
+        Self::from_builder(EngineBuilder::new(model).backend(backend))
+    }
+
+    /// A session at position 0 on the engine `builder` builds.
+    ///
+    /// # Errors
+    /// As [`EngineBuilder::build`].
+    pub fn from_builder(builder: EngineBuilder) -> Result<Session> {
+        let model = Arc::clone(builder.model());
+        let (engine, fallback) = builder.build()?;
         Ok(Session {
             model,
             engine,
@@ -105,7 +92,7 @@ impl Session {
         self.engine.as_ref()
     }
 
-    /// Why `Backend::Auto` fell back to the CPU, if it did.
+    /// Why `Backend::Auto` runs on the CPU, if it does (one line).
     pub fn fallback_reason(&self) -> Option<&str> {
         self.fallback.as_deref()
     }
@@ -162,7 +149,8 @@ impl Session {
         let mut done = 0;
         for part in ids.chunks(PREFILL_PROGRESS_CHUNK) {
             let last = done + part.len() == ids.len();
-            if let Some(l) = self.engine.step_many(part, last)? {
+            let readout = Readout::logits_if(last);
+            if let Some(l) = self.engine.step_many(part, readout)?.logits() {
                 self.logits.extend_from_slice(l);
             }
             self.tokens.extend_from_slice(part);
@@ -194,7 +182,7 @@ impl Session {
         let eos = self.model.config.eos;
         // A greedy sampler lets the engine pick on the device, a top-k sampler lets
         // it hand over just the k best logits (the GPU then reads back 8 bytes, or
-        // 8·k + 8); the full logits are fetched once at the end. The draw for a
+        // its top-k buffer of about 2 KiB); the full logits are fetched once at the end. The draw for a
         // token happens when it is needed, so the sampler's random sequence is
         // the same on every path.
         let greedy = sampler.is_greedy();
@@ -231,19 +219,41 @@ impl Session {
                 stop = Stop::Eos;
                 break;
             }
-            if greedy {
-                pending = Pending::Id(self.engine.step_argmax(next)?);
+            let readout = if greedy {
+                Readout::Argmax
             } else if let Some(k) = top_k {
-                self.engine.step_top_k(next, k, &mut self.candidates)?;
-                pending = Pending::TopK;
-            } else if let Some(t) = top_p {
-                let nu = self.engine.step_nucleus(next, t, &mut self.candidates)?;
-                pending = Pending::Nucleus(nu);
+                Readout::TopK(k)
+            } else if let Some(temperature) = top_p {
+                Readout::Nucleus { temperature }
             } else {
-                let l = self.engine.step(next, true)?.unwrap_or_default();
-                self.logits.clear();
-                self.logits.extend_from_slice(l);
-            }
+                Readout::Logits
+            };
+            pending = match self.engine.step(next, readout)? {
+                StepOut::Token(id) => Pending::Id(id),
+                StepOut::Candidates(c) => {
+                    self.candidates.clear();
+                    self.candidates.extend_from_slice(c);
+                    Pending::TopK
+                }
+                StepOut::Nucleus {
+                    candidates,
+                    nucleus,
+                } => {
+                    self.candidates.clear();
+                    self.candidates.extend_from_slice(candidates);
+                    Pending::Nucleus(nucleus)
+                }
+                StepOut::Logits(l) => {
+                    self.logits.clear();
+                    self.logits.extend_from_slice(l);
+                    Pending::Logits
+                }
+                StepOut::None => {
+                    return Err(Error::InvalidArgument(
+                        "the engine returned no readout".into(),
+                    ))
+                }
+            };
             self.tokens.push(next);
             if !on_token(next) {
                 stop = Stop::Callback;

@@ -5,6 +5,7 @@ use cqlm::archive::read_archive_file;
 use cqlm::archive::Tensor;
 use cqlm::sample::argmax;
 use cqlm::synth::{plan_for_preset, synth_model};
+use cqlm::Readout;
 use cqlm::{Config, CpuEngine, Engine, Model};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -76,7 +77,13 @@ fn reference_logits(model: &Path, ids: &[u32]) -> Vec<Vec<f32>> {
     let m = Model::load(model).unwrap();
     let mut e = CpuEngine::new(Arc::new(m)).unwrap();
     ids.iter()
-        .map(|&id| e.step(id, true).unwrap().unwrap().to_vec())
+        .map(|&id| {
+            e.step(id, Readout::Logits)
+                .unwrap()
+                .logits()
+                .unwrap()
+                .to_vec()
+        })
         .collect()
 }
 
@@ -611,7 +618,12 @@ fn generate_greedy_from_preset() {
             break;
         }
         want.push(next);
-        logits = e.step(next, true).unwrap().unwrap().to_vec();
+        logits = e
+            .step(next, Readout::Logits)
+            .unwrap()
+            .logits()
+            .unwrap()
+            .to_vec();
     }
     assert_eq!(ids, want);
 }

@@ -6,6 +6,7 @@ use common::gpu::gpu;
 use cqlm::sample::{argmax, top2_margin, Sampler, SamplerConfig};
 use cqlm::session::{Backend, Session, Stop};
 use cqlm::synth::{synth_model, BitsPlan};
+use cqlm::Readout;
 use cqlm::{Config, CpuEngine, Engine, GpuEngine};
 use std::sync::Arc;
 
@@ -138,7 +139,12 @@ fn session_generates_what_a_manual_greedy_loop_does() {
             break;
         }
         want.push(next);
-        logits = e.step(next, true).unwrap().unwrap().to_vec();
+        logits = e
+            .step(next, Readout::Logits)
+            .unwrap()
+            .logits()
+            .unwrap()
+            .to_vec();
     }
     assert_eq!(got, want);
     assert_eq!(
@@ -189,9 +195,19 @@ fn long_generation_stays_finite_and_gpu_matches_cpu_where_margins_allow() {
                 agreed += (argmax(lg) == next) as usize;
             }
         }
-        lc = c.step(next, true).unwrap().unwrap().to_vec();
+        lc = c
+            .step(next, Readout::Logits)
+            .unwrap()
+            .logits()
+            .unwrap()
+            .to_vec();
         if let (Some(g), Some(l)) = (g.as_mut(), lg.as_mut()) {
-            *l = g.step(next, true).unwrap().unwrap().to_vec();
+            *l = g
+                .step(next, Readout::Logits)
+                .unwrap()
+                .logits()
+                .unwrap()
+                .to_vec();
         }
     }
     if g.is_some() {

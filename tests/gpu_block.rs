@@ -9,7 +9,7 @@ use cqlm::gpu::kernels::engram::{EngramConvParams, EngramKernels};
 use cqlm::gpu::kernels::mhc::{MhcKernels, PremixParams, RouteParams};
 use cqlm::gpu::kernels::mlp::{MlpKernels, MlpParams};
 use cqlm::gpu::run_dispatches;
-use cqlm::gpu::step::StepLayout;
+use cqlm::gpu::step_input::StepLayout;
 use cqlm::kernels::mhc::{post_gates, pre_gates, sinkhorn_route};
 use cqlm::kernels::mlp::hadamard_mlp;
 use cqlm::kernels::norm::{zcrms_in_place, zcrms_into};

@@ -6,6 +6,7 @@ use common::gpu::{gpu, rel_l2};
 use cqlm::cpu::Probe;
 use cqlm::sample::{argmax, top2_margin};
 use cqlm::synth::{synth_model, BitsPlan};
+use cqlm::Readout;
 use cqlm::{Config, CpuEngine, Engine, GpuEngine, Model};
 use std::sync::Arc;
 
@@ -39,8 +40,18 @@ fn check_all_positions_on(ctx: Arc<cqlm::gpu::GpuContext>, model: Arc<Model>, wh
     let ids = prompt(64, model.config.vocab, 3);
     let mut errs = Vec::new();
     for &id in &ids {
-        let want = c.step(id, true).unwrap().unwrap().to_vec();
-        let got = g.step(id, true).unwrap().unwrap().to_vec();
+        let want = c
+            .step(id, Readout::Logits)
+            .unwrap()
+            .logits()
+            .unwrap()
+            .to_vec();
+        let got = g
+            .step(id, Readout::Logits)
+            .unwrap()
+            .logits()
+            .unwrap()
+            .to_vec();
         errs.push(rel_l2(&got, &want));
     }
     let max = errs.iter().cloned().fold(0.0, f64::max);
@@ -168,8 +179,18 @@ fn greedy_ids_match_cpu_where_margins_allow() {
             assert_eq!(argmax(&lg), next);
             compared += 1;
         }
-        lc = c.step(next, true).unwrap().unwrap().to_vec();
-        lg = g.step(next, true).unwrap().unwrap().to_vec();
+        lc = c
+            .step(next, Readout::Logits)
+            .unwrap()
+            .logits()
+            .unwrap()
+            .to_vec();
+        lg = g
+            .step(next, Readout::Logits)
+            .unwrap()
+            .logits()
+            .unwrap()
+            .to_vec();
     }
     assert!(
         compared >= 16,
@@ -186,14 +207,25 @@ fn reset_is_bit_exact_and_engines_on_one_device_are_independent() {
     let mut a = GpuEngine::with_context(Arc::clone(&model), Arc::clone(&ctx)).unwrap();
     let alone: Vec<Vec<f32>> = a_ids
         .iter()
-        .map(|&t| a.step(t, true).unwrap().unwrap().to_vec())
+        .map(|&t| {
+            a.step(t, Readout::Logits)
+                .unwrap()
+                .logits()
+                .unwrap()
+                .to_vec()
+        })
         .collect();
     a.reset();
     assert_eq!(a.position(), 0);
     let mut b = GpuEngine::with_context(Arc::clone(&model), Arc::clone(&ctx)).unwrap();
     for (i, (&ta, &tb)) in a_ids.iter().zip(&b_ids).enumerate() {
-        let la = a.step(ta, true).unwrap().unwrap().to_vec();
-        b.step(tb, false).unwrap();
+        let la = a
+            .step(ta, Readout::Logits)
+            .unwrap()
+            .logits()
+            .unwrap()
+            .to_vec();
+        b.step(tb, Readout::None).unwrap();
         assert_eq!(
             la, alone[i],
             "position {i}: reset or a second engine changed the logits"
@@ -207,17 +239,17 @@ fn bad_token_is_an_error_and_leaves_state_unchanged() {
     let model = tiny(true, 3);
     let mut a = GpuEngine::with_context(Arc::clone(&model), Arc::clone(&ctx)).unwrap();
     let mut b = GpuEngine::with_context(Arc::clone(&model), ctx).unwrap();
-    a.step(4, false).unwrap();
-    b.step(4, false).unwrap();
+    a.step(4, Readout::None).unwrap();
+    b.step(4, Readout::None).unwrap();
     let vocab = model.config.vocab as u32;
     assert!(matches!(
-        a.step(vocab, true),
+        a.step(vocab, Readout::Logits),
         Err(cqlm::Error::TokenOutOfRange { .. })
     ));
     assert_eq!(a.position(), 1);
     assert_eq!(
-        a.step(9, true).unwrap().unwrap(),
-        b.step(9, true).unwrap().unwrap()
+        a.step(9, Readout::Logits).unwrap().logits().unwrap(),
+        b.step(9, Readout::Logits).unwrap().logits().unwrap()
     );
 }
 
@@ -349,10 +381,21 @@ fn gpu_prefill_chunks_match_gpu_steps_bit_for_bit() {
             // One engine, reset between runs (reset is bit-exact: tested above).
             let mut g = GpuEngine::with_context(Arc::clone(model), Arc::clone(&ctx)).unwrap();
             g.set_prefill_chunk(1);
-            let want = g.step_many(&ids, true).unwrap().unwrap().to_vec();
+            let want = g
+                .step_many(&ids, Readout::Logits)
+                .unwrap()
+                .logits()
+                .unwrap()
+                .to_vec();
             let want_after: Vec<Vec<f32>> = after
                 .iter()
-                .map(|&t| g.step(t, true).unwrap().unwrap().to_vec())
+                .map(|&t| {
+                    g.step(t, Readout::Logits)
+                        .unwrap()
+                        .logits()
+                        .unwrap()
+                        .to_vec()
+                })
                 .collect();
             let mut cpu = CpuEngine::new(Arc::clone(model)).unwrap();
             let e = rel_l2(&want, &cpu.prefill(&ids).unwrap());
@@ -364,9 +407,14 @@ fn gpu_prefill_chunks_match_gpu_steps_bit_for_bit() {
                 g.reset();
                 g.set_prefill_chunk(chunk);
                 let cut = chunk + 1;
-                assert!(g.step_many(&ids[..cut], false).unwrap().is_none());
+                assert!(g.step_many(&ids[..cut], Readout::None).unwrap().is_none());
                 assert_eq!(g.position(), cut as u64);
-                let got = g.step_many(&ids[cut..], true).unwrap().unwrap().to_vec();
+                let got = g
+                    .step_many(&ids[cut..], Readout::Logits)
+                    .unwrap()
+                    .logits()
+                    .unwrap()
+                    .to_vec();
                 assert_eq!(g.position(), ids.len() as u64);
                 let same =
                     |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
@@ -376,7 +424,7 @@ fn gpu_prefill_chunks_match_gpu_steps_bit_for_bit() {
                     rel_l2(&got, &want)
                 );
                 for (i, &t) in after.iter().enumerate() {
-                    let l = g.step(t, true).unwrap().unwrap();
+                    let l = g.step(t, Readout::Logits).unwrap().logits().unwrap();
                     assert!(
                         same(l, &want_after[i]),
                         "{label}: decode step {i} after the prefill differs"
@@ -395,7 +443,7 @@ fn gpu_prefill_stops_at_a_bad_token_after_the_ones_before_it() {
     g.set_prefill_chunk(4);
     let mut ids = prompt(11, model.config.vocab, 2);
     ids[6] = model.config.vocab as u32;
-    let e = g.step_many(&ids, true).unwrap_err();
+    let e = g.step_many(&ids, Readout::Logits).unwrap_err();
     assert!(
         matches!(e, cqlm::Error::TokenOutOfRange { token, vocab } if token as usize == vocab),
         "{e:?}"
@@ -404,9 +452,19 @@ fn gpu_prefill_stops_at_a_bad_token_after_the_ones_before_it() {
     // The engine goes on from there as if it had stepped those 6.
     let mut one = GpuEngine::with_context(Arc::clone(&model), Arc::clone(g.context())).unwrap();
     for &t in &ids[..6] {
-        one.step(t, false).unwrap();
+        one.step(t, Readout::None).unwrap();
     }
-    let a = g.step(5, true).unwrap().unwrap().to_vec();
-    let b = one.step(5, true).unwrap().unwrap().to_vec();
+    let a = g
+        .step(5, Readout::Logits)
+        .unwrap()
+        .logits()
+        .unwrap()
+        .to_vec();
+    let b = one
+        .step(5, Readout::Logits)
+        .unwrap()
+        .logits()
+        .unwrap()
+        .to_vec();
     assert_eq!(a, b);
 }

@@ -8,6 +8,7 @@ use cqlm::gpu::kernels::sample::{ArgmaxParams, SampleKernels};
 use cqlm::gpu::{run_dispatches, GpuContext, GpuEngine};
 use cqlm::sample::argmax;
 use cqlm::synth::{synth_model, BitsPlan};
+use cqlm::Readout;
 use cqlm::{Config, CpuEngine, Engine};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -79,23 +80,28 @@ fn greedy_steps_pick_the_argmax_of_the_same_logits() {
     // own logits bit for bit (same kernels, same device).
     let mut next = 3u32;
     for t in 0..24 {
-        let picked = greedy.step_argmax(next).unwrap();
-        let logits = full.step(next, true).unwrap().unwrap().to_vec();
+        let picked = greedy.step(next, Readout::Argmax).unwrap().token().unwrap();
+        let logits = full
+            .step(next, Readout::Logits)
+            .unwrap()
+            .logits()
+            .unwrap()
+            .to_vec();
         assert_eq!(picked, argmax(&logits), "position {t}");
         let mine = greedy.last_logits().unwrap().unwrap();
         assert!(mine
             .iter()
             .zip(&logits)
             .all(|(a, b)| a.to_bits() == b.to_bits()));
-        // The CPU engine's default step_argmax is argmax of its logits.
-        let c = cpu.step_argmax(next).unwrap();
+        // The CPU engine's argmax readout is argmax of its logits.
+        let c = cpu.step(next, Readout::Argmax).unwrap().token().unwrap();
         assert_eq!(c, argmax(cpu.last_logits().unwrap().unwrap()));
         next = picked;
     }
     // A step without logits leaves none; reset too.
-    greedy.step(1, false).unwrap();
+    greedy.step(1, Readout::None).unwrap();
     assert!(greedy.last_logits().unwrap().is_none());
-    greedy.step_argmax(1).unwrap();
+    greedy.step(1, Readout::Argmax).unwrap();
     greedy.reset();
     assert!(greedy.last_logits().unwrap().is_none());
 }
@@ -183,7 +189,12 @@ fn draw_from_read_back_logits(
         let id = sampler.sample(&logits, &history);
         drawn.push(id);
         history.push(id);
-        logits = g.step(id, true).unwrap().unwrap().to_vec();
+        logits = g
+            .step(id, Readout::Logits)
+            .unwrap()
+            .logits()
+            .unwrap()
+            .to_vec();
     }
     (drawn, logits)
 }
@@ -226,10 +237,19 @@ fn step_top_k_beyond_the_device_limit_selects_from_the_logits() {
     let model = Arc::new(synth_model(&Config::preset_tiny(), &BitsPlan::mixed(), 34).unwrap());
     let mut a = GpuEngine::with_context(Arc::clone(&model), Arc::clone(&ctx)).unwrap();
     let mut b = GpuEngine::with_context(Arc::clone(&model), ctx).unwrap();
-    let mut got = Vec::new();
     for (token, k) in [(1u32, 300usize), (2, 40), (3, 256), (4, 257)] {
-        a.step_top_k(token, k, &mut got).unwrap();
-        let logits = b.step(token, true).unwrap().unwrap().to_vec();
+        let mut got = a
+            .step(token, Readout::TopK(k))
+            .unwrap()
+            .candidates()
+            .unwrap()
+            .to_vec();
+        let logits = b
+            .step(token, Readout::Logits)
+            .unwrap()
+            .logits()
+            .unwrap()
+            .to_vec();
         let mut want = Vec::new();
         cqlm::sample::top_k_into(&logits, k, &mut want);
         got.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)));
@@ -242,7 +262,7 @@ fn step_top_k_beyond_the_device_limit_selects_from_the_logits() {
 fn topk_kernel_softmax_denominator_is_within_its_stated_bound() {
     // The denominator a top-p cut needs, Σ exp((logit − max) / T) over every logit,
     // against an f64 sum of the same logits, within the bound the engine states
-    // (GpuEngine::step_nucleus); the candidates are unchanged by asking for it.
+    // (a `Readout::Nucleus` step); the candidates are unchanged by asking for it.
     let Some(ctx) = gpu() else { return };
     use cqlm::gpu::kernels::sample::{decode_topk, TopkParams, TOPK_WORDS};
     let mut rng = ChaCha8Rng::seed_from_u64(81);
@@ -292,7 +312,7 @@ fn topk_kernel_softmax_denominator_is_within_its_stated_bound() {
 #[test]
 fn top_p_generation_on_the_gpu_draws_what_the_full_logits_draw() {
     // Top-p without top-k: the session hands the sampler the device's 256 best
-    // candidates and softmax denominator (GpuEngine::step_nucleus) and falls back
+    // candidates and softmax denominator (a `Readout::Nucleus` step) and falls back
     // to the logits only when those can't decide. Either way it must draw exactly
     // what sampling the full read-back logits draws. A vocabulary of 1000 (more
     // than the candidates): a sharp temperature lets the candidates decide, a

@@ -9,6 +9,7 @@ use cqlm::cq::CqMatrix;
 use cqlm::gpu::GpuEngine;
 use cqlm::parity::run_ladder;
 use cqlm::synth::{synth_tensors, BitsPlan};
+use cqlm::Readout;
 use cqlm::{Config, CpuEngine, Engine, Error, Model};
 use half::f16;
 use std::sync::Arc;
@@ -40,24 +41,27 @@ fn model_with_inf_norm() -> Arc<Model> {
 fn cpu_names_the_first_non_finite_tensor() {
     let model = model_with_inf_norm();
     let mut e = CpuEngine::new(model).unwrap();
-    match e.step(1, true) {
+    match e.step(1, Readout::Logits) {
         Err(Error::NonFinite { tensor, position }) => {
             assert_eq!(tensor, "layer 1 q");
             assert_eq!(position, 0);
         }
         other => panic!(
             "expected NonFinite, got {:?}",
-            other.map(|l| l.map(|l| l.len()))
+            other.map(|l| l.logits().map(|l| l.len()))
         ),
     }
     // Also without logits.
-    assert!(matches!(e.step(2, false), Err(Error::NonFinite { .. })));
+    assert!(matches!(
+        e.step(2, Readout::None),
+        Err(Error::NonFinite { .. })
+    ));
     // The batched prefill names what the first step names, with or without the
     // chunk's batched matvec (1 and 64 tokens per chunk).
     for chunk in [1, 64] {
         let mut e = CpuEngine::new(model_with_inf_norm()).unwrap();
         e.set_prefill_chunk(chunk);
-        match e.step_many(&[1, 5, 9, 13, 17, 21, 25, 29, 33], false) {
+        match e.step_many(&[1, 5, 9, 13, 17, 21, 25, 29, 33], Readout::None) {
             Err(Error::NonFinite { tensor, position }) => {
                 assert_eq!(
                     (tensor.as_str(), position),
@@ -67,7 +71,7 @@ fn cpu_names_the_first_non_finite_tensor() {
             }
             other => panic!(
                 "chunk {chunk}: expected NonFinite, got {:?}",
-                other.map(|l| l.is_some())
+                other.map(|l| !l.is_none())
             ),
         }
     }
@@ -78,20 +82,20 @@ fn gpu_refuses_non_finite_logits_and_parity_names_the_tensor() {
     let Some(ctx) = gpu() else { return };
     let model = model_with_inf_norm();
     let mut g = GpuEngine::with_context(Arc::clone(&model), Arc::clone(&ctx)).unwrap();
-    match g.step(1, true) {
+    match g.step(1, Readout::Logits) {
         Err(Error::NonFinite { tensor, position }) => {
             assert!(tensor.starts_with("logits"), "{tensor}");
             assert_eq!(position, 0);
         }
         other => panic!(
             "expected NonFinite, got {:?}",
-            other.map(|l| l.map(|l| l.len()))
+            other.map(|l| l.logits().map(|l| l.len()))
         ),
     }
     // The greedy step (argmax on the device) refuses them too.
     let mut g = GpuEngine::with_context(Arc::clone(&model), Arc::clone(&ctx)).unwrap();
     assert!(matches!(
-        g.step_argmax(1),
+        g.step(1, Readout::Argmax),
         Err(Error::NonFinite { position: 0, .. })
     ));
     let mut g = GpuEngine::with_context(Arc::clone(&model), Arc::clone(&ctx)).unwrap();
@@ -105,7 +109,14 @@ fn gpu_refuses_non_finite_logits_and_parity_names_the_tensor() {
 
 fn run(engine: &mut dyn Engine, ids: &[u32]) -> Vec<Vec<f32>> {
     ids.iter()
-        .map(|&t| engine.step(t, true).unwrap().unwrap().to_vec())
+        .map(|&t| {
+            engine
+                .step(t, Readout::Logits)
+                .unwrap()
+                .logits()
+                .unwrap()
+                .to_vec()
+        })
         .collect()
 }
 
@@ -173,13 +184,14 @@ fn a_validation_error_inside_the_step_is_an_error_not_a_panic() {
         GpuEngine::with_fault(model, Arc::clone(&ctx), cqlm::gpu::Fault::InvalidDispatch).unwrap();
     for want_logits in [true, false] {
         let msg = gpu_error(
-            g.step(1, want_logits).map(|l| l.map(<[f32]>::len)),
+            g.step(1, Readout::logits_if(want_logits))
+                .map(|l| l.logits().map(<[f32]>::len)),
             "bad step",
         );
         assert!(msg.contains("dispatch"), "{msg}");
     }
     // Once the device reported an error, every later step says so again.
-    assert!(matches!(g.step(2, true), Err(Error::Gpu(_))));
+    assert!(matches!(g.step(2, Readout::Logits), Err(Error::Gpu(_))));
 }
 
 #[test]
@@ -187,12 +199,18 @@ fn device_loss_is_an_error_from_step_not_a_panic_or_hang() {
     let Some(ctx) = gpu() else { return };
     let model = tiny_model(22);
     let mut g = GpuEngine::with_context(Arc::clone(&model), Arc::clone(&ctx)).unwrap();
-    let before = g.step(1, true).unwrap().unwrap().to_vec();
+    let before = g
+        .step(1, Readout::Logits)
+        .unwrap()
+        .logits()
+        .unwrap()
+        .to_vec();
     assert!(before.iter().all(|v| v.is_finite()));
     ctx.lose_device_for_test();
     for (token, want_logits) in [(2, true), (3, false), (4, true)] {
         let msg = gpu_error(
-            g.step(token, want_logits).map(|l| l.map(<[f32]>::len)),
+            g.step(token, Readout::logits_if(want_logits))
+                .map(|l| l.logits().map(<[f32]>::len)),
             "step after device loss",
         );
         assert!(msg.contains("lost"), "{msg}");

@@ -12,6 +12,7 @@ use cqlm::pack::{
     PackReportRow,
 };
 use cqlm::synth::synth_float_tensors;
+use cqlm::Readout;
 use cqlm::{Config, CpuEngine, Engine, Error, Model};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -73,7 +74,11 @@ fn pack_and_run(
         .iter()
         .zip(reference)
         .map(|(&id, want)| {
-            let got = engine.step(id, true).expect("step").expect("logits");
+            let got = engine
+                .step(id, Readout::Logits)
+                .expect("step")
+                .logits()
+                .expect("logits");
             assert!(got.iter().all(|v| v.is_finite()));
             rel_l2(got, want)
         })

@@ -9,6 +9,7 @@ use common::gpu::{gpu, rel_l2};
 use cqlm::gpu::profile::GpuTiming;
 use cqlm::profile::KernelProfile;
 use cqlm::synth::{synth_model, BitsPlan};
+use cqlm::Readout;
 use cqlm::{Config, CpuEngine, Engine, GpuEngine, Model};
 use std::collections::BTreeSet;
 use std::process::Output;
@@ -107,8 +108,18 @@ fn cpu_profile_covers_every_kernel_of_the_step() {
     assert_eq!(eng.position(), 10);
     let mut plain = CpuEngine::new(Arc::clone(&model)).unwrap();
     plain.prefill(&all).unwrap();
-    let want = plain.step(5, true).unwrap().unwrap().to_vec();
-    let got = eng.step(5, true).unwrap().unwrap().to_vec();
+    let want = plain
+        .step(5, Readout::Logits)
+        .unwrap()
+        .logits()
+        .unwrap()
+        .to_vec();
+    let got = eng
+        .step(5, Readout::Logits)
+        .unwrap()
+        .logits()
+        .unwrap()
+        .to_vec();
     assert_eq!(got, want);
 }
 
@@ -136,8 +147,18 @@ fn gpu_profile(timing: GpuTiming, tokens: usize, what: &str) -> Option<(KernelPr
     assert_eq!(g.position(), (5 + tokens) as u64);
     let mut cpu = CpuEngine::new(Arc::clone(&model)).unwrap();
     cpu.prefill(&all).unwrap();
-    let want = cpu.step(9, true).unwrap().unwrap().to_vec();
-    let got = g.step(9, true).unwrap().unwrap().to_vec();
+    let want = cpu
+        .step(9, Readout::Logits)
+        .unwrap()
+        .logits()
+        .unwrap()
+        .to_vec();
+    let got = g
+        .step(9, Readout::Logits)
+        .unwrap()
+        .logits()
+        .unwrap()
+        .to_vec();
     let err = rel_l2(&got, &want);
     assert!(
         err <= 2e-2,

@@ -8,6 +8,7 @@ mod common;
 use common::naive::{argmax_margin, rel_l2, NaiveModel, NaiveState};
 use cqlm::cpu::Probe;
 use cqlm::synth::{synth_model, BitsPlan};
+use cqlm::Readout;
 use cqlm::{Config, CpuEngine, Engine, EngramConfig, Error, Model};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -88,8 +89,9 @@ fn run_parity(config: &Config, plan: &BitsPlan, seed: u64, ids: &[u32]) -> Run {
             logits
         } else {
             engine
-                .step(id, true)
+                .step(id, Readout::Logits)
                 .expect("step")
+                .logits()
                 .expect("logits")
                 .to_vec()
         };
@@ -285,8 +287,9 @@ fn all_positions(engine: &mut CpuEngine, ids: &[u32]) -> Vec<Vec<f32>> {
     ids.iter()
         .map(|&id| {
             engine
-                .step(id, true)
+                .step(id, Readout::Logits)
                 .expect("step")
+                .logits()
                 .expect("logits")
                 .to_vec()
         })
@@ -319,11 +322,12 @@ fn prefill_and_reset_are_bit_exact() {
         // Steps without logits return None.
         engine.reset();
         for &id in &ids[..n - 1] {
-            assert!(engine.step(id, false).expect("step").is_none());
+            assert!(engine.step(id, Readout::None).expect("step").is_none());
         }
         let last = engine
-            .step(ids[n - 1], true)
+            .step(ids[n - 1], Readout::Logits)
             .expect("step")
+            .logits()
             .expect("logits");
         assert_eq!(bits(last), bits(&stepped[n - 1]));
     }
@@ -408,8 +412,9 @@ fn prefill_chunks_match_steps_bit_for_bit() {
             for w in cuts.windows(2) {
                 let (a, b) = (w[0], w[1]);
                 let got = e
-                    .step_many(&ids[a..b], true)
+                    .step_many(&ids[a..b], Readout::Logits)
                     .expect("prefill")
+                    .logits()
                     .expect("logits");
                 assert_eq!(
                     bits(got),
@@ -420,9 +425,16 @@ fn prefill_chunks_match_steps_bit_for_bit() {
             }
             // Without logits, then the state must still be the stepped one.
             e.reset();
-            assert!(e.step_many(&ids[..30], false).expect("prefill").is_none());
+            assert!(e
+                .step_many(&ids[..30], Readout::None)
+                .expect("prefill")
+                .is_none());
             for (t, &id) in ids.iter().enumerate().skip(30) {
-                let got = e.step(id, true).expect("step").expect("logits");
+                let got = e
+                    .step(id, Readout::Logits)
+                    .expect("step")
+                    .logits()
+                    .expect("logits");
                 assert_eq!(
                     bits(got),
                     bits(&stepped[t]),
@@ -443,7 +455,7 @@ fn out_of_range_token_leaves_state_unchanged() {
 
     // At position 0, and then interleaved with good tokens (also past the KV wrap).
     for bad in bad_tokens {
-        match engine.step(bad, true) {
+        match engine.step(bad, Readout::Logits) {
             Err(Error::TokenOutOfRange { token, vocab: v }) => {
                 assert_eq!(token, bad);
                 assert_eq!(v, vocab);
@@ -456,7 +468,9 @@ fn out_of_range_token_leaves_state_unchanged() {
         if t % 3 == 0 {
             for bad in bad_tokens {
                 for want in [false, true] {
-                    let err = engine.step(bad, want).expect_err("bad token accepted");
+                    let err = engine
+                        .step(bad, Readout::logits_if(want))
+                        .expect_err("bad token accepted");
                     assert!(
                         matches!(err, Error::TokenOutOfRange { token, vocab: v } if token == bad && v == vocab),
                         "unexpected error {err:?}"
@@ -466,13 +480,15 @@ fn out_of_range_token_leaves_state_unchanged() {
             }
         }
         let a = engine
-            .step(id, true)
+            .step(id, Readout::Logits)
             .expect("step")
+            .logits()
             .expect("logits")
             .to_vec();
         let b = clean
-            .step(id, true)
+            .step(id, Readout::Logits)
             .expect("step")
+            .logits()
             .expect("logits")
             .to_vec();
         assert_eq!(
@@ -499,16 +515,18 @@ fn out_of_range_token_leaves_state_unchanged() {
         .expect_err("bad token accepted by prefill");
     assert!(matches!(err, Error::TokenOutOfRange { .. }));
     assert_eq!(engine.position(), 2);
-    clean.step(ids[0], false).expect("step");
-    clean.step(ids[1], false).expect("step");
+    clean.step(ids[0], Readout::None).expect("step");
+    clean.step(ids[1], Readout::None).expect("step");
     let a = engine
-        .step(ids[2], true)
+        .step(ids[2], Readout::Logits)
         .expect("step")
+        .logits()
         .expect("logits")
         .to_vec();
     let b = clean
-        .step(ids[2], true)
+        .step(ids[2], Readout::Logits)
         .expect("step")
+        .logits()
         .expect("logits")
         .to_vec();
     assert_eq!(bits(&a), bits(&b));
@@ -520,7 +538,11 @@ fn check_logit_scale(label: &str, config: &Config, plan: &BitsPlan, steps: usize
     let ids = token_ids(4242, steps, config.vocab);
     let (mut lo, mut hi) = (f64::INFINITY, 0.0f64);
     for (t, &id) in ids.iter().enumerate() {
-        let logits = engine.step(id, true).expect("step").expect("logits");
+        let logits = engine
+            .step(id, Readout::Logits)
+            .expect("step")
+            .logits()
+            .expect("logits");
         assert_eq!(logits.len(), config.vocab);
         assert!(
             logits.iter().all(|v| v.is_finite()),

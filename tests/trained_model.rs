@@ -15,6 +15,7 @@ mod common;
 use common::cli::{assert_ok, cqlm};
 use common::gpu::{gpu, rel_l2};
 use cqlm::tokenizer::TextTokenizer;
+use cqlm::Readout;
 use cqlm::{CpuEngine, Engine, GpuEngine, Model};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -81,7 +82,14 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// Logits after every id from a fresh engine.
 fn all_positions(engine: &mut dyn Engine, ids: &[u32]) -> Vec<Vec<f32>> {
     ids.iter()
-        .map(|&id| engine.step(id, true).unwrap().expect("logits").to_vec())
+        .map(|&id| {
+            engine
+                .step(id, Readout::Logits)
+                .unwrap()
+                .logits()
+                .expect("logits")
+                .to_vec()
+        })
         .collect()
 }
 

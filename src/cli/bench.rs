@@ -1,9 +1,10 @@
 //! `cqlm bench`: prefill and decode throughput, median over repetitions.
 
 use super::{make_engine, peak_rss_bytes, rss_bytes, BackendArgs, ModelArgs};
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use cqlm::sample::argmax;
 use cqlm::stats::median;
+use cqlm::Readout;
 use std::time::Instant;
 
 #[derive(Debug, clap::Args)]
@@ -41,6 +42,7 @@ struct Soak {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    a.backend.check()?;
     if a.prompt_len == 0 || a.tokens == 0 || a.reps == 0 {
         bail!("--prompt-len, --tokens and --reps must be at least 1");
     }
@@ -68,7 +70,8 @@ pub fn run(a: Args) -> Result<()> {
         for i in 0..a.tokens {
             let next = argmax(&logits);
             logits = engine
-                .step(next, true)?
+                .step(next, Readout::Logits)?
+                .logits()
                 .map(<[f32]>::to_vec)
                 .unwrap_or_default();
             if rep == 0 && a.tokens >= 2000 && (i + 1) % 1000 == 0 {
@@ -90,7 +93,10 @@ pub fn run(a: Args) -> Result<()> {
         let mut next = argmax(&logits);
         let t2 = Instant::now();
         for _ in 0..a.tokens.min(GREEDY_TOKENS) {
-            next = engine.step_argmax(next)?;
+            next = engine
+                .step(next, Readout::Argmax)?
+                .token()
+                .context("the engine returned no token")?;
         }
         greedy.push(a.tokens.min(GREEDY_TOKENS) as f64 / t2.elapsed().as_secs_f64());
     }
@@ -122,6 +128,7 @@ pub fn run(a: Args) -> Result<()> {
             "decode_greedy_tok_s": gd,
             "weight_bytes_per_step": bytes_per_step,
             "dispatches_per_token": engine.dispatches_per_token(),
+            "prefill_chunk": engine.prefill_chunk(),
             "peak_rss_bytes": rss,
             "gpu_buffer_bytes": engine.device_bytes(),
             "soak": soak.as_ref().map(|s| serde_json::json!({

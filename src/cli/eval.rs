@@ -26,6 +26,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    a.backend.check()?;
     let raw =
         std::fs::read(&a.text).with_context(|| format!("cannot read {}", a.text.display()))?;
     let text = String::from_utf8(raw)

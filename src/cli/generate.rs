@@ -3,7 +3,7 @@
 use super::{parse_ids, BackendArgs, Ids, ModelArgs};
 use anyhow::{bail, Result};
 use cqlm::sample::{Sampler, SamplerConfig};
-use cqlm::session::{Backend, Session};
+use cqlm::session::Session;
 use cqlm::tokenizer::TextTokenizer;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::Write;
@@ -122,6 +122,7 @@ impl Streamer<'_> {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    a.backend.check()?;
     let _ = ctrlc::set_handler(|| INTERRUPTED.store(true, Ordering::SeqCst));
     let model = a.model.load()?;
     let tok = match (&a.prompt, model.tokenizer.is_some()) {
@@ -149,23 +150,12 @@ pub fn run(a: Args) -> Result<()> {
         seed: a.seed,
         ..SamplerConfig::default()
     })?;
-    let opts = cqlm::gpu::GpuOptions {
-        adapter: a.backend.adapter.clone(),
-        ..Default::default()
-    };
-    let backend = match a.backend.backend {
-        Some(super::Backend::Cpu) => Backend::Cpu,
-        Some(super::Backend::Gpu) => Backend::Gpu(opts),
-        None => Backend::Auto(opts),
-    };
     let load = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
     load.set_message("loading the model onto the device");
     load.enable_steady_tick(std::time::Duration::from_millis(120));
-    let mut session = Session::new(Arc::clone(&model), backend)?;
+    let mut session = Session::from_builder(a.backend.builder(Arc::clone(&model)))?;
     load.finish_and_clear();
-    if let Some(why) = session.fallback_reason() {
-        eprintln!("note: using the cpu backend ({why})");
-    }
+    super::report_notice(session.fallback_reason(), true);
 
     let t0 = Instant::now();
     let pb = bar(ids.len() as u64, "prefill");

@@ -2,7 +2,7 @@
 
 use super::{make_engine, parse_ids, with_path, BackendArgs, Ids};
 use anyhow::Result;
-use cqlm::Model;
+use cqlm::{Model, Readout};
 use npyz::WriterBuilder;
 use std::io::Write;
 use std::path::PathBuf;
@@ -27,6 +27,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    a.backend.check()?;
     let model = Arc::new(Model::load(&a.model)?);
     let vocab = model.config.vocab;
     let mut engine = make_engine(model, &a.backend, false)?;
@@ -34,11 +35,11 @@ pub fn run(a: Args) -> Result<()> {
     let mut rows: Vec<f32> = Vec::with_capacity(if a.all_positions { n * vocab } else { vocab });
     if a.all_positions {
         for &id in &a.ids.0 {
-            if let Some(l) = engine.step(id, true)? {
+            if let Some(l) = engine.step(id, Readout::Logits)?.logits() {
                 rows.extend_from_slice(l);
             }
         }
-    } else if let Some(l) = engine.step_many(&a.ids.0, true)? {
+    } else if let Some(l) = engine.step_many(&a.ids.0, Readout::Logits)?.logits() {
         // Earlier ids prefilled without logits (in chunks on the CPU: the same bits).
         rows.extend_from_slice(l);
     }

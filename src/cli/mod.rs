@@ -14,7 +14,7 @@ mod synth;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use cqlm::synth::{plan_for_preset, synth_model};
-use cqlm::{Config, CpuEngine, Engine, GpuEngine, Model};
+use cqlm::{Config, Engine, EngineBuilder, Model};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -121,7 +121,8 @@ impl ModelArgs {
 /// Backend choice shared by the commands that run a model.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BackendArgs {
-    /// Backend; defaults to gpu when an adapter exists, else cpu (with a notice).
+    /// Backend; default: gpu on a hardware GPU, else cpu (with a notice; a software
+    /// adapter such as lavapipe runs only with --backend gpu).
     #[arg(long, value_enum)]
     pub backend: Option<Backend>,
     /// GPU adapter whose name contains this (case-insensitive); default: `CQLM_ADAPTER`, then the best one.
@@ -133,40 +134,55 @@ pub struct BackendArgs {
     pub prefill_chunk: u32,
 }
 
-/// Build an engine for `backend` (`None`: the GPU when an adapter exists, else the
-/// CPU, saying so on stderr when `notice`; `logits` keeps stderr for its one error line).
-pub fn make_engine(model: Arc<Model>, b: &BackendArgs, notice: bool) -> Result<Box<dyn Engine>> {
-    let opts = cqlm::gpu::GpuOptions {
-        adapter: b.adapter.clone(),
-        ..Default::default()
-    };
-    let gpu_engine = |model| -> cqlm::Result<GpuEngine> {
-        let mut e = GpuEngine::new(model, &opts)?;
-        e.set_prefill_chunk(b.prefill_chunk as usize);
-        Ok(e)
-    };
-    match b.backend {
-        Some(Backend::Gpu) => Ok(Box::new(gpu_engine(model)?)),
-        Some(Backend::Cpu) => Ok(Box::new(cpu_engine(model, b)?)),
-        None => match gpu_engine(Arc::clone(&model)) {
-            Ok(e) => Ok(Box::new(e)),
-            Err(cqlm::Error::Gpu(msg)) => {
-                if notice {
-                    eprintln!("note: using the cpu backend ({msg})");
-                } else {
-                    log::info!("using the cpu backend ({msg})");
-                }
-                Ok(Box::new(cpu_engine(model, b)?))
-            }
-            Err(e) => Err(e.into()),
-        },
+impl BackendArgs {
+    /// The engine builder these flags describe (`--backend` absent: auto, which
+    /// takes a hardware GPU when there is one, else the CPU).
+    pub fn builder(&self, model: Arc<Model>) -> EngineBuilder {
+        let opts = cqlm::gpu::GpuOptions {
+            adapter: self.adapter.clone(),
+            ..Default::default()
+        };
+        let backend = match self.backend {
+            Some(Backend::Cpu) => cqlm::Backend::Cpu,
+            Some(Backend::Gpu) => cqlm::Backend::Gpu(opts),
+            None => cqlm::Backend::Auto(opts),
+        };
+        EngineBuilder::new(model)
+            .backend(backend)
+            .prefill_chunk(Some(self.prefill_chunk as usize))
+    }
+
+    /// Reject flags that the chosen backend would ignore.
+    ///
+    /// # Errors
+    /// `--adapter` with `--backend cpu`.
+    pub fn check(&self) -> Result<()> {
+        if self.backend == Some(Backend::Cpu) && self.adapter.is_some() {
+            bail!("--adapter chooses a GPU adapter and has no effect with --backend cpu");
+        }
+        Ok(())
     }
 }
 
-fn cpu_engine(model: Arc<Model>, b: &BackendArgs) -> Result<CpuEngine> {
-    let mut e = CpuEngine::new(model)?;
-    e.set_prefill_chunk(b.prefill_chunk as usize);
-    Ok(e)
+/// Say on stderr why auto runs on the CPU (`notice`), or only log it (`logits`
+/// keeps stderr for its one error line).
+pub fn report_notice(notice: Option<&str>, to_stderr: bool) {
+    if let Some(why) = notice {
+        if to_stderr {
+            eprintln!("note: {why}");
+        } else {
+            log::info!("{why}");
+        }
+    }
+}
+
+/// Build the engine the flags describe, saying on stderr when auto runs on the CPU
+/// if `notice`.
+pub fn make_engine(model: Arc<Model>, b: &BackendArgs, notice: bool) -> Result<Box<dyn Engine>> {
+    b.check()?;
+    let (engine, why) = b.builder(model).build()?;
+    report_notice(why.as_deref(), notice);
+    Ok(engine)
 }
 
 /// A parsed `--ids` value.

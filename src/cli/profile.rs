@@ -1,12 +1,11 @@
 //! `cqlm profile`: per-kernel timings of decode steps, as a table, JSON or an SVG bar chart.
 
-use super::{Backend, BackendArgs, ModelArgs};
+use super::{BackendArgs, ModelArgs};
 use anyhow::{bail, Context, Result};
+use cqlm::builder::AnyEngine;
 use cqlm::gpu::profile::GpuTiming;
 use cqlm::profile::KernelProfile;
-use cqlm::{CpuEngine, Engine, GpuEngine, Model};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -32,57 +31,26 @@ pub struct Args {
     svg: Option<PathBuf>,
 }
 
-/// The engine being profiled (profiling needs the concrete type).
-enum Profiled {
-    Cpu(Box<CpuEngine>),
-    Gpu(Box<GpuEngine>),
-}
-
-impl Profiled {
-    fn new(model: Arc<Model>, b: &BackendArgs) -> Result<Profiled> {
-        let opts = cqlm::gpu::GpuOptions {
-            adapter: b.adapter.clone(),
-            ..Default::default()
-        };
-        Ok(match b.backend {
-            Some(Backend::Cpu) => Profiled::Cpu(Box::new(CpuEngine::new(model)?)),
-            Some(Backend::Gpu) => Profiled::Gpu(Box::new(GpuEngine::new(model, &opts)?)),
-            None => match GpuEngine::new(Arc::clone(&model), &opts) {
-                Ok(e) => Profiled::Gpu(Box::new(e)),
-                Err(cqlm::Error::Gpu(msg)) => {
-                    eprintln!("note: using the cpu backend ({msg})");
-                    Profiled::Cpu(Box::new(CpuEngine::new(model)?))
-                }
-                Err(e) => return Err(e.into()),
-            },
-        })
-    }
-
-    fn engine(&mut self) -> &mut dyn Engine {
-        match self {
-            Profiled::Cpu(e) => e.as_mut(),
-            Profiled::Gpu(e) => e.as_mut(),
-        }
-    }
-}
-
 pub fn run(a: Args) -> Result<()> {
+    a.backend.check()?;
     if a.tokens == 0 {
         bail!("--tokens must be at least 1");
     }
     let model = a.model.load()?;
     let vocab = model.config.vocab as u64;
-    let mut p = Profiled::new(model, &a.backend)?;
+    let built = a.backend.builder(model).build_any()?;
+    super::report_notice(built.notice.as_deref(), true);
+    let mut p = built.engine;
     // A fixed pseudo-random sequence: the prompt, then the profiled tokens.
     let ids: Vec<u32> = (0..(a.prompt_len + a.tokens) as u64)
         .map(|i| ((i.wrapping_mul(2654435761) >> 7) % vocab) as u32)
         .collect();
     let (prompt, decode) = ids.split_at(a.prompt_len);
-    p.engine().prefill(prompt)?;
-    let first = p.engine().position();
+    p.as_dyn().prefill(prompt)?;
+    let first = p.as_dyn().position();
     let (profile, dispatches) = match &mut p {
-        Profiled::Cpu(e) => (e.profile(decode)?, None),
-        Profiled::Gpu(e) => {
+        AnyEngine::Cpu(e) => (e.profile(decode)?, None),
+        AnyEngine::Gpu(e) => {
             let timing = if a.per_dispatch {
                 GpuTiming::PerDispatch
             } else {
@@ -99,7 +67,7 @@ pub fn run(a: Args) -> Result<()> {
             (e.profile(decode, timing)?, Some(e.dispatches_per_token().1))
         }
     };
-    let backend = p.engine().describe();
+    let backend = p.as_dyn().describe();
     if let Some(path) = &a.svg {
         svg_chart(path, &profile, &backend)
             .with_context(|| format!("writing the chart {}", path.display()))?;

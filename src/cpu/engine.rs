@@ -5,7 +5,7 @@ use super::prefill::{Batch, DEFAULT_CHUNK};
 use super::prep::PrepCache;
 use crate::config::Config;
 use crate::cq::CqMatrix;
-use crate::engine::Engine;
+use crate::engine::{host_readout, Engine, Readout, StepOut};
 use crate::engram::{table_rows_for, TokenHistory};
 use crate::error::{Error, Result};
 use crate::kernels::kv::{attended_ranges, physical_slot};
@@ -93,6 +93,8 @@ pub struct CpuEngine {
     pub(super) batch: Batch,
     /// Tokens per prefill chunk.
     pub(super) prefill_chunk: usize,
+    /// The candidates of the last top-k or nucleus readout.
+    candidates: Vec<(f32, u32)>,
 }
 
 fn alloc<T: Clone + Default>(what: &str, n: usize) -> Result<Vec<T>> {
@@ -186,6 +188,7 @@ impl CpuEngine {
             logits_valid: false,
             batch: Batch::default(),
             prefill_chunk: DEFAULT_CHUNK,
+            candidates: Vec::new(),
         })
     }
 
@@ -462,6 +465,16 @@ impl CpuEngine {
     }
 }
 
+impl CpuEngine {
+    /// The readout of the last step's logits (none for [`Readout::None`]).
+    fn readout(&mut self, readout: Readout) -> Result<StepOut<'_>> {
+        if !(readout.needs_logits() && self.logits_valid) {
+            return Ok(StepOut::None);
+        }
+        host_readout(&self.logits, readout, &mut self.candidates)
+    }
+}
+
 /// The error for the first non-finite tensor of the step at position `t`, if any.
 fn non_finite_check(bad: Option<(String, Option<usize>)>, t: u64) -> Result<()> {
     match bad {
@@ -565,8 +578,10 @@ impl Engine for CpuEngine {
         &self.model.config
     }
 
-    fn step(&mut self, token: u32, want_logits: bool) -> Result<Option<&[f32]>> {
-        self.step_probed(token, want_logits, None)
+    fn step(&mut self, token: u32, readout: Readout) -> Result<StepOut<'_>> {
+        readout.validate()?;
+        self.step_probed(token, readout.needs_logits(), None)?;
+        self.readout(readout)
     }
 
     fn last_logits(&mut self) -> Result<Option<&[f32]>> {
@@ -578,12 +593,13 @@ impl Engine for CpuEngine {
     /// layer for chunks of ids. An id `>= vocab` is an error after the ids
     /// before it have been appended. A NaN or infinity anywhere in a chunk is
     /// reported (as [`Error::NonFinite`] at its position) after the whole chunk.
-    fn step_many(&mut self, ids: &[u32], want_logits: bool) -> Result<Option<&[f32]>> {
+    fn step_many(&mut self, ids: &[u32], readout: Readout) -> Result<StepOut<'_>> {
+        readout.validate()?;
         let vocab = self.model.config.vocab;
         let bad = ids.iter().position(|&t| t as usize >= vocab);
         let ok = &ids[..bad.unwrap_or(ids.len())];
         if !ok.is_empty() {
-            self.prefill_ids(ok, want_logits && bad.is_none())?;
+            self.prefill_ids(ok, readout.needs_logits() && bad.is_none())?;
         }
         if let Some(i) = bad {
             return Err(Error::TokenOutOfRange {
@@ -591,7 +607,14 @@ impl Engine for CpuEngine {
                 vocab,
             });
         }
-        Ok((want_logits && self.logits_valid && !ids.is_empty()).then_some(&self.logits[..]))
+        if ids.is_empty() {
+            return Ok(StepOut::None);
+        }
+        self.readout(readout)
+    }
+
+    fn prefill_chunk(&self) -> usize {
+        self.prefill_chunk
     }
 
     fn reset(&mut self) {

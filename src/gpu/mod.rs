@@ -1,16 +1,33 @@
 //! The wgpu backend: device setup, upload, WGSL kernels and the one-encoder token step.
+//!
+//! The engine ([`GpuEngine`], `engine.rs`) composes parts that own their data
+//! and never import it: `upload` (weights), `layout` (activation offsets and
+//! token slots), `state` (device buffers), `program` (the step's dispatch lists
+//! and capture points), `readback`, `prefill` (chunked prompts), `capture`, and
+//! `recorder`, the one recorder every way of running the step goes through.
 
 pub mod arena;
+mod capture;
 mod context;
 mod engine;
 pub mod kernels;
+mod layout;
+mod prefill;
 pub mod profile;
+mod program;
+mod readback;
+mod recorder;
 pub mod shader_check;
-pub mod step;
+mod state;
+pub mod step_input;
+mod upload;
 mod util;
 
+pub use capture::Captured;
 pub use context::{
     device_type_name, env_flag, list_adapters, Capabilities, GpuContext, GpuOptions,
 };
-pub use engine::{Captured, Fault, GpuEngine};
+pub use engine::GpuEngine;
+pub use layout::PREFILL_SLOTS;
+pub use program::Fault;
 pub use util::{grid, run_dispatches, Dispatch, Kernel, Window, STORAGE};

@@ -6,6 +6,7 @@
 //! then one row index per engram table (gather order).
 
 use crate::config::Config;
+use crate::engram::{table_rows_for, TokenHistory};
 use crate::kernels::kv::physical_slot;
 use crate::kernels::rope::rope_table;
 
@@ -76,5 +77,71 @@ impl StepLayout {
         for (k, &r) in table_rows.iter().enumerate() {
             out[self.rows_at() + k] = r as u32;
         }
+    }
+}
+
+/// The host side of the step input: the token history (for the engram rows) and
+/// the scratch the step buffer's words are computed in, allocated once.
+#[derive(Debug)]
+pub(crate) struct StepInput {
+    pub layout: StepLayout,
+    history: TokenHistory,
+    table_rows: Vec<usize>,
+    rows: Vec<usize>,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    /// The words of a chunk's step inputs, one slot each.
+    pub words: Vec<u32>,
+    /// Rotate by the physical slot instead of the position (fault injection).
+    rope_at_slot: bool,
+}
+
+impl StepInput {
+    /// The input of `c`'s steps, with engram tables of `table_rows` rows.
+    pub(crate) fn new(c: &Config, table_rows: Vec<usize>, rope_at_slot: bool) -> StepInput {
+        StepInput {
+            layout: StepLayout::new(c),
+            history: TokenHistory::default(),
+            rows: Vec::with_capacity(table_rows.len()),
+            table_rows,
+            cos: vec![0.0; c.head_dim / 2],
+            sin: vec![0.0; c.head_dim / 2],
+            words: Vec::new(),
+            rope_at_slot,
+        }
+    }
+
+    /// Append `token` at position `t` to the history and fill slot `slot` (of
+    /// `stride` words) of [`StepInput::words`] for it, growing the words as needed.
+    pub(crate) fn fill(&mut self, c: &Config, token: u32, t: u64, slot: usize, stride: usize) {
+        self.history.push(token);
+        if let Some(e) = &c.engram {
+            table_rows_for(&self.history, e, &self.table_rows, &mut self.rows);
+        }
+        let rope_pos = if self.rope_at_slot {
+            physical_slot(t, c.sink, c.window) as u64
+        } else {
+            t
+        };
+        let n = self.layout.words();
+        if self.words.len() < slot * stride + n {
+            self.words.resize(slot * stride + n, 0);
+        }
+        let out = &mut self.words[slot * stride..slot * stride + n];
+        self.layout.fill(
+            c,
+            token,
+            t,
+            rope_pos,
+            &self.rows,
+            &mut self.cos,
+            &mut self.sin,
+            out,
+        );
+    }
+
+    /// Forget the history (a reset).
+    pub(crate) fn clear(&mut self) {
+        self.history.clear();
     }
 }

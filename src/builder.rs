@@ -1,0 +1,183 @@
+//! [`EngineBuilder`]: the one place an engine is chosen and configured (backend,
+//! adapter, prefill chunk), used by [`crate::session::Session`], every CLI
+//! command and the tools, so every setting reaches the engine that runs.
+
+use crate::cpu::CpuEngine;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::gpu::{list_adapters, GpuEngine, GpuOptions};
+use crate::weights::Model;
+use std::sync::Arc;
+
+/// Which engine to build.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    /// The CPU reference engine.
+    Cpu,
+    /// The GPU engine on the chosen adapter (a software one too); fails without one.
+    Gpu(GpuOptions),
+    /// A hardware GPU when wgpu finds one (or the adapter named in the options or
+    /// `CQLM_ADAPTER`); else the CPU engine, with a notice saying why
+    /// ([`BuiltEngine::notice`]). Software adapters (wgpu's `DeviceType::Cpu`:
+    /// llvmpipe/lavapipe, WARP, SwiftShader) run far slower than the CPU engine,
+    /// so auto never picks them; `Gpu` does.
+    Auto(GpuOptions),
+}
+
+/// A built engine of a concrete type (profiling and parity need it).
+#[derive(Debug)]
+pub enum AnyEngine {
+    /// The CPU engine.
+    Cpu(Box<CpuEngine>),
+    /// The GPU engine.
+    Gpu(Box<GpuEngine>),
+}
+
+impl AnyEngine {
+    /// The engine behind the trait.
+    pub fn as_dyn(&mut self) -> &mut dyn Engine {
+        match self {
+            AnyEngine::Cpu(e) => e.as_mut(),
+            AnyEngine::Gpu(e) => e.as_mut(),
+        }
+    }
+
+    /// The engine as a trait object.
+    pub fn into_dyn(self) -> Box<dyn Engine> {
+        match self {
+            AnyEngine::Cpu(e) => e,
+            AnyEngine::Gpu(e) => e,
+        }
+    }
+}
+
+/// What [`EngineBuilder::build_any`] built, and why, when auto chose the CPU.
+#[derive(Debug)]
+pub struct BuiltEngine {
+    /// The engine.
+    pub engine: AnyEngine,
+    /// Why [`Backend::Auto`] runs on the CPU (one line, for stderr), if it does.
+    pub notice: Option<String>,
+}
+
+/// Builds an engine for a model: backend and its options, then [`EngineBuilder::build`].
+#[derive(Debug, Clone)]
+pub struct EngineBuilder {
+    model: Arc<Model>,
+    backend: Backend,
+    prefill_chunk: Option<usize>,
+}
+
+impl EngineBuilder {
+    /// A builder for `model` on [`Backend::Auto`] with default options.
+    pub fn new(model: Arc<Model>) -> EngineBuilder {
+        EngineBuilder {
+            model,
+            backend: Backend::Auto(GpuOptions::default()),
+            prefill_chunk: None,
+        }
+    }
+
+    /// The model the engine will run.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// Run on `backend`.
+    pub fn backend(mut self, backend: Backend) -> EngineBuilder {
+        self.backend = backend;
+        self
+    }
+
+    /// Prompt tokens per prefill chunk (`None`: each engine's default; 1: one
+    /// step per token; the GPU clamps to its token slots). The logits are the
+    /// same for every value, bit for bit.
+    pub fn prefill_chunk(mut self, n: Option<usize>) -> EngineBuilder {
+        self.prefill_chunk = n;
+        self
+    }
+
+    /// Build the engine behind the [`Engine`] trait, with the auto notice.
+    ///
+    /// # Errors
+    /// As [`EngineBuilder::build_any`].
+    pub fn build(self) -> Result<(Box<dyn Engine>, Option<String>)> {
+        let b = self.build_any()?;
+        Ok((b.engine.into_dyn(), b.notice))
+    }
+
+    /// Build the engine, keeping its concrete type.
+    ///
+    /// # Errors
+    /// [`Error::Gpu`] for [`Backend::Gpu`] without a usable adapter (and for
+    /// [`Backend::Auto`] with a named adapter that fails); allocation errors.
+    pub fn build_any(self) -> Result<BuiltEngine> {
+        let chunk = self.prefill_chunk;
+        let cpu = |model: Arc<Model>, notice: Option<String>| -> Result<BuiltEngine> {
+            let mut e = CpuEngine::new(model)?;
+            if let Some(n) = chunk {
+                e.set_prefill_chunk(n);
+            }
+            Ok(BuiltEngine {
+                engine: AnyEngine::Cpu(Box::new(e)),
+                notice,
+            })
+        };
+        let gpu = |model: Arc<Model>, opts: &GpuOptions| -> Result<BuiltEngine> {
+            let mut e = GpuEngine::new(model, opts)?;
+            if let Some(n) = chunk {
+                e.set_prefill_chunk(n);
+            }
+            Ok(BuiltEngine {
+                engine: AnyEngine::Gpu(Box::new(e)),
+                notice: None,
+            })
+        };
+        match &self.backend {
+            Backend::Cpu => cpu(self.model, None),
+            Backend::Gpu(opts) => gpu(self.model, opts),
+            Backend::Auto(opts) => {
+                if let Some(why) = auto_prefers_cpu(opts) {
+                    return cpu(self.model, Some(why));
+                }
+                match gpu(Arc::clone(&self.model), opts) {
+                    Err(Error::Gpu(why)) if !names_adapter(opts) => cpu(
+                        self.model,
+                        Some(format!("using the cpu backend: the GPU failed ({why})")),
+                    ),
+                    other => other,
+                }
+            }
+        }
+    }
+}
+
+/// Whether the options (or `CQLM_ADAPTER`) name an adapter: auto then runs on it.
+fn names_adapter(opts: &GpuOptions) -> bool {
+    opts.adapter.is_some() || std::env::var("CQLM_ADAPTER").is_ok_and(|s| !s.is_empty())
+}
+
+/// Why auto should run on the CPU without trying a GPU: no adapter, or only
+/// software ones (unless one is named).
+fn auto_prefers_cpu(opts: &GpuOptions) -> Option<String> {
+    if names_adapter(opts) {
+        return None;
+    }
+    let adapters = list_adapters();
+    if adapters.is_empty() {
+        return Some("using the cpu backend: wgpu finds no GPU adapter".into());
+    }
+    if adapters
+        .iter()
+        .all(|a| a.device_type == wgpu::DeviceType::Cpu)
+    {
+        let mut names: Vec<String> = adapters.iter().map(|a| a.name.clone()).collect();
+        names.dedup();
+        return Some(format!(
+            "using the cpu backend: the only GPU adapter is a software renderer ({}), \
+             slower than the CPU engine; --backend gpu runs on it anyway",
+            names.join(", ")
+        ));
+    }
+    None
+}

@@ -1,0 +1,145 @@
+//! [`PrefillPlan`]: how a prefill chunk runs its tokens. Token `j` sits in slot
+//! `j` of the per-token buffers; the step's per-token dispatches are rebound to
+//! each slot's windows (built once), and each matvec (and the MLP) runs as one
+//! dispatch for the whole chunk, so its weights are decoded once for all tokens
+//! (built per chunk length, cached). The per-token kernels run in token order,
+//! so each token's attention sees exactly the cache rows its own step would,
+//! across the window wrap too, and the logits are bit-identical to one step per
+//! token.
+
+use super::kernels::mlp::MlpKernels;
+use super::layout::Slots;
+use super::program::{Kernels, MatvecPlan, StepProgram};
+use super::recorder::Op;
+use super::state::DeviceState;
+use super::upload::GpuWeights;
+use super::{Dispatch, GpuContext, Window};
+
+/// The per-slot dispatches, built on the first prefill.
+struct PerSlot {
+    /// Head dispatches per slot.
+    head: Vec<Vec<Dispatch>>,
+    /// Per layer, per slot: premix, qk_store, attend, route.
+    per_token: Vec<Vec<[Dispatch; 4]>>,
+    /// The tail per slot.
+    tail: Vec<Vec<Dispatch>>,
+}
+
+/// The prefill's dispatches: per slot, and batched per chunk length.
+pub(crate) struct PrefillPlan {
+    slots: Slots,
+    per_slot: Option<PerSlot>,
+    /// Per chunk length built so far, per layer: phi, qkvg and wo, and the MLP.
+    batched: Vec<(usize, Vec<[Vec<Dispatch>; 4]>)>,
+}
+
+impl PrefillPlan {
+    /// An empty plan (nothing is built before the first chunk).
+    pub(crate) fn new(slots: Slots) -> PrefillPlan {
+        PrefillPlan {
+            slots,
+            per_slot: None,
+            batched: Vec::new(),
+        }
+    }
+
+    /// Build the per-slot dispatches (once) and the batched ones for chunks of
+    /// `n` tokens (once per `n`).
+    pub(crate) fn prepare(
+        &mut self,
+        ctx: &GpuContext,
+        program: &StepProgram,
+        kernels: &Kernels,
+        weights: &GpuWeights,
+        state: &DeviceState,
+        n: usize,
+    ) {
+        if self.per_slot.is_none() {
+            let count = self.slots.count;
+            let mut p = PerSlot {
+                head: Vec::with_capacity(count),
+                per_token: vec![Vec::with_capacity(count); program.plan.len()],
+                tail: Vec::with_capacity(count),
+            };
+            for j in 0..count {
+                let w = self.windows(state, j);
+                let re = |ds: &[Dispatch]| -> Vec<Dispatch> {
+                    ds.iter().map(|d| d.rebound(ctx, &w)).collect()
+                };
+                p.head.push(re(&program.head));
+                p.tail.push(re(&program.tail));
+                for (l, lp) in program.plan.iter().enumerate() {
+                    let r = |d: &Dispatch| d.rebound(ctx, &w);
+                    p.per_token[l].push([
+                        r(&lp.premix),
+                        r(&lp.qk_store),
+                        r(&lp.attend),
+                        r(&lp.route),
+                    ]);
+                }
+            }
+            self.per_slot = Some(p);
+        }
+        if !self.batched.iter().any(|(k, _)| *k == n) {
+            let mlp: &MlpKernels = &kernels.mlp;
+            let b = program
+                .plan
+                .iter()
+                .map(|lp| {
+                    let mv = |m: &MatvecPlan| m.dispatches(&kernels.cq, ctx, &weights.arenas, n);
+                    let mlp = mlp.mlp_tokens(ctx, &lp.mlp, &state.act, &weights.vectors, n);
+                    [mv(&lp.phi), mv(&lp.qkvg), mv(&lp.wo), vec![mlp]]
+                })
+                .collect();
+            self.batched.push((n, b));
+        }
+    }
+
+    /// The windows of slot `j` of the per-token buffers.
+    fn windows<'a>(&self, s: &'a DeviceState, j: usize) -> [Window<'a>; 3] {
+        let w = |buffer, stride: usize| Window {
+            buffer,
+            offset: (j * stride * 4) as u64,
+            size: (stride * 4) as u64,
+        };
+        [
+            w(&s.act, self.slots.act),
+            w(&s.lanes, self.slots.lanes),
+            w(&s.step, self.slots.step),
+        ]
+    }
+
+    /// The ops of a chunk of `n` tokens (after [`PrefillPlan::prepare`] for `n`),
+    /// with the vocabulary projection of the last token when `tail`; `None` if
+    /// the chunk was not prepared.
+    pub(crate) fn ops(&self, n: usize, tail: bool) -> Option<Vec<Op<'_>>> {
+        let p = self.per_slot.as_ref()?;
+        let (_, batched) = self.batched.iter().find(|(k, _)| *k == n)?;
+        let mut ops = Vec::new();
+        fn run<'a>(ops: &mut Vec<Op<'a>>, ds: &'a [Dispatch]) {
+            ops.extend(ds.iter().map(Op::Run));
+        }
+        for head in &p.head[..n] {
+            run(&mut ops, head);
+        }
+        // Each per-token kernel runs after the batched dispatch that feeds it and
+        // before the one that reads it, tokens in order.
+        for (per_token, [phi, qkvg, wo, mlp]) in p.per_token.iter().zip(batched) {
+            let tok = &per_token[..n];
+            run(&mut ops, phi);
+            ops.extend(tok.iter().map(|d| Op::Run(&d[0])));
+            run(&mut ops, qkvg);
+            for d in tok {
+                ops.push(Op::Run(&d[1]));
+                ops.push(Op::Run(&d[2]));
+            }
+            run(&mut ops, wo);
+            run(&mut ops, mlp);
+            ops.extend(tok.iter().map(|d| Op::Run(&d[3])));
+        }
+        if tail {
+            run(&mut ops, &p.tail[n - 1]);
+        }
+        Some(ops)
+    }
+}

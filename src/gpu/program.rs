@@ -1,0 +1,471 @@
+//! [`StepProgram`]: the token step as lists of prebuilt dispatches (head, one
+//! list per layer, tail), with the capture points between them and, per layer,
+//! the plan a prefill chunk batches its matvecs from. Built once per engine.
+
+use super::arena::GpuCq;
+use super::capture::{CapturePoint, Source};
+use super::kernels::attention::{AttentionKernels, AttnParams};
+use super::kernels::cq::{Batch, CqKernels, MatvecInput, PrepareMode};
+use super::kernels::engram::{EngramConvParams, EngramKernels};
+use super::kernels::mhc::{MhcKernels, PremixParams, RouteParams};
+use super::kernels::mlp::{MlpKernels, MlpParams};
+use super::layout::{ActLayout, Slots};
+use super::state::DeviceState;
+use super::step_input::StepLayout;
+use super::upload::GpuWeights;
+use super::{Dispatch, GpuContext};
+use crate::config::Config;
+use crate::error::Result;
+
+/// A deliberate bug, for testing that parity tools find it (never use otherwise).
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Skip the `− u` of SPEC §4.3 step 7: the update is the block output itself.
+    SkipMinusU,
+    /// Rotate queries and keys by the physical cache slot instead of the logical position.
+    RopeAtPhysicalSlot,
+    /// Record one dispatch with more workgroups than the device allows (a wgpu
+    /// validation error inside the step).
+    InvalidDispatch,
+}
+
+/// The compiled kernel families of the step.
+pub(crate) struct Kernels {
+    pub cq: CqKernels,
+    pub attention: AttentionKernels,
+    pub mhc: MhcKernels,
+    pub mlp: MlpKernels,
+    pub engram: EngramKernels,
+}
+
+impl Kernels {
+    /// Compile every family for `ctx`.
+    pub(crate) fn new(ctx: &GpuContext) -> Kernels {
+        Kernels {
+            cq: CqKernels::new(ctx),
+            attention: AttentionKernels::new(ctx),
+            mhc: MhcKernels::new(ctx),
+            mlp: MlpKernels::new(ctx),
+            engram: EngramKernels::new(ctx),
+        }
+    }
+}
+
+/// A matvec of the step, kept so that its batched form (one dispatch per fused
+/// geometry for all tokens of a prefill chunk) can be built for any chunk length.
+pub(crate) struct MatvecPlan {
+    /// `(matrix, first row, rows, output offset)`.
+    items: Vec<(GpuCq, usize, usize, usize)>,
+    mode: PrepareMode,
+    n: usize,
+    src: (wgpu::Buffer, usize),
+    lane_stride: usize,
+    gains: (wgpu::Buffer, usize),
+    out: wgpu::Buffer,
+    /// Elements between token slots of the input and of the output buffer.
+    x_stride: usize,
+    y_stride: usize,
+}
+
+impl MatvecPlan {
+    /// The dispatches for `tokens` inputs in consecutive slots (1: the decode step's).
+    pub(crate) fn dispatches(
+        &self,
+        cq: &CqKernels,
+        ctx: &GpuContext,
+        arenas: &[wgpu::Buffer],
+        tokens: usize,
+    ) -> Vec<Dispatch> {
+        let items: Vec<(&GpuCq, usize, usize, usize)> = self
+            .items
+            .iter()
+            .map(|(m, a, b, o)| (m, *a, *b, *o))
+            .collect();
+        let input = MatvecInput::Raw {
+            mode: self.mode,
+            n: self.n,
+            src: (&self.src.0, self.src.1),
+            lane_stride: self.lane_stride,
+            gains: (&self.gains.0, self.gains.1),
+        };
+        let batch = Batch {
+            tokens,
+            x_stride: self.x_stride,
+            y_stride: self.y_stride,
+        };
+        cq.matvec_batch(ctx, arenas, &items, input, &self.out, batch)
+    }
+}
+
+/// One layer of the step as a prefill chunk runs it: three batched matvecs and
+/// the per-token dispatches between them (slot-0 bindings; rebound per slot).
+pub(crate) struct LayerPlan {
+    pub phi: MatvecPlan,
+    pub premix: Dispatch,
+    pub qkvg: MatvecPlan,
+    pub qk_store: Dispatch,
+    pub attend: Dispatch,
+    pub wo: MatvecPlan,
+    /// The MLP's params (with the slot stride): one dispatch runs every token.
+    pub mlp: MlpParams,
+    pub route: Dispatch,
+}
+
+/// The decode step's dispatches, capture points and prefill plan.
+pub(crate) struct StepProgram {
+    /// Embedding gather and the engram head.
+    pub head: Vec<Dispatch>,
+    /// Per layer: phi, premix, qkvg, qk_store, attend, wo, mlp, route.
+    pub layers: Vec<Vec<Dispatch>>,
+    /// The vocabulary projection.
+    pub tail: Vec<Dispatch>,
+    /// Capture points of the head and of each layer.
+    pub head_caps: Vec<CapturePoint>,
+    pub layer_caps: Vec<Vec<CapturePoint>>,
+    /// Per layer, what a prefill chunk batches.
+    pub plan: Vec<LayerPlan>,
+}
+
+/// Everything [`StepProgram::build`] wires together.
+pub(crate) struct Parts<'a> {
+    pub ctx: &'a GpuContext,
+    pub config: &'a Config,
+    pub kernels: &'a Kernels,
+    pub weights: &'a GpuWeights,
+    pub act: &'a ActLayout,
+    pub slots: &'a Slots,
+    pub state: &'a DeviceState,
+    pub step: &'a StepLayout,
+    pub fault: Option<Fault>,
+}
+
+impl StepProgram {
+    /// Build every dispatch of the step.
+    ///
+    /// # Errors
+    /// [`crate::Error::Gpu`] for a matrix the gather kernel can't run.
+    pub(crate) fn build(p: &Parts<'_>) -> Result<StepProgram> {
+        let (ctx, c, k, w, a, s) = (p.ctx, p.config, p.kernels, p.weights, p.act, p.state);
+        let h = c.hidden;
+        // ---- head: embedding and engram.
+        let mut head = k.cq.gather(
+            ctx,
+            &w.arenas,
+            &w.embed,
+            (&s.step, StepLayout::TOKEN),
+            (h as f32).sqrt(),
+            (&s.lanes, 0),
+            4,
+            h,
+        )?;
+        let cap = |after: usize, name: String, layer, source, offset, len| CapturePoint {
+            after,
+            name,
+            layer,
+            source,
+            offset,
+            len,
+        };
+        let mut head_caps = vec![cap(head.len(), "x0".into(), None, Source::Lanes, 0, h)];
+        if let Some(e) = &c.engram {
+            let e_dim = e.e_dim();
+            for (t, table) in w.tables.iter().enumerate() {
+                head.extend(k.cq.gather(
+                    ctx,
+                    &w.arenas,
+                    table,
+                    (&s.step, p.step.rows_at() + t),
+                    1.0,
+                    (&s.act, a.e + t * e.dim),
+                    1,
+                    0,
+                )?);
+            }
+            for (site, at) in w.sites.iter().zip(&a.sites) {
+                head.extend(k.cq.matvec_batch(
+                    ctx,
+                    &w.arenas,
+                    &[(&site.wv, 0, h, at.v), (&site.wk, 0, h, at.key)],
+                    MatvecInput::Raw {
+                        mode: PrepareMode::Copy,
+                        n: e_dim,
+                        src: (&s.act, a.e),
+                        lane_stride: h,
+                        gains: (&w.vectors, 0),
+                    },
+                    &s.act,
+                    Batch::ONE,
+                ));
+            }
+            let ring = e.ring();
+            for (i, (site, at)) in w.sites.iter().zip(&a.sites).enumerate() {
+                let cp = EngramConvParams {
+                    hidden: h as u32,
+                    taps: e.taps as u32,
+                    dilation: e.dilation as u32,
+                    ring: ring as u32,
+                    v: at.v as u32,
+                    value: at.value as u32,
+                    ring_off: (i * ring * h) as u32,
+                    conv: site.conv as u32,
+                };
+                head.push(
+                    k.engram
+                        .conv(ctx, &cp, &s.act, &w.vectors, &s.step, &s.rings),
+                );
+            }
+            let after = head.len();
+            head_caps.push(cap(after, "engram.e".into(), None, Source::Act, a.e, e_dim));
+            for (at, &layer) in a.sites.iter().zip(&e.sites) {
+                for (name, off) in [("key", at.key), ("value", at.value)] {
+                    let name = format!("engram.{name}.{layer}");
+                    head_caps.push(cap(after, name, None, Source::Act, off, h));
+                }
+            }
+        }
+        if p.fault == Some(Fault::InvalidDispatch) {
+            if let Some(first) = head.first() {
+                let mut bad = first.clone();
+                bad.groups = [ctx.caps.max_workgroups_per_dim.saturating_add(1), 1, 1];
+                head.push(bad);
+            }
+        }
+
+        // ---- layers.
+        let mut layers = Vec::with_capacity(c.layers);
+        let mut layer_caps = Vec::with_capacity(c.layers);
+        let mut plan = Vec::with_capacity(c.layers);
+        for l in 0..c.layers {
+            let (lp, d, caps) = Self::layer(p, l)?;
+            layers.push(d);
+            layer_caps.push(caps);
+            plan.push(lp);
+        }
+
+        // ---- tail: the vocabulary projection.
+        let tail = k.cq.matvec_batch(
+            ctx,
+            &w.arenas,
+            &[(&w.embed, 0, c.vocab, 0)],
+            MatvecInput::Raw {
+                mode: PrepareMode::MeanLanesZcrms,
+                n: h,
+                src: (&s.lanes, 0),
+                lane_stride: h,
+                gains: (&w.vectors, w.final_norm),
+            },
+            &s.logits,
+            Batch::ONE,
+        );
+        Ok(StepProgram {
+            head,
+            layers,
+            tail,
+            head_caps,
+            layer_caps,
+            plan,
+        })
+    }
+
+    /// Layer `l`: its prefill plan, its decode dispatches and capture points.
+    fn layer(p: &Parts<'_>, l: usize) -> Result<(LayerPlan, Vec<Dispatch>, Vec<CapturePoint>)> {
+        let (ctx, c, k, w, a, s) = (p.ctx, p.config, p.kernels, p.weights, p.act, p.state);
+        let h = c.hidden;
+        let lv = &w.layer_vecs[l];
+        let lw = &w.layers[l];
+        let mv_plan = |items: Vec<(GpuCq, usize, usize, usize)>,
+                       mode: PrepareMode,
+                       n: usize,
+                       src: (&wgpu::Buffer, usize),
+                       gains: (&wgpu::Buffer, usize)| {
+            let from_lanes = src.0 == &s.lanes;
+            MatvecPlan {
+                items,
+                mode,
+                n,
+                src: (src.0.clone(), src.1),
+                lane_stride: h,
+                gains: (gains.0.clone(), gains.1),
+                out: s.act.clone(),
+                x_stride: if from_lanes {
+                    p.slots.lanes
+                } else {
+                    p.slots.act
+                },
+                y_stride: p.slots.act,
+            }
+        };
+        let mut caps = Vec::new();
+        let mut cap = |after: usize, name: &str, source, offset, len| {
+            caps.push(CapturePoint {
+                after,
+                name: name.into(),
+                layer: Some(l),
+                source,
+                offset,
+                len,
+            })
+        };
+        let phi = mv_plan(
+            vec![
+                (w.phi_pre.clone(), 4 * l, 4, a.p),
+                (w.phi_post.clone(), 4 * l, 4, a.p + 4),
+                (w.phi_res.clone(), 16 * l, 16, a.p + 8),
+            ],
+            PrepareMode::RmsUnit,
+            4 * h,
+            (&s.lanes, 0),
+            (&w.vectors, 0),
+        );
+        let mut d = phi.dispatches(&k.cq, ctx, &w.arenas, 1);
+        let site = c
+            .engram
+            .as_ref()
+            .and_then(|e| e.sites.iter().position(|&layer| layer == l));
+        let (key, value, nu, nk) = match site {
+            Some(i) => (
+                a.sites[i].key,
+                a.sites[i].value,
+                w.sites[i].norm_u,
+                w.sites[i].norm_k,
+            ),
+            None => (0, 0, 0, 0),
+        };
+        let m = &w.mhc;
+        let pm = PremixParams {
+            hidden: h as u32,
+            layer: l as u32,
+            site: site.is_some() as u32,
+            p_pre: a.p as u32,
+            u: a.u as u32,
+            b: a.b as u32,
+            key: key as u32,
+            value: value as u32,
+            a_pre: (m.a_pre + l) as u32,
+            b_pre: (m.b_pre + 4 * l) as u32,
+            norm_u: nu as u32,
+            norm_k: nk as u32,
+        };
+        let premix = k.mhc.premix(ctx, &pm, &s.lanes, &s.act, &w.vectors);
+        d.push(premix.clone());
+        cap(d.len(), "u", Source::Act, a.u, h);
+        cap(d.len(), "block_in", Source::Act, a.b, h);
+        let qkvg = mv_plan(
+            vec![
+                (lw.wq.clone(), 0, c.q_dim(), a.q),
+                (lw.wk.clone(), 0, c.kv_dim(), a.k),
+                (lw.wv.clone(), 0, c.kv_dim(), a.v),
+                (lw.wg.clone(), 0, c.q_dim(), a.g),
+            ],
+            PrepareMode::Zcrms,
+            h,
+            (&s.act, a.b),
+            (&w.vectors, lv.attn_norm),
+        );
+        d.extend(qkvg.dispatches(&k.cq, ctx, &w.arenas, 1));
+        let ap = AttnParams {
+            layer: l as u32,
+            heads: c.heads as u32,
+            kv_heads: c.kv_heads as u32,
+            head_dim: c.head_dim as u32,
+            sink: c.sink as u32,
+            window: c.window as u32,
+            rows: c.cache_rows() as u32,
+            words: c.head_dim.div_ceil(4) as u32,
+            q_off: a.q as u32,
+            k_off: a.k as u32,
+            v_off: a.v as u32,
+            g_off: a.g as u32,
+            o_off: a.o as u32,
+            q_norm_off: lv.q_norm as u32,
+            k_norm_off: lv.k_norm as u32,
+            cos_at: p.step.cos_at() as u32,
+            sin_at: p.step.sin_at() as u32,
+            _pad: [0; 3],
+        };
+        let att = &k.attention;
+        let qk_store = att.qk_store(ctx, &ap, &s.act, &w.vectors, &s.step, &s.cache);
+        d.push(qk_store.clone());
+        cap(d.len(), "q", Source::Act, a.q, c.q_dim());
+        cap(d.len(), "k", Source::Act, a.k, c.kv_dim());
+        cap(d.len(), "v", Source::Act, a.v, c.kv_dim());
+        let attend = att.attend(ctx, &ap, &s.act, &s.step, &s.cache, &s.scores);
+        d.push(attend.clone());
+        cap(d.len(), "attn_o", Source::Act, a.o, c.q_dim());
+        let wo = mv_plan(
+            vec![(lw.wo.clone(), 0, h, a.attn)],
+            PrepareMode::Copy,
+            c.q_dim(),
+            (&s.act, a.o),
+            (&w.vectors, 0),
+        );
+        d.extend(wo.dispatches(&k.cq, ctx, &w.arenas, 1));
+        let skip_u = p.fault == Some(Fault::SkipMinusU);
+        let mp = MlpParams {
+            hidden: h as u32,
+            hd: c.hadamard_dim as u32,
+            b: a.b as u32,
+            u: if skip_u { a.zero } else { a.u } as u32,
+            attn: a.attn as u32,
+            after: a.after as u32,
+            update: a.update as u32,
+            z: a.z as u32,
+            post_norm: lv.post_norm as u32,
+            mlp_norm: lv.mlp_norm as u32,
+            d1: lv.d[0] as u32,
+            d2: lv.d[1] as u32,
+            d3: lv.d[2] as u32,
+            out_scale: lv.scale as u32,
+            out: a.out as u32,
+            tstride: p.slots.act as u32,
+        };
+        d.push(k.mlp.mlp(ctx, &mp, &s.act, &w.vectors));
+        cap(d.len(), "after_attn", Source::Act, a.after, h);
+        cap(d.len(), "mlp_out", Source::Act, a.out, h);
+        cap(d.len(), "update", Source::Act, a.update, h);
+        let rp = RouteParams {
+            hidden: h as u32,
+            layer: l as u32,
+            iters: c.sinkhorn_iters as u32,
+            p_post: (a.p + 4) as u32,
+            p_res: (a.p + 8) as u32,
+            update: a.update as u32,
+            a_post: (m.a_post + l) as u32,
+            b_post: (m.b_post + 4 * l) as u32,
+            a_res: (m.a_res + l) as u32,
+            b_res: (m.b_res + 16 * l) as u32,
+            route_out: a.route as u32,
+            _pad: 0,
+        };
+        let route = k.mhc.route(ctx, &rp, &s.lanes, &s.act, &w.vectors);
+        d.push(route.clone());
+        cap(d.len(), "route", Source::Act, a.route, 16);
+        cap(d.len(), "lanes", Source::Lanes, 0, 4 * h);
+        let lp = LayerPlan {
+            phi,
+            premix,
+            qkvg,
+            qk_store,
+            attend,
+            wo,
+            mlp: mp,
+            route,
+        };
+        Ok((lp, d, caps))
+    }
+
+    /// Dispatches of a step without and with the vocabulary projection.
+    pub(crate) fn dispatches_per_token(&self) -> (usize, usize) {
+        let base = self.head.len() + self.layers.iter().map(Vec::len).sum::<usize>();
+        (base, base + self.tail.len())
+    }
+
+    /// Every dispatch of a step with logits, in recording order.
+    pub(crate) fn all(&self) -> impl Iterator<Item = &Dispatch> {
+        self.head
+            .iter()
+            .chain(self.layers.iter().flatten())
+            .chain(&self.tail)
+    }
+}

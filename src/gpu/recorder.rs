@@ -1,0 +1,220 @@
+//! The one step recorder: every way of running the step (plain, with capture
+//! copies, with timestamps around each dispatch, one submit per dispatch) is an
+//! [`Observer`] of the same list of [`Op`]s, so the dispatches and copies land in
+//! the same order in every mode.
+
+use super::{Dispatch, GpuContext};
+use crate::error::{Error, Result};
+use std::time::Instant;
+
+/// One recorded operation of a step.
+#[derive(Clone, Copy)]
+pub(crate) enum Op<'a> {
+    /// A compute dispatch.
+    Run(&'a Dispatch),
+    /// A buffer copy (capture points; it ends the compute pass it follows).
+    Copy {
+        src: &'a wgpu::Buffer,
+        src_offset: u64,
+        dst: &'a wgpu::Buffer,
+        dst_offset: u64,
+        bytes: u64,
+    },
+}
+
+/// Timestamp query sets for bracketing each dispatch of a step (built once,
+/// reused every step).
+pub(crate) struct Queries {
+    sets: Vec<wgpu::QuerySet>,
+    resolve: wgpu::Buffer,
+    readback: wgpu::Buffer,
+    /// Two per dispatch: before and after.
+    count: u32,
+    /// Nanoseconds per tick.
+    pub period_ns: f64,
+}
+
+const PER_SET: u32 = wgpu::QUERY_SET_MAX_QUERIES;
+
+impl Queries {
+    /// Queries for `dispatches` dispatches.
+    ///
+    /// # Errors
+    /// [`Error::Gpu`] for too many dispatches or a queue without timestamps.
+    pub(crate) fn new(ctx: &GpuContext, dispatches: usize) -> Result<Queries> {
+        let count = u32::try_from(2 * dispatches)
+            .map_err(|_| Error::Gpu("too many dispatches to profile".into()))?;
+        let sets = (0..count.div_ceil(PER_SET))
+            .map(|k| {
+                ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
+                    label: Some("cqlm profile timestamps"),
+                    ty: wgpu::QueryType::Timestamp,
+                    count: (count - k * PER_SET).min(PER_SET),
+                })
+            })
+            .collect();
+        let size = u64::from(count.max(2)) * 8;
+        let buffer = |label, usage| {
+            ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size,
+                usage,
+                mapped_at_creation: false,
+            })
+        };
+        let resolve = buffer(
+            "cqlm profile resolve",
+            wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+        );
+        let readback = buffer(
+            "cqlm profile readback",
+            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        );
+        let period_ns = f64::from(ctx.queue.get_timestamp_period());
+        if period_ns <= 0.0 {
+            return Err(Error::Gpu(
+                "the queue reports a timestamp period of 0 (timestamps unsupported)".into(),
+            ));
+        }
+        Ok(Queries {
+            sets,
+            resolve,
+            readback,
+            count,
+            period_ns,
+        })
+    }
+
+    /// Query set and index of query `q`.
+    fn slot(&self, q: usize) -> (&wgpu::QuerySet, u32) {
+        let q = q as u32;
+        (&self.sets[(q / PER_SET) as usize], q % PER_SET)
+    }
+
+    /// Seconds of each dispatch of the last recorded step, in recording order.
+    ///
+    /// # Errors
+    /// [`Error::Gpu`] if mapping the readback fails.
+    pub(crate) fn seconds(&self, ctx: &GpuContext) -> Result<Vec<f64>> {
+        let mut ticks = vec![0u64; self.count as usize];
+        ctx.map_read_into(&self.readback, bytemuck::cast_slice_mut(&mut ticks))?;
+        Ok(ticks
+            .chunks_exact(2)
+            .map(|p| p[1].saturating_sub(p[0]) as f64 * self.period_ns * 1e-9)
+            .collect())
+    }
+}
+
+/// How the recorder runs the ops.
+pub(crate) enum Observer<'a> {
+    /// One compute pass per run of dispatches, one submit.
+    Plain,
+    /// As `Plain`, with two timestamp writes around every dispatch (the
+    /// dispatches in order must fit the queries) and their resolve.
+    Timestamps(&'a Queries),
+    /// One submit and wait per op; each dispatch's wall time is appended.
+    PerDispatch(&'a mut Vec<f64>),
+}
+
+/// Record `ops` as `observer` says, then `finish` (the readout's copies) into the
+/// last encoder, and submit.
+///
+/// # Errors
+/// [`Error::Gpu`] when waiting on the device fails (per-dispatch timing).
+pub(crate) fn submit(
+    ctx: &GpuContext,
+    ops: &[Op<'_>],
+    observer: Observer<'_>,
+    finish: impl FnOnce(&mut wgpu::CommandEncoder),
+) -> Result<()> {
+    let encoder = || {
+        ctx.device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("cqlm step"),
+            })
+    };
+    match observer {
+        Observer::PerDispatch(times) => {
+            ctx.wait_idle()?;
+            for op in ops {
+                let t0 = Instant::now();
+                let mut enc = encoder();
+                record(&mut enc, std::slice::from_ref(op), None);
+                ctx.queue.submit([enc.finish()]);
+                ctx.wait_idle()?;
+                if matches!(op, Op::Run(_)) {
+                    times.push(t0.elapsed().as_secs_f64());
+                }
+            }
+            let mut enc = encoder();
+            finish(&mut enc);
+            ctx.queue.submit([enc.finish()]);
+        }
+        Observer::Plain | Observer::Timestamps(_) => {
+            let queries = match observer {
+                Observer::Timestamps(q) => Some(q),
+                _ => None,
+            };
+            let mut enc = encoder();
+            record(&mut enc, ops, queries);
+            if let Some(q) = queries {
+                for (k, set) in q.sets.iter().enumerate() {
+                    let first = k as u32 * PER_SET;
+                    let n = (q.count - first).min(PER_SET);
+                    enc.resolve_query_set(set, 0..n, &q.resolve, u64::from(first) * 8);
+                }
+                enc.copy_buffer_to_buffer(&q.resolve, 0, &q.readback, 0, u64::from(q.count) * 8);
+            }
+            finish(&mut enc);
+            ctx.queue.submit([enc.finish()]);
+        }
+    }
+    Ok(())
+}
+
+/// Record `ops` into `enc`: each run of dispatches in one compute pass, copies
+/// between passes; with `queries`, dispatch `i` between timestamps `2i` and `2i + 1`.
+fn record(enc: &mut wgpu::CommandEncoder, ops: &[Op<'_>], queries: Option<&Queries>) {
+    let mut i = 0;
+    let mut rest = ops;
+    while !rest.is_empty() {
+        let runs = rest
+            .iter()
+            .position(|op| matches!(op, Op::Copy { .. }))
+            .unwrap_or(rest.len());
+        if runs > 0 {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("cqlm step"),
+                timestamp_writes: None,
+            });
+            for op in &rest[..runs] {
+                if let Op::Run(d) = op {
+                    match queries {
+                        Some(q) => {
+                            let (set, at) = q.slot(2 * i);
+                            pass.write_timestamp(set, at);
+                            d.record(&mut pass);
+                            let (set, at) = q.slot(2 * i + 1);
+                            pass.write_timestamp(set, at);
+                        }
+                        None => d.record(&mut pass),
+                    }
+                    i += 1;
+                }
+            }
+        }
+        if let Some(Op::Copy {
+            src,
+            src_offset,
+            dst,
+            dst_offset,
+            bytes,
+        }) = rest.get(runs)
+        {
+            enc.copy_buffer_to_buffer(src, *src_offset, dst, *dst_offset, *bytes);
+            rest = &rest[runs + 1..];
+        } else {
+            rest = &rest[runs..];
+        }
+    }
+}

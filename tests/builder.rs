@@ -1,0 +1,190 @@
+//! `EngineBuilder` and the CLI's backend flags: auto never picks a software GPU
+//! adapter, every option reaches the engine, flags a backend would ignore are
+//! errors.
+
+mod common;
+
+use common::cli::{assert_ok, cqlm, text};
+use cqlm::builder::AnyEngine;
+use cqlm::gpu::{list_adapters, GpuOptions};
+use cqlm::synth::{synth_model, BitsPlan};
+use cqlm::{Backend, Config, EngineBuilder, Readout};
+use std::sync::Arc;
+
+fn tiny() -> Arc<cqlm::Model> {
+    Arc::new(synth_model(&Config::preset_tiny(), &BitsPlan::mixed(), 5).unwrap())
+}
+
+/// Whether every adapter wgpu sees is a software renderer (and there is one).
+fn only_software_adapters() -> bool {
+    let all = list_adapters();
+    !all.is_empty() && all.iter().all(|a| a.device_type == wgpu::DeviceType::Cpu)
+}
+
+fn adapter_env_set() -> bool {
+    std::env::var("CQLM_ADAPTER").is_ok_and(|s| !s.is_empty())
+}
+
+#[test]
+fn auto_takes_the_cpu_when_the_only_adapters_are_software_and_a_gpu_otherwise() {
+    if adapter_env_set() {
+        eprintln!("skipping: CQLM_ADAPTER names an adapter, which auto then always takes");
+        return;
+    }
+    let built = EngineBuilder::new(tiny()).build_any().unwrap();
+    let all = list_adapters();
+    if only_software_adapters() {
+        assert!(matches!(built.engine, AnyEngine::Cpu(_)));
+        let why = built.notice.expect("a notice saying why the CPU runs");
+        assert!(why.contains("software renderer"), "{why}");
+        assert!(why.contains("--backend gpu"), "{why}");
+        assert!(why.contains(&all[0].name), "{why}");
+    } else if all.is_empty() {
+        assert!(matches!(built.engine, AnyEngine::Cpu(_)));
+        assert!(built.notice.unwrap().contains("no GPU adapter"));
+    } else {
+        assert!(
+            matches!(built.engine, AnyEngine::Gpu(_)),
+            "a hardware adapter exists"
+        );
+        assert!(built.notice.is_none());
+    }
+}
+
+#[test]
+fn auto_and_gpu_run_on_a_software_adapter_when_asked() {
+    let Some(_) = common::gpu::gpu() else { return };
+    let soft: Vec<_> = list_adapters()
+        .into_iter()
+        .filter(|a| a.device_type == wgpu::DeviceType::Cpu)
+        .collect();
+    let Some(a) = soft.first() else {
+        eprintln!("skipping: no software adapter");
+        return;
+    };
+    let opts = GpuOptions {
+        adapter: Some(a.name.clone()),
+        ..Default::default()
+    };
+    for backend in [Backend::Auto(opts.clone()), Backend::Gpu(opts.clone())] {
+        let built = EngineBuilder::new(tiny())
+            .backend(backend)
+            .build_any()
+            .unwrap();
+        assert!(matches!(built.engine, AnyEngine::Gpu(_)));
+        assert!(built.notice.is_none());
+    }
+    let (g, _) = EngineBuilder::new(tiny())
+        .backend(Backend::Gpu(GpuOptions::default()))
+        .build()
+        .unwrap();
+    assert!(g.describe().starts_with("gpu"), "{}", g.describe());
+}
+
+#[test]
+fn the_prefill_chunk_reaches_either_engine_and_keeps_the_logits() {
+    let model = tiny();
+    let ids: Vec<u32> = (0..40).map(|i| (i * 37 + 5) % 256).collect();
+    let mut cpu_logits = Vec::new();
+    for chunk in [None, Some(1), Some(7)] {
+        let (mut e, _) = EngineBuilder::new(Arc::clone(&model))
+            .backend(Backend::Cpu)
+            .prefill_chunk(chunk)
+            .build()
+            .unwrap();
+        assert_eq!(e.prefill_chunk(), chunk.unwrap_or(64));
+        cpu_logits.push(e.prefill(&ids).unwrap());
+    }
+    assert!(cpu_logits.windows(2).all(|w| w[0] == w[1]));
+    let Some(_) = common::gpu::gpu() else { return };
+    for chunk in [Some(1), Some(7), Some(1000)] {
+        let (mut e, _) = EngineBuilder::new(Arc::clone(&model))
+            .backend(Backend::Gpu(GpuOptions::default()))
+            .prefill_chunk(chunk)
+            .build()
+            .unwrap();
+        let slots = cqlm::gpu::PREFILL_SLOTS;
+        assert_eq!(e.prefill_chunk(), chunk.unwrap().min(slots));
+        let l = e
+            .step_many(&ids, Readout::Logits)
+            .unwrap()
+            .logits()
+            .unwrap();
+        assert_eq!(l.len(), 256);
+    }
+}
+
+#[test]
+fn cli_auto_notice_prefill_chunk_and_ignored_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // --adapter with --backend cpu would be ignored: an error naming both.
+    let synth = cqlm(
+        d,
+        &[
+            "synth", "--preset", "tiny", "--seed", "1", "--out", "t.cqlm",
+        ],
+    );
+    assert_ok(&synth, "synth");
+    std::fs::write(d.join("t.txt"), "some text to score").unwrap();
+    for args in [
+        &["generate", "--preset", "tiny"][..],
+        &["bench", "--preset", "tiny"],
+        &["profile", "--preset", "tiny"],
+        &[
+            "logits", "--model", "t.cqlm", "--ids", "1,2", "--out", "l.npy",
+        ],
+        &["eval", "--text", "t.txt"],
+    ] {
+        let mut argv = args.to_vec();
+        argv.extend(["--backend", "cpu", "--adapter", "x"]);
+        let out = cqlm(d, &argv);
+        let err = text(&out.stderr);
+        assert!(!out.status.success(), "{argv:?}");
+        assert!(
+            err.contains("--adapter") && err.contains("--backend cpu"),
+            "{argv:?}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{argv:?}: {err}");
+    }
+    // --prefill-chunk reaches the engine (bench reports it).
+    let out = cqlm(
+        d,
+        &[
+            "bench",
+            "--backend",
+            "cpu",
+            "--preset",
+            "tiny",
+            "--prompt-len",
+            "9",
+            "--tokens",
+            "2",
+            "--reps",
+            "1",
+            "--json",
+            "--prefill-chunk",
+            "3",
+        ],
+    );
+    assert_ok(&out, "bench --prefill-chunk");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["prefill_chunk"], 3);
+    // Auto on a machine whose only adapter is a software renderer: the CPU, with
+    // one note saying why and how to force the GPU.
+    if only_software_adapters() && !adapter_env_set() {
+        let out = cqlm(d, &["generate", "--preset", "tiny", "--max-tokens", "2"]);
+        assert_ok(&out, "generate auto");
+        let err = text(&out.stderr);
+        let notes: Vec<&str> = err
+            .lines()
+            .filter(|l| l.contains("software renderer"))
+            .collect();
+        assert_eq!(notes.len(), 1, "{err}");
+        assert!(notes[0].starts_with("note: using the cpu backend"), "{err}");
+        assert!(
+            err.contains("| cpu ("),
+            "the stats line names the cpu: {err}"
+        );
+    }
+}
