@@ -4,6 +4,7 @@
 //! `../shared/SPEC.md` (shipped beside the repository) defines every number:
 //!
 //! * [`config`]: the model config (SPEC §1) and presets;
+//! * [`simd`]: CPU feature detection ([`simd::CpuSimd`], the SIMD level of the CPU paths);
 //! * [`cq`]: CQ matrices, the Hadamard transform, CPU matvec and the quantizer (SPEC §2);
 //! * [`archive`]: the safetensors archive, read (memory-mapped, validated) and written (SPEC §3, §5);
 //! * [`weights`]: the typed [`Model`];
@@ -43,6 +44,7 @@ pub mod pool;
 pub mod profile;
 pub mod sample;
 pub mod session;
+pub mod simd;
 pub mod stats;
 pub mod synth;
 pub mod tokenizer;

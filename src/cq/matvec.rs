@@ -3,8 +3,9 @@
 //! batched kernel's input layout for several tokens at once.
 
 use super::matrix::CqMatrix;
-use super::simd::{self, CpuKernels, Plan};
+use super::simd::{self, Plan};
 use crate::pool::{Pool, SharedSlice};
+use crate::simd::CpuSimd;
 
 /// How the batched kernel wants its inputs: each prepared input permuted for an
 /// 8-lane plan at a bit width (see [`CqMatrix::batch_layout`]).
@@ -42,35 +43,35 @@ const PARALLEL_BYTES: usize = 1 << 14;
 impl CqMatrix {
     /// Rows `first .. first + out.len()` of `P · x` for an input already prepared for
     /// this matrix's group (`prep.len() == padded`), with the CPU's best row
-    /// kernels ([`CpuKernels::selected`]).
+    /// kernels ([`CpuSimd::selected`]).
     ///
     /// # Panics
     /// If `prep.len() != padded` or the rows run past `rows`.
     pub fn matvec_rows_prepared(&self, prep: &[f32], first: usize, out: &mut [f32]) {
-        self.matvec_rows_prepared_with(CpuKernels::selected(), prep, first, out);
+        self.matvec_rows_prepared_with(CpuSimd::selected(), prep, first, out);
     }
 
-    /// [`CqMatrix::matvec_rows_prepared`] with the given row kernels (for tests and
+    /// [`CqMatrix::matvec_rows_prepared`] at the given SIMD level (for tests and
     /// benchmarks that compare them; a variant this CPU lacks runs the scalar path).
     ///
     /// # Panics
     /// As [`CqMatrix::matvec_rows_prepared`].
     pub fn matvec_rows_prepared_with(
         &self,
-        kernels: CpuKernels,
+        simd: CpuSimd,
         prep: &[f32],
         first: usize,
         out: &mut [f32],
     ) {
         assert_eq!(prep.len(), self.padded(), "matvec: prepared input length");
         assert!(first + out.len() <= self.rows, "matvec: rows out of range");
-        let kernels = if CpuKernels::available().contains(&kernels) {
-            kernels
+        let simd = if CpuSimd::available().contains(&simd) {
+            simd
         } else {
-            CpuKernels::Scalar
+            CpuSimd::Scalar
         };
         let gb = self.group * self.bits as usize / 8;
-        match Plan::choose(kernels, self.bits, gb) {
+        match Plan::choose(simd, self.bits, gb) {
             None => self.split_rows(first, out, |f, o| self.rows_into(prep, f, o)),
             Some(plan) => PERMUTED.with(|cell| {
                 let mut own = Vec::new();
@@ -118,26 +119,26 @@ impl CqMatrix {
         count: usize,
         out: &mut [f32],
     ) {
-        self.matmul_rows_prepared_with(CpuKernels::selected(), preps, tokens, first, count, out);
+        self.matmul_rows_prepared_with(CpuSimd::selected(), preps, tokens, first, count, out);
     }
 
-    /// [`CqMatrix::matmul_rows_prepared`] with the given row kernels (bit-identical
-    /// to [`CqMatrix::matvec_rows_prepared_with`] per input under the same kernels).
+    /// [`CqMatrix::matmul_rows_prepared`] at the given SIMD level (bit-identical
+    /// to [`CqMatrix::matvec_rows_prepared_with`] per input at the same SIMD level).
     ///
     /// # Panics
     /// As [`CqMatrix::matmul_rows_prepared`].
     pub fn matmul_rows_prepared_with(
         &self,
-        kernels: CpuKernels,
+        simd: CpuSimd,
         preps: &[f32],
         tokens: usize,
         first: usize,
         count: usize,
         out: &mut [f32],
     ) {
-        let lay = self.batch_layout(kernels, tokens);
+        let lay = self.batch_layout(simd, tokens);
         self.matmul_rows_in(
-            kernels,
+            simd,
             BatchIn::Prepared(preps),
             lay,
             tokens,
@@ -148,14 +149,14 @@ impl CqMatrix {
     }
 
     /// The activation layout of the batched kernel for `tokens` inputs under
-    /// `kernels`, or `None` when the inputs run one at a time: the batched kernel
+    /// `simd`, or `None` when the inputs run one at a time: the batched kernel
     /// pays when every pool thread gets whole passes of 4 inputs.
-    pub(crate) fn batch_layout(&self, kernels: CpuKernels, tokens: usize) -> Option<BatchLayout> {
-        if !CpuKernels::available().contains(&kernels) {
+    pub(crate) fn batch_layout(&self, simd: CpuSimd, tokens: usize) -> Option<BatchLayout> {
+        if !CpuSimd::available().contains(&simd) {
             return None;
         }
         let gb = self.group * self.bits as usize / 8;
-        let plan = Plan::choose(kernels, self.bits, gb).filter(|p| p.lanes == 8)?;
+        let plan = Plan::choose(simd, self.bits, gb).filter(|p| p.lanes == 8)?;
         (tokens >= 4 * Pool::global().threads()).then_some(BatchLayout {
             plan,
             bits: self.bits,
@@ -164,11 +165,11 @@ impl CqMatrix {
 
     /// The batched matvec of `tokens` inputs given prepared (`[tokens, padded]`)
     /// or already laid out for `lay` (the value of [`CqMatrix::batch_layout`] for
-    /// these kernels and tokens, which the caller passes along).
+    /// this SIMD level and these tokens, which the caller passes along).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn matmul_rows_in(
         &self,
-        kernels: CpuKernels,
+        simd: CpuSimd,
         input: BatchIn<'_>,
         lay: Option<BatchLayout>,
         tokens: usize,
@@ -183,11 +184,11 @@ impl CqMatrix {
         assert_eq!(xs.len(), tokens * padded, "matmul: inputs length");
         assert_eq!(out.len(), tokens * count, "matmul: output length");
         assert!(first + count <= self.rows, "matmul: rows out of range");
-        assert_eq!(lay, self.batch_layout(kernels, tokens), "matmul: layout");
-        let kernels = if CpuKernels::available().contains(&kernels) {
-            kernels
+        assert_eq!(lay, self.batch_layout(simd, tokens), "matmul: layout");
+        let simd = if CpuSimd::available().contains(&simd) {
+            simd
         } else {
-            CpuKernels::Scalar
+            CpuSimd::Scalar
         };
         let Some(lay) = lay.filter(|_| count > 0) else {
             let BatchIn::Prepared(preps) = input else {
@@ -197,7 +198,7 @@ impl CqMatrix {
                 .chunks_exact(padded)
                 .zip(out.chunks_exact_mut(count.max(1)))
             {
-                self.matvec_rows_prepared_with(kernels, x, first, &mut o[..count]);
+                self.matvec_rows_prepared_with(simd, x, first, &mut o[..count]);
             }
             return;
         };
@@ -251,12 +252,12 @@ impl CqMatrix {
     }
 
     /// Which row kernel [`CqMatrix::matvec_rows_prepared_with`] runs for this
-    /// matrix under `kernels`: `"scalar"`, `"simd8"` (8 lanes) or `"simd16"` (16 lanes).
-    pub fn row_kernel(&self, kernels: CpuKernels) -> &'static str {
-        if !CpuKernels::available().contains(&kernels) {
+    /// matrix under `simd`: `"scalar"`, `"simd8"` (8 lanes) or `"simd16"` (16 lanes).
+    pub fn row_kernel(&self, simd: CpuSimd) -> &'static str {
+        if !CpuSimd::available().contains(&simd) {
             return "scalar";
         }
-        match Plan::choose(kernels, self.bits, self.group * self.bits as usize / 8) {
+        match Plan::choose(simd, self.bits, self.group * self.bits as usize / 8) {
             None => "scalar",
             Some(Plan { lanes: 8 }) => "simd8",
             Some(_) => "simd16",

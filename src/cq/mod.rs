@@ -18,7 +18,6 @@ pub use fwht::{fwht, fwht_scalar, nfwht};
 pub use matrix::CqMatrix;
 pub(crate) use matvec::{BatchIn, BatchLayout};
 pub use prepare::{prepare, prepare_into};
-pub use simd::CpuKernels;
 
 use crate::error::{Error, Result};
 
