@@ -18,7 +18,7 @@
 //! ```no_run
 //! use cqlm::{Config, CpuEngine, Engine, synth};
 //! use std::sync::Arc;
-//! let model = synth::synth_model(&Config::preset_tiny(), &synth::BitsPlan::mixed(), 7)?;
+//! let model = synth::synth_model(&Config::preset_tiny(), &cqlm::cq::BitsPlan::mixed(), 7)?;
 //! let mut engine = CpuEngine::new(Arc::new(model))?;
 //! let logits = engine.prefill(&[1, 42, 7])?;
 //! println!("next token: {}", cqlm::sample::argmax(&logits));

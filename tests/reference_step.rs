@@ -7,7 +7,8 @@ mod common;
 
 use common::naive::{argmax_margin, rel_l2, NaiveModel, NaiveState};
 use cqlm::cpu::Probe;
-use cqlm::synth::{synth_model, BitsPlan};
+use cqlm::cq::BitsPlan;
+use cqlm::synth::synth_model;
 use cqlm::{Config, CpuEngine, Engine, EngramConfig, Error, Model};
 use std::collections::BTreeMap;
 use std::sync::Arc;

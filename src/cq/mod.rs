@@ -1,5 +1,6 @@
 //! SPEC §2: codebook-quantized (CQ) matrices: the Hadamard transform, activation
-//! preparation, CPU matvec and row gather, and the quantizer that makes them.
+//! preparation, CPU matvec and row gather, the quantizer that makes them and the
+//! bit plans ([`BitsPlan`]) it quantizes to.
 //!
 //! The matrix type and its validation are in `matrix.rs`; `prepare.rs` pads and
 //! rotates activations; `scalar.rs` holds the reference inner loops and
@@ -9,6 +10,7 @@
 mod fwht;
 mod matrix;
 mod matvec;
+mod plan;
 mod prepare;
 pub mod quantize;
 mod scalar;
@@ -17,6 +19,7 @@ mod simd;
 pub use fwht::{fwht, fwht_scalar, nfwht};
 pub use matrix::CqMatrix;
 pub(crate) use matvec::{BatchIn, BatchLayout};
+pub use plan::{plan_for_preset, BitsPlan};
 pub use prepare::{prepare, prepare_into};
 
 use crate::error::{Error, Result};
