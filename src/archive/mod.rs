@@ -2,7 +2,6 @@
 //! (memory-mapped, fully validated) and writing; and the float checkpoints
 //! `cqlm pack` reads (`float.rs`).
 
-pub(crate) mod dupcheck;
 mod float;
 mod reader;
 mod spec;
