@@ -3,7 +3,8 @@
 //! for every row-kernel variant this CPU has (compare them as ratios of one run),
 //! and the batched matmul of the prefill against one matvec per input.
 
-use cqlm::cq::{prepare, CpuKernels};
+use cqlm::cq::prepare;
+use cqlm::simd::CpuSimd;
 use cqlm::synth::random_cq;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use rand::SeedableRng;
@@ -20,7 +21,7 @@ fn matvec(c: &mut Criterion) {
             let prep = prepare(&m, &x).expect("input length");
             let mut out = vec![0.0f32; rows];
             g.throughput(Throughput::Bytes(m.stored_bytes() as u64));
-            for &k in CpuKernels::available() {
+            for &k in CpuSimd::available() {
                 g.bench_function(format!("{rows}x{cols}/{bits}bit/{}", k.name()), |b| {
                     b.iter(|| {
                         m.matvec_rows_prepared_with(k, black_box(&prep), 0, black_box(&mut out))
@@ -50,7 +51,7 @@ fn matmul(c: &mut Criterion) {
             .collect();
         let mut out = vec![0.0f32; rows * tokens];
         g.throughput(Throughput::Elements(tokens as u64));
-        for &k in CpuKernels::available() {
+        for &k in CpuSimd::available() {
             g.bench_function(
                 format!("{rows}x{cols}/{bits}bit/{}/per_input", k.name()),
                 |b| {

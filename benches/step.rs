@@ -1,7 +1,8 @@
 //! Criterion benchmark of one full CPU step on the `default` preset, with logits
 //! (decode) and without (prefill).
 
-use cqlm::synth::{synth_model, BitsPlan};
+use cqlm::cq::BitsPlan;
+use cqlm::synth::synth_model;
 use cqlm::Readout;
 use cqlm::{Config, CpuEngine, Engine};
 use criterion::{criterion_group, criterion_main, Criterion};

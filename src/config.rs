@@ -1,5 +1,7 @@
 //! SPEC §1: the model config, its validation and the named presets.
 
+pub(crate) mod dupcheck;
+
 use crate::error::ConfigError;
 use serde::{Deserialize, Serialize};
 
@@ -198,7 +200,7 @@ impl Config {
             serde_json::from_str(text).map_err(|e| ConfigError::new("<json>", e.to_string()))?;
         // serde_json maps keep the last of repeated keys; SPEC §5 forbids them in the
         // header, and a config with a repeated field is just as ambiguous.
-        serde_json::from_str::<crate::archive::dupcheck::NoDuplicateKeys>(text)
+        serde_json::from_str::<dupcheck::NoDuplicateKeys>(text)
             .map_err(|e| ConfigError::new("<json>", e.to_string()))?;
         let obj = value
             .as_object()

@@ -4,6 +4,7 @@
 //! `../shared/SPEC.md` (shipped beside the repository) defines every number:
 //!
 //! * [`config`]: the model config (SPEC §1) and presets;
+//! * [`simd`]: CPU feature detection ([`simd::CpuSimd`], the SIMD level of the CPU paths);
 //! * [`cq`]: CQ matrices, the Hadamard transform, CPU matvec and the quantizer (SPEC §2);
 //! * [`archive`]: the safetensors archive, read (memory-mapped, validated) and written (SPEC §3, §5);
 //! * [`weights`]: the typed [`Model`];
@@ -18,7 +19,7 @@
 //! ```no_run
 //! use cqlm::{Config, CpuEngine, Engine, synth};
 //! use std::sync::Arc;
-//! let model = synth::synth_model(&Config::preset_tiny(), &synth::BitsPlan::mixed(), 7)?;
+//! let model = synth::synth_model(&Config::preset_tiny(), &cqlm::cq::BitsPlan::mixed(), 7)?;
 //! let mut engine = CpuEngine::new(Arc::new(model))?;
 //! let logits = engine.prefill(&[1, 42, 7])?;
 //! println!("next token: {}", cqlm::sample::argmax(&logits));
@@ -45,6 +46,7 @@ pub mod pool;
 pub mod profile;
 pub mod sample;
 pub mod session;
+pub mod simd;
 pub mod stats;
 pub mod synth;
 pub mod tokenizer;

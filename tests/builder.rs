@@ -6,8 +6,9 @@ mod common;
 
 use common::cli::{assert_ok, cqlm, text};
 use cqlm::builder::AnyEngine;
+use cqlm::cq::BitsPlan;
 use cqlm::gpu::{list_adapters, GpuOptions};
-use cqlm::synth::{synth_model, BitsPlan};
+use cqlm::synth::synth_model;
 use cqlm::{Backend, Config, EngineBuilder, Readout};
 use std::sync::Arc;
 

@@ -3,8 +3,9 @@
 
 use cqlm::archive::read_archive_file;
 use cqlm::archive::Tensor;
+use cqlm::cq::plan_for_preset;
 use cqlm::sample::argmax;
-use cqlm::synth::{plan_for_preset, synth_model};
+use cqlm::synth::synth_model;
 use cqlm::Readout;
 use cqlm::{Config, CpuEngine, Engine, Model};
 use std::collections::{BTreeMap, BTreeSet};

@@ -1,7 +1,8 @@
 //! CQ kernels (SPEC §2) against a naive f64 dense reconstruction written here,
 //! independently of the crate's transform and inner loops.
 
-use cqlm::cq::{cq_matvec, cq_matvec_rows, dequantize_row, prepare, CpuKernels, CqMatrix};
+use cqlm::cq::{cq_matvec, cq_matvec_rows, dequantize_row, prepare, CqMatrix};
+use cqlm::simd::CpuSimd;
 use half::f16;
 use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -230,7 +231,7 @@ fn every_cpu_kernel_variant_matches_naive_dense() {
     // Each SIMD variant this CPU has (and the scalar one) on every bit width and
     // group, odd row counts and a row offset, against the naive f64 rows; outputs
     // start as NaN so an unwritten row fails.
-    let variants = CpuKernels::available();
+    let variants = CpuSimd::available();
     eprintln!("CPU kernel variants here: {variants:?}");
     let mut rng = ChaCha8Rng::seed_from_u64(17);
     let mut simd_runs = 0;
@@ -277,14 +278,14 @@ fn every_cpu_kernel_variant_matches_naive_dense() {
 fn simd_kernels_apply_to_the_default_presets_shapes() {
     // default: 2-bit attention and 4-bit embedding/Φ at group 128.
     let mut rng = ChaCha8Rng::seed_from_u64(3);
-    for &k in CpuKernels::available() {
+    for &k in CpuSimd::available() {
         let two = random_matrix(&mut rng, 4, 512, 2, 128);
         let four = random_matrix(&mut rng, 4, 512, 4, 128);
         let (a, b) = (two.row_kernel(k), four.row_kernel(k));
         match k {
-            CpuKernels::Scalar => assert_eq!((a, b), ("scalar", "scalar")),
-            CpuKernels::Avx2 => assert_eq!((a, b), ("simd8", "simd8")),
-            CpuKernels::Avx512 => assert_eq!((a, b), ("simd8", "simd16")),
+            CpuSimd::Scalar => assert_eq!((a, b), ("scalar", "scalar")),
+            CpuSimd::Avx2 => assert_eq!((a, b), ("simd8", "simd8")),
+            CpuSimd::Avx512 => assert_eq!((a, b), ("simd8", "simd16")),
         }
     }
 }
@@ -309,7 +310,7 @@ fn batched_matmul_is_bit_identical_to_one_matvec_per_input() {
                     .collect();
                 let preps: Vec<f32> = xs.iter().flat_map(|x| prepare(&m, x).unwrap()).collect();
                 let (first, count) = (1, rows - 1);
-                for &k in CpuKernels::available() {
+                for &k in CpuSimd::available() {
                     let mut out = vec![f32::NAN; tokens * count];
                     m.matmul_rows_prepared_with(k, &preps, tokens, first, count, &mut out);
                     for (t, x) in xs.iter().enumerate() {

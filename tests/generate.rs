@@ -3,9 +3,10 @@
 mod common;
 
 use common::gpu::gpu;
+use cqlm::cq::BitsPlan;
 use cqlm::sample::{argmax, top2_margin, Sampler, SamplerConfig};
 use cqlm::session::{Backend, Session, Stop};
-use cqlm::synth::{synth_model, BitsPlan};
+use cqlm::synth::synth_model;
 use cqlm::Readout;
 use cqlm::{Config, CpuEngine, Engine, GpuEngine};
 use std::sync::Arc;

@@ -4,8 +4,9 @@ mod common;
 
 use common::gpu::{gpu, rel_l2};
 use cqlm::cpu::Probe;
+use cqlm::cq::BitsPlan;
 use cqlm::sample::{argmax, top2_margin};
-use cqlm::synth::{synth_model, BitsPlan};
+use cqlm::synth::synth_model;
 use cqlm::Readout;
 use cqlm::{Config, CpuEngine, Engine, GpuEngine, Model};
 use std::sync::Arc;

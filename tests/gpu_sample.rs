@@ -4,10 +4,11 @@
 mod common;
 
 use common::gpu::gpu;
+use cqlm::cq::BitsPlan;
 use cqlm::gpu::kernels::sample::{ArgmaxParams, SampleKernels};
 use cqlm::gpu::{run_dispatches, GpuContext, GpuEngine};
 use cqlm::sample::argmax;
-use cqlm::synth::{synth_model, BitsPlan};
+use cqlm::synth::synth_model;
 use cqlm::Readout;
 use cqlm::{Config, CpuEngine, Engine};
 use rand::{Rng, SeedableRng};

@@ -5,10 +5,11 @@ mod common;
 
 use common::gpu::gpu;
 use cqlm::archive::{write_archive, Tensor};
+use cqlm::cq::BitsPlan;
 use cqlm::cq::CqMatrix;
 use cqlm::gpu::GpuEngine;
 use cqlm::parity::run_ladder;
-use cqlm::synth::{synth_tensors, BitsPlan};
+use cqlm::synth::synth_tensors;
 use cqlm::Readout;
 use cqlm::{Config, CpuEngine, Engine, Error, Model};
 use half::f16;

@@ -6,11 +6,11 @@
 mod common;
 
 use common::naive::{rel_l2, Dense, NaiveModel, NaiveState};
-use cqlm::archive::{expected_tensors, read_archive_file, write_archive, Tensor, TensorKind};
-use cqlm::pack::{
-    pack, read_float_checkpoint, write_float_checkpoint, FloatDtype, FloatTensor, PackPlan,
-    PackReportRow,
+use cqlm::archive::{
+    expected_tensors, read_archive_file, read_float_checkpoint, write_archive,
+    write_float_checkpoint, FloatDtype, FloatTensor, Tensor, TensorKind,
 };
+use cqlm::pack::{pack, PackPlan, PackReportRow};
 use cqlm::synth::synth_float_tensors;
 use cqlm::Readout;
 use cqlm::{Config, CpuEngine, Engine, Error, Model};

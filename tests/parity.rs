@@ -4,9 +4,10 @@
 mod common;
 
 use common::gpu::gpu;
+use cqlm::cq::BitsPlan;
 use cqlm::gpu::{Fault, GpuEngine};
 use cqlm::parity::run_ladder;
-use cqlm::synth::{synth_model, BitsPlan};
+use cqlm::synth::synth_model;
 use cqlm::Config;
 use std::sync::Arc;
 

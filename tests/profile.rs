@@ -6,9 +6,10 @@ mod common;
 
 use common::cli::{assert_ok, cqlm, text};
 use common::gpu::{gpu, rel_l2};
+use cqlm::cq::BitsPlan;
 use cqlm::gpu::profile::GpuTiming;
 use cqlm::profile::KernelProfile;
-use cqlm::synth::{synth_model, BitsPlan};
+use cqlm::synth::synth_model;
 use cqlm::Readout;
 use cqlm::{Config, CpuEngine, Engine, GpuEngine, Model};
 use std::collections::BTreeSet;

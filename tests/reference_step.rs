@@ -7,7 +7,8 @@ mod common;
 
 use common::naive::{argmax_margin, rel_l2, NaiveModel, NaiveState};
 use cqlm::cpu::Probe;
-use cqlm::synth::{synth_model, BitsPlan};
+use cqlm::cq::BitsPlan;
+use cqlm::synth::synth_model;
 use cqlm::Readout;
 use cqlm::{Config, CpuEngine, Engine, EngramConfig, Error, Model};
 use std::collections::BTreeMap;
@@ -579,11 +580,11 @@ fn logits_are_finite_and_well_scaled() {
 
 #[test]
 fn kernel_selection_follows_cqlm_cpu_kernels() {
-    let avail = cqlm::cq::CpuKernels::available();
-    let sel = cqlm::cq::CpuKernels::selected();
+    let avail = cqlm::simd::CpuSimd::available();
+    let sel = cqlm::simd::CpuSimd::selected();
     eprintln!("CPU kernels: {} (available: {avail:?})", sel.name());
     match std::env::var("CQLM_CPU_KERNELS").as_deref() {
-        Ok("scalar") => assert_eq!(sel, cqlm::cq::CpuKernels::Scalar),
+        Ok("scalar") => assert_eq!(sel, cqlm::simd::CpuSimd::Scalar),
         _ => assert_eq!(Some(&sel), avail.last()),
     }
 }

@@ -1,16 +1,19 @@
 //! SPEC §3 and §5: the safetensors archive: which tensors it holds, reading
-//! (memory-mapped, fully validated) and writing.
+//! (memory-mapped, fully validated) and writing; and the float checkpoints
+//! `cqlm pack` reads (`float.rs`).
 
-pub(crate) mod dupcheck;
+mod float;
 mod reader;
 mod spec;
 mod writer;
 
-pub(crate) use reader::{map_file, open_container};
+pub(crate) use float::{expected_text, shape_ok};
+pub use float::{
+    read_float_checkpoint, write_float_checkpoint, FloatCheckpoint, FloatDtype, FloatTensor,
+};
 pub use reader::{read_archive, read_archive_file, RawArchive};
 pub use spec::{cq_parts, engram_table_names, expected_tensors, TensorKind, TensorSpec};
 pub use writer::{set_file_mode, write_archive, write_archive_file};
-pub(crate) use writer::{write_blobs_file, Blob};
 
 use crate::cq::CqMatrix;
 

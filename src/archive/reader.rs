@@ -1,8 +1,8 @@
 //! Reading and validating an archive (SPEC §5) into decoded tensors.
 
-use super::dupcheck::NoDuplicateKeys;
 use super::spec::{cq_parts, expected_tensors, TensorKind};
 use super::{Tensor, CONFIG_KEY, TOKENIZER_KEY};
+use crate::config::dupcheck::NoDuplicateKeys;
 use crate::config::Config;
 use crate::cq::CqMatrix;
 use crate::error::{ArchiveError, Error, Result};

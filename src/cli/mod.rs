@@ -13,7 +13,8 @@ mod synth;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use cqlm::synth::{plan_for_preset, synth_model};
+use cqlm::cq::plan_for_preset;
+use cqlm::synth::synth_model;
 use cqlm::{Config, Engine, EngineBuilder, Model};
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -1,8 +1,9 @@
 //! `cqlm pack`: quantize a float checkpoint into an archive.
 
 use anyhow::{bail, Context, Result};
+use cqlm::archive::read_float_checkpoint;
 use cqlm::archive::write_archive_file;
-use cqlm::pack::{bits_per_weight, pack, read_float_checkpoint, PackPlan, PackProgress};
+use cqlm::pack::{bits_per_weight, pack, PackPlan, PackProgress};
 use cqlm::{ArchiveError, Config, Error};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::Write;

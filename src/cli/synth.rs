@@ -2,8 +2,9 @@
 //! random float checkpoint for `cqlm pack`.
 
 use anyhow::{bail, Context, Result};
-use cqlm::pack::{write_float_checkpoint, FloatDtype};
-use cqlm::synth::{plan_for_preset, synth_float_tensors, synth_tensors, BitsPlan};
+use cqlm::archive::{write_float_checkpoint, FloatDtype};
+use cqlm::cq::{plan_for_preset, BitsPlan};
+use cqlm::synth::{synth_float_tensors, synth_tensors};
 use cqlm::Config;
 use std::path::PathBuf;
 

@@ -18,7 +18,7 @@
 
 use super::block;
 use super::engine::CpuEngine;
-use crate::cq::{prepare_into, BatchIn, BatchLayout, CpuKernels, CqMatrix};
+use crate::cq::{prepare_into, BatchIn, BatchLayout, CqMatrix};
 use crate::engram::table_rows_for;
 use crate::error::{Error, Result};
 use crate::kernels::attention::KvHeadView;
@@ -27,6 +27,7 @@ use crate::kernels::mlp::hadamard_mlp;
 use crate::kernels::norm::{rms_unit_into, zcrms_into};
 use crate::kernels::rope::rope_table;
 use crate::pool::{Pool, SharedSlice};
+use crate::simd::CpuSimd;
 use std::sync::Arc;
 
 /// Tokens per prefill chunk unless [`CpuEngine::set_prefill_chunk`] says otherwise.
@@ -113,7 +114,7 @@ impl BatchPrep {
         m: &CqMatrix,
     ) -> Result<(BatchIn<'_>, Option<BatchLayout>)> {
         let (group, padded, cols) = (m.group(), m.padded(), m.cols());
-        let lay = m.batch_layout(CpuKernels::selected(), n);
+        let lay = m.batch_layout(CpuSimd::selected(), n);
         let hit = self.slots[..self.used]
             .iter()
             .position(|s| s.group == group && s.padded == padded && s.lay == lay);
@@ -164,7 +165,7 @@ fn matmul(
     count: usize,
     out: &mut [f32],
 ) {
-    m.matmul_rows_in(CpuKernels::selected(), input, lay, n, first, count, out);
+    m.matmul_rows_in(CpuSimd::selected(), input, lay, n, first, count, out);
 }
 
 /// Make `v` at least `n` values long (new ones zero; never shrinks, so later

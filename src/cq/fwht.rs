@@ -4,7 +4,7 @@
 ///
 /// `x.len()` must be a power of two (a length of 0 or 1 is the identity).
 /// `fwht(fwht(x)) = n · x`. Uses 8-lane AVX2 butterflies where the CPU has them
-/// (and [`crate::cq::CpuKernels::selected`] allows), bit-identical to
+/// (and [`crate::simd::CpuSimd::selected`] allows), bit-identical to
 /// [`fwht_scalar`]: every output is the same `u + v` or `u − v` of the same inputs.
 ///
 /// # Panics
@@ -16,7 +16,7 @@ pub fn fwht(x: &mut [f32]) {
         "fwht length {n} is not a power of two"
     );
     #[cfg(target_arch = "x86_64")]
-    if n >= 8 && super::CpuKernels::selected() != super::CpuKernels::Scalar {
+    if n >= 8 && crate::simd::CpuSimd::selected() != crate::simd::CpuSimd::Scalar {
         // SAFETY: a non-scalar selection implies AVX2 was detected; n is a power of two >= 8.
         unsafe { fwht_avx2(x) };
         return;

@@ -55,7 +55,7 @@ pub fn attend_head(
 /// `g = qs.len() / head_dim` query heads back to back, `out` receives their outputs
 /// in the same layout, and `scores` is scratch of at least `g · slots.len()`.
 /// Equal to [`attend_head`] per head up to float rounding; with AVX2 (and
-/// [`crate::cq::CpuKernels::selected`] allowing it) the key and value codes are
+/// [`crate::simd::CpuSimd::selected`] allowing it) the key and value codes are
 /// read once for all `g` heads, 8 lanes at a time.
 ///
 /// # Panics
@@ -83,7 +83,7 @@ pub fn attend_group(
         "attend_group: slot outside the cache"
     );
     #[cfg(target_arch = "x86_64")]
-    if d.is_multiple_of(8) && crate::cq::CpuKernels::selected() != crate::cq::CpuKernels::Scalar {
+    if d.is_multiple_of(8) && crate::simd::CpuSimd::selected() != crate::simd::CpuSimd::Scalar {
         // SAFETY: a non-scalar selection implies AVX2 and FMA; lengths and slots checked above.
         unsafe { x86::attend_group(qs, d, kv, slots, &mut scores[..g * n], out) };
         return;
@@ -103,7 +103,7 @@ mod x86 {
     #![allow(clippy::needless_range_loop)]
     use super::KvHeadView;
     use crate::kernels::vmath::x86::exp_slice;
-    use crate::kernels::vmath::x86::hsum8;
+    use crate::simd::x86::hsum8;
     use std::arch::x86_64::*;
 
     /// 8 int8 codes at `p` as f32 lanes.

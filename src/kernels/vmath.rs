@@ -1,5 +1,5 @@
 //! Slice-wide `exp`, `σ` and `silu` for the step's elementwise work, 8 lanes at a
-//! time with AVX2+FMA where [`crate::cq::CpuKernels::selected`] allows, else the
+//! time with AVX2+FMA where [`crate::simd::CpuSimd::selected`] allows, else the
 //! scalar functions of [`super`] (the reference).
 //!
 //! The vector `exp` is the Cephes single-precision scheme: `n = round(x·log2 e)`,
@@ -8,10 +8,10 @@
 //! `f32::exp` returns (`+∞` above 88.72, `0` below −103.97, NaN for NaN).
 
 use super::{sigmoid, silu};
-use crate::cq::CpuKernels;
+use crate::simd::CpuSimd;
 
 fn vector() -> bool {
-    cfg!(target_arch = "x86_64") && CpuKernels::selected() != CpuKernels::Scalar
+    cfg!(target_arch = "x86_64") && CpuSimd::selected() != CpuSimd::Scalar
 }
 
 /// `x[i] ← exp(x[i])`.
@@ -107,16 +107,6 @@ pub(crate) mod x86 {
         for i in n..o.len() {
             o[i] *= sigmoid(g[i]);
         }
-    }
-
-    /// Horizontal sum of 8 lanes.
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    pub(crate) unsafe fn hsum8(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
-        _mm_cvtss_f32(s)
     }
 
     /// `exp` of 8 lanes (see the module note for its accuracy and edges).

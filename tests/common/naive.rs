@@ -15,8 +15,8 @@
 #![allow(clippy::needless_range_loop)]
 
 use cqlm::archive::engram_table_names;
+use cqlm::archive::FloatTensor;
 use cqlm::cq::CqMatrix;
-use cqlm::pack::FloatTensor;
 use cqlm::weights::SiteWeights;
 use cqlm::{Config, Model};
 use std::collections::BTreeMap;

@@ -1,0 +1,51 @@
+//! SPEC §2 `prepare(x)`: zero-pad an activation to the matrix's padded width and
+//! apply `nfwht` to every group.
+
+use super::fwht::nfwht;
+use super::matrix::CqMatrix;
+use crate::error::{Error, Result};
+
+impl CqMatrix {
+    /// `prepare(x)` into `out` (length `padded`): zero-pad, then `nfwht` on every group.
+    ///
+    /// # Panics
+    /// If `x.len() != cols` or `out.len() != padded`.
+    pub fn prepare_into(&self, x: &[f32], out: &mut [f32]) {
+        assert_eq!(x.len(), self.cols, "prepare: input length");
+        prepare_into(x, self.group, out);
+    }
+}
+
+/// `prepare(x)` for a given group into `out` (length = padded, a multiple of `group`):
+/// copy `x`, zero the tail, `nfwht` every group.
+///
+/// # Panics
+/// If `out` is shorter than `x` or not a multiple of `group`.
+pub fn prepare_into(x: &[f32], group: usize, out: &mut [f32]) {
+    assert!(
+        x.len() <= out.len() && out.len().is_multiple_of(group),
+        "prepare: bad lengths"
+    );
+    out[..x.len()].copy_from_slice(x);
+    out[x.len()..].fill(0.0);
+    for g in out.chunks_exact_mut(group) {
+        nfwht(g);
+    }
+}
+
+/// `prepare(x)` for a matrix: `x` zero-padded to `padded`, `nfwht` on every group.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] if `x.len() != P.cols`.
+pub fn prepare(p: &CqMatrix, x: &[f32]) -> Result<Vec<f32>> {
+    if x.len() != p.cols() {
+        return Err(Error::InvalidArgument(format!(
+            "prepare: input has {} values, the matrix has {} columns",
+            x.len(),
+            p.cols()
+        )));
+    }
+    let mut out = vec![0.0; p.padded()];
+    prepare_into(x, p.group(), &mut out);
+    Ok(out)
+}

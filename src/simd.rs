@@ -1,0 +1,86 @@
+//! CPU feature detection: the SIMD level ([`CpuSimd`]) the CPU paths run at, and
+//! the x86-64 vector helpers they share. The bottom floor: this module imports
+//! nothing from the crate.
+
+use std::sync::OnceLock;
+
+/// A SIMD level of this CPU: which vector code the CPU matvec, FWHT, `exp` and
+/// attention use (named `CpuKernels` before; `gpu::kernels` and the CPU math of
+/// `kernels/` are other things).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CpuSimd {
+    /// The portable loops (byte lookup tables for 2 and 4 bits): the reference.
+    Scalar,
+    /// 8-lane AVX2 + FMA permute kernels.
+    Avx2,
+    /// 16-lane AVX-512F permute kernels (8-lane AVX2 where a group is too narrow).
+    Avx512,
+}
+
+impl CpuSimd {
+    /// Every variant this CPU can run, the scalar one first (detected once per process).
+    pub fn available() -> &'static [CpuSimd] {
+        static AVAIL: OnceLock<Vec<CpuSimd>> = OnceLock::new();
+        AVAIL.get_or_init(|| {
+            let mut v = vec![CpuSimd::Scalar];
+            #[cfg(target_arch = "x86_64")]
+            {
+                let avx2 = std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma");
+                if avx2 {
+                    v.push(CpuSimd::Avx2);
+                    if std::arch::is_x86_feature_detected!("avx512f") {
+                        v.push(CpuSimd::Avx512);
+                    }
+                }
+            }
+            v
+        })
+    }
+
+    /// The variant the engines use: the best available, unless the environment
+    /// variable `CQLM_CPU_KERNELS` names one (`scalar`, `avx2`, `avx512`; a variant
+    /// this CPU lacks falls back to the best it has). Decided once per process.
+    pub fn selected() -> CpuSimd {
+        static SEL: OnceLock<CpuSimd> = OnceLock::new();
+        *SEL.get_or_init(|| {
+            let avail = CpuSimd::available();
+            let best = *avail.last().unwrap_or(&CpuSimd::Scalar);
+            let want = match std::env::var("CQLM_CPU_KERNELS").as_deref() {
+                Ok("scalar") => Some(CpuSimd::Scalar),
+                Ok("avx2") => Some(CpuSimd::Avx2),
+                Ok("avx512") => Some(CpuSimd::Avx512),
+                _ => None,
+            };
+            match want {
+                Some(w) if avail.contains(&w) => w,
+                _ => best,
+            }
+        })
+    }
+
+    /// Lowercase name (`scalar`, `avx2`, `avx512`).
+    pub fn name(self) -> &'static str {
+        match self {
+            CpuSimd::Scalar => "scalar",
+            CpuSimd::Avx2 => "avx2",
+            CpuSimd::Avx512 => "avx512",
+        }
+    }
+}
+
+/// Vector helpers shared by the SIMD kernels of `cq` and `kernels`.
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86 {
+    use std::arch::x86_64::*;
+
+    /// Horizontal sum of 8 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(crate) unsafe fn hsum8(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
+        _mm_cvtss_f32(s)
+    }
+}
