@@ -323,12 +323,7 @@ impl GpuEngine {
                 ));
             }
         }
-        let arenas: Vec<wgpu::Buffer> = ab
-            .arenas
-            .iter()
-            .enumerate()
-            .map(|(i, a)| ctx.storage_init(&format!("weights arena {i}"), bytemuck::cast_slice(a)))
-            .collect();
+        let arenas = ab.upload(&ctx, "weights arena")?;
         let mut vecs = Vectors { data: Vec::new() };
         let final_norm = vecs.push(&w.final_norm);
         let m = &w.mhc;
@@ -447,10 +442,11 @@ impl GpuEngine {
 
         // ---- dispatches.
         // Every matvec prepares its raw input itself (no prepare dispatches).
-        let matvec =
-            |items: &[(&GpuCq, usize, usize, usize)],
-             input: MatvecInput<'_>,
-             out: &wgpu::Buffer| { cq.matvec_from(&ctx, &arenas, items, input, out) };
+        let matvec = |items: &[(&GpuCq, usize, usize, usize)],
+                      input: MatvecInput<'_>,
+                      out: &wgpu::Buffer| {
+            cq.matvec(&ctx, &arenas, items, input, out, Batch::single())
+        };
 
         let mut head = cq.gather(
             &ctx,
@@ -1348,7 +1344,7 @@ impl MatvecPlan {
             x_stride: self.x_stride,
             y_stride: self.y_stride,
         };
-        cq.matvec_batch(ctx, arenas, &items, input, &self.out, batch)
+        cq.matvec(ctx, arenas, &items, input, &self.out, batch)
     }
 }
 
