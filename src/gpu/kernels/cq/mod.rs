@@ -210,8 +210,6 @@ impl CqKernels {
         batch: Batch,
     ) -> Vec<Dispatch> {
         let tokens = batch.tokens.max(1);
-        // Without gains, binding 8 gets the arena (read-only, like binding 5): any
-        // buffer but the input, which is bound read_write.
         let (x_buf, gains_buf, mode, x_off, n, lane_stride, w_off, raw) = match input {
             MatvecInput::Prepared(b, off) => (b, None, PREPARED, off, 0, 0, 0, None),
             MatvecInput::Raw {
@@ -241,6 +239,14 @@ impl CqKernels {
                 )
             }
         };
+        // Only the output binding (7) is writable, and no buffer bound writable may
+        // be bound again (WebGPU rejects overlapping bindings where one is
+        // writable): an input or gains in the output buffer are read through the
+        // output binding, and bindings 6 and 8 then get the arena (read-only, as at
+        // bindings 5 and 9). The same buffer is detected here, not asked of callers.
+        let x_in_out = x_buf == out;
+        let gains_in_out = gains_buf == Some(out);
+        let in_out = x_in_out as u32 | (gains_in_out as u32) << 1;
         let launches = plan_matvec(items, batch, self.reduction, PlanCaps::of(&ctx.caps));
         launches
             .into_iter()
@@ -251,6 +257,7 @@ impl CqKernels {
                 params.n = n as u32;
                 params.w_off = w_off as u32;
                 params.lane_stride = lane_stride as u32;
+                params.in_out = in_out;
                 let kernel = match (&self.batched, l.batched) {
                     (Some([k2, _]), true) if l.bits == 2 => k2,
                     (Some([_, k4]), true) => k4,
@@ -270,13 +277,75 @@ impl CqKernels {
                     input,
                 );
                 let arena = &arenas[l.arena];
-                let mut bufs = vec![&ub, arena, x_buf, out, gains_buf.unwrap_or(arena)];
+                let x = if x_in_out { arena } else { x_buf };
+                let gains = gains_buf.filter(|_| !gains_in_out).unwrap_or(arena);
+                // (binding - 4, buffer, writable).
+                let mut bufs = vec![
+                    (0, &ub, false),
+                    (1, arena, false),
+                    (2, x, false),
+                    (3, out, true),
+                    (4, gains, false),
+                ];
                 if self.reduction == Reduction::RowPerInvocationSubgroup {
                     // Binding 9: the arena again, read as vec4<u32>.
-                    bufs.push(arena);
+                    bufs.push((5, arena, false));
                 }
-                Dispatch::new(ctx, kernel, &bufs, l.groups).with_bytes(bytes)
+                // Checked as the dispatch is built, so a step pays nothing; a caller
+                // passing an arena as the output gets a device error, not a panic.
+                if let Some((a, b)) = writable_alias(&bufs) {
+                    ctx.record_error(format!(
+                        "matvec `{}` binds one buffer at bindings {} and {}, one of them writable",
+                        kernel.name,
+                        a + 4,
+                        b + 4
+                    ));
+                }
+                let at: Vec<(u32, &wgpu::Buffer)> = bufs.iter().map(|&(i, b, _)| (i, b)).collect();
+                Dispatch::new_at(ctx, kernel, &at, l.groups).with_bytes(bytes)
             })
             .collect()
+    }
+}
+
+/// The first pair of bindings (`(binding, buffer, writable)` entries) that name
+/// one buffer with at least one of them writable, which WebGPU forbids; `None`
+/// if there is none.
+pub fn writable_alias<B: PartialEq>(entries: &[(u32, B, bool)]) -> Option<(u32, u32)> {
+    entries.iter().enumerate().find_map(|(i, (a, ba, wa))| {
+        entries[i + 1..]
+            .iter()
+            .find(|(_, bb, wb)| (*wa || *wb) && ba == bb)
+            .map(|(b, ..)| (*a, *b))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::writable_alias;
+
+    #[test]
+    fn writable_alias_finds_a_writable_buffer_bound_twice() {
+        // Read-only buffers may repeat (the arena at 5 and 9); a writable one may not.
+        assert_eq!(
+            writable_alias(&[(0, 'u', false), (1, 'a', false), (5, 'a', false)]),
+            None
+        );
+        assert_eq!(
+            writable_alias(&[(1, 'a', false), (3, 'o', true), (4, 'g', false)]),
+            None
+        );
+        assert_eq!(
+            writable_alias(&[(2, 'o', false), (3, 'o', true)]),
+            Some((2, 3))
+        );
+        assert_eq!(
+            writable_alias(&[(3, 'o', true), (1, 'a', false), (4, 'o', false)]),
+            Some((3, 4))
+        );
+        assert_eq!(
+            writable_alias(&[(0, 'x', true), (1, 'x', true)]),
+            Some((0, 1))
+        );
     }
 }

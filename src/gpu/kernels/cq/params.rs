@@ -42,6 +42,11 @@ pub struct MatvecParams {
     pub x_tstride: u32,
     /// Elements between consecutive inputs' outputs.
     pub y_tstride: u32,
+    /// Bit 0: the input is in the output buffer (read through the output
+    /// binding); bit 1: the gains are. See [`super::CqKernels::matvec`].
+    pub in_out: u32,
+    /// Padding (`parts` is 16-byte aligned).
+    pub _pad: [u32; 3],
     /// `[packed_off, norms_off, cb_off, row_first, rows, out_off, 0, 0]` per part.
     pub parts: [[u32; 8]; 4],
 }

@@ -41,7 +41,7 @@ pub struct Launch {
     /// the reduction's matvec.
     pub batched: bool,
     /// The params, with every field but the input's (`x_off`, `mode`, `n`,
-    /// `w_off`, `lane_stride`: zero here) filled in.
+    /// `w_off`, `lane_stride`, `in_out`: zero here) filled in.
     pub params: MatvecParams,
     /// Workgroups in x, y, z (`params.grid_x` is x).
     pub groups: [u32; 3],
@@ -122,6 +122,8 @@ pub fn plan_matvec(
             tb: 1,
             x_tstride: batch.x_stride as u32,
             y_tstride: batch.y_stride as u32,
+            in_out: 0,
+            _pad: [0; 3],
             parts: [[0; 8]; 4],
         };
         for (k, &(_, p, row_in_part, n, out_off)) in flat[i..j].iter().enumerate() {
