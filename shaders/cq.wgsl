@@ -82,15 +82,22 @@ struct MatvecParams {
     tb: u32,          // `matvec_rows_sgb`: inputs staged together (tb·padded <= XW)
     x_tstride: u32,
     y_tstride: u32,
+    in_out: u32,      // bit 0: the input lives in the output buffer (read through
+                      // yout); bit 1: the gains do (see x_at)
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
     // Per part p: parts[2p] = (packed_off, norms_off, cb_off, row_first),
     //             parts[2p+1] = (rows, out_off, 0, 0).
     parts: array<vec4<u32>, 8>,
 }
 @group(0) @binding(4) var<uniform> mp: MatvecParams;
 @group(0) @binding(5) var<storage, read> arena: array<u32>;
-// read_write although only read: it may be the same buffer as yout (an activation
-// region in, another out), and wgpu allows that only for writable bindings.
-@group(0) @binding(6) var<storage, read_write> xin: array<f32>;
+// The input and the gains when they are not in the output buffer. A buffer bound
+// writable must not be bound again (WebGPU forbids overlapping bindings where one
+// is writable), so an input or gains in yout's buffer are read through yout
+// (mp.in_out) and the host binds any read-only buffer here instead.
+@group(0) @binding(6) var<storage, read> xin: array<f32>;
 @group(0) @binding(7) var<storage, read_write> yout: array<f32>;
 @group(0) @binding(8) var<storage, read> gains: array<f32>;
 
@@ -102,13 +109,29 @@ var<workgroup> red: array<f32, 64>;
 // mp.x_off + t·mp.x_tstride; set by each entry point before staging).
 var<private> xbase: u32;
 
+// Element i of the input's buffer (xin, or yout where the input is in the output buffer).
+fn x_at(i: u32) -> f32 {
+    if ((mp.in_out & 1u) != 0u) {
+        return yout[i];
+    }
+    return xin[i];
+}
+
+// Element i of the gains' buffer (gains, or yout where the gains are in the output buffer).
+fn gain_at(i: u32) -> f32 {
+    if ((mp.in_out & 2u) != 0u) {
+        return yout[i];
+    }
+    return gains[i];
+}
+
 fn x_raw(i: u32) -> f32 {
     if (mp.mode == 3u) {
         let o = xbase + i;
         let s = mp.lane_stride;
-        return (xin[o] + xin[o + s] + xin[o + 2u * s] + xin[o + 3u * s]) / 4.0;
+        return (x_at(o) + x_at(o + s) + x_at(o + 2u * s) + x_at(o + 3u * s)) / 4.0;
     }
-    return xin[xbase + i];
+    return x_at(xbase + i);
 }
 
 // Column c (< padded) of the input at xbase after the pre-op with RMS factor r,
@@ -120,7 +143,7 @@ fn pre_op(c: u32, r: f32) -> f32 {
         if (mp.mode != 0u) {
             v = v * r;
             if (mp.mode >= 2u) {
-                v = v * (1.0 + gains[mp.w_off + c]);
+                v = v * (1.0 + gain_at(mp.w_off + c));
             }
         }
     }
@@ -159,7 +182,7 @@ fn input_rms(li: u32) -> f32 {
 fn stage_chunk(li: u32, c0: u32, len: u32, r: f32) {
     if (mp.mode == 4u) {
         for (var i = li; i < len; i += 64u) {
-            xw[i] = xin[xbase + c0 + i];
+            xw[i] = x_at(xbase + c0 + i);
         }
         workgroupBarrier();
         return;

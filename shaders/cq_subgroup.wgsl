@@ -301,7 +301,7 @@ fn stage_block(li: u32, t0: u32, tb: u32, padded: u32) {
         let r = input_rms(li);
         for (var i = li; i < padded; i += 64u) {
             if (mp.mode == 4u) {
-                xw[t * padded + i] = xin[xbase + i];
+                xw[t * padded + i] = x_at(xbase + i);
             } else {
                 xw[t * padded + i] = pre_op(i, r);
             }

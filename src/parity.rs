@@ -412,12 +412,7 @@ fn upload(ctx: &GpuContext, m: &CqMatrix) -> Result<(crate::gpu::arena::GpuCq, V
     let g = ab.push_cq(m).ok_or_else(|| {
         crate::Error::Gpu("a matrix row exceeds the storage binding limit".into())
     })?;
-    let arenas = ab
-        .arenas
-        .iter()
-        .map(|a| ctx.storage_init("parity arena", bytemuck::cast_slice(a)))
-        .collect();
-    Ok((g, arenas))
+    Ok((g, ab.upload(ctx, "parity arena")?))
 }
 
 fn gpu_gather(ctx: &GpuContext, k: &CqKernels, m: &CqMatrix, row: usize) -> Result<Vec<f32>> {
@@ -442,7 +437,9 @@ fn gpu_matvec(
     let (g, arenas) = upload(ctx, m)?;
     let x = ctx.storage_init("parity x", bytemuck::cast_slice(prep));
     let out = ctx.storage_init("parity out", bytemuck::cast_slice(&vec![f32::NAN; rows]));
-    let d = k.matvec(ctx, &arenas, &[(&g, 0, rows, 0)], (&x, 0), &out);
+    let input = crate::gpu::kernels::cq::MatvecInput::Prepared(&x, 0);
+    let one = crate::gpu::kernels::cq::Batch::single();
+    let d = k.matvec(ctx, &arenas, &[(&g, 0, rows, 0)], input, &out, one);
     run_dispatches(ctx, &d)?;
     ctx.read_f32(&out, 0, rows)
 }

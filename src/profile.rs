@@ -218,7 +218,19 @@ pub mod bytes {
 
     /// Gather of one row of `m` (packed row, norms, codebook), written `copies` times.
     pub fn gather(m: &CqMatrix, copies: usize) -> u64 {
-        (m.row_bytes() + m.groups() * 2 + (4 << m.bits()) + m.cols() * copies * 4) as u64
+        gather_geometry(m.row_bytes(), m.groups(), m.bits(), m.cols(), copies)
+    }
+
+    /// [`gather`] from the matrix's geometry alone (`row_bytes` per packed row,
+    /// `groups` norms, `bits`, `cols`), as the GPU's arena layout knows it.
+    pub fn gather_geometry(
+        row_bytes: usize,
+        groups: usize,
+        bits: u32,
+        cols: usize,
+        copies: usize,
+    ) -> u64 {
+        (row_bytes + groups * 2 + (4 << bits) + cols * copies * 4) as u64
     }
 
     /// Prepare of `n` inputs (`lanes` values each, plus a gain when `gain`) into a
@@ -230,10 +242,28 @@ pub mod bytes {
     /// Matvec of `rows` rows of `m`: packed rows, their norms and one output each,
     /// the codebook and the prepared input once.
     pub fn matvec(m: &CqMatrix, rows: usize) -> u64 {
+        let input = m.padded() as u64 * F32;
+        matvec_dispatch(rows, m.row_bytes(), m.groups(), m.bits(), 1, 1, input)
+    }
+
+    /// One GPU matvec dispatch: `rows` rows of `parts` fused parts that share a
+    /// geometry (`row_bytes` per packed row, `groups` f16 norms per row, `bits`),
+    /// for `tokens` inputs of `input` bytes each. The packed rows, their norms and
+    /// each part's codebook are read once; per input the input and one output per
+    /// row. [`matvec`] is one part and one prepared input.
+    pub fn matvec_dispatch(
+        rows: usize,
+        row_bytes: usize,
+        groups: usize,
+        bits: u32,
+        parts: usize,
+        tokens: usize,
+        input: u64,
+    ) -> u64 {
         let r = rows as u64;
-        r * (m.row_bytes() as u64 + m.groups() as u64 * 2 + F32)
-            + (4u64 << m.bits())
-            + m.padded() as u64 * F32
+        r * (row_bytes as u64 + groups as u64 * 2)
+            + parts as u64 * (4u64 << bits)
+            + tokens as u64 * (r * F32 + input)
     }
 
     /// The GPU kernel name of a matvec of `bits`-bit indices (`matvec1/2/4/8`).

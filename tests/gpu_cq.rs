@@ -6,20 +6,12 @@ mod common;
 use common::gpu::{gpu, poisoned, rel_l2};
 use cqlm::cq::CqMatrix;
 use cqlm::gpu::arena::ArenaBuilder;
-use cqlm::gpu::kernels::cq::{CqKernels, PrepareMode, Reduction};
+use cqlm::gpu::kernels::cq::{Batch, CqKernels, MatvecInput, PrepareMode, Reduction};
 use cqlm::gpu::{run_dispatches, GpuContext};
 use cqlm::kernels::norm::{rms_unit_into, zcrms_into};
 use cqlm::synth::random_cq;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-
-/// One storage buffer per arena the builder filled.
-fn upload_arenas(ctx: &GpuContext, ab: &ArenaBuilder) -> Vec<wgpu::Buffer> {
-    ab.arenas
-        .iter()
-        .map(|a| ctx.storage_init("arena", bytemuck::cast_slice(a)))
-        .collect()
-}
 
 fn random_vec(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
     (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
@@ -81,7 +73,7 @@ fn matvec_case(ctx: &cqlm::gpu::GpuContext, k: &CqKernels) {
             let mut ab = ArenaBuilder::new(64 << 20);
             let gms: Vec<_> = ms.iter().map(|m| ab.push_cq(m).unwrap()).collect();
             let gother = ab.push_cq(&other).unwrap();
-            let arenas = upload_arenas(ctx, &ab);
+            let arenas = ab.upload(ctx, "arena").unwrap();
             let x = random_vec(&mut rng, cols);
             let mut prep = vec![0.0f32; ms[0].padded()];
             ms[0].prepare_into(&x, &mut prep);
@@ -95,14 +87,22 @@ fn matvec_case(ctx: &cqlm::gpu::GpuContext, k: &CqKernels) {
                 (&gms[2], 0, 21, 30),
             ];
             let out = poisoned(ctx, 64);
-            let mut ds = k.matvec(ctx, &arenas, &items, (&xb, 0), &out);
+            let mut ds = k.matvec(
+                ctx,
+                &arenas,
+                &items,
+                MatvecInput::Prepared(&xb, 0),
+                &out,
+                Batch::single(),
+            );
             assert_eq!(ds.len(), 1, "parts of one geometry fuse into one dispatch");
             ds.extend(k.matvec(
                 ctx,
                 &arenas,
                 &[(&gother, 0, 5, 56)],
-                (&xb, prep.len()),
+                MatvecInput::Prepared(&xb, prep.len()),
                 &out,
+                Batch::single(),
             ));
             run_dispatches(ctx, &ds).unwrap();
             let got = ctx.read_f32(&out, 0, 64).unwrap();
@@ -145,17 +145,61 @@ fn matvec_splits_a_matrix_over_several_arenas() {
         "expected a split, got {} parts",
         g.parts.len()
     );
-    let arenas = upload_arenas(&ctx, &ab);
+    let arenas = ab.upload(&ctx, "arena").unwrap();
     let x = random_vec(&mut rng, 200);
     let prep = x_prep(&m, &x);
     let xb = ctx.storage_init("x", bytemuck::cast_slice(&prep));
     let out = poisoned(&ctx, 300);
-    let ds = k.matvec(&ctx, &arenas, &[(&g, 0, 300, 0)], (&xb, 0), &out);
+    let ds = k.matvec(
+        &ctx,
+        &arenas,
+        &[(&g, 0, 300, 0)],
+        MatvecInput::Prepared(&xb, 0),
+        &out,
+        Batch::single(),
+    );
     run_dispatches(&ctx, &ds).unwrap();
     let got = ctx.read_f32(&out, 0, 300).unwrap();
     let mut want = vec![0.0f32; 300];
     m.matvec_rows_prepared(&prep, 0, &mut want);
     assert!(rel_l2(&got, &want) <= 1e-5);
+}
+
+#[test]
+fn arena_upload_checks_the_device_limit() {
+    // A builder made for a larger device than the one uploading: an arena over the
+    // device's storage binding limit is an error, never a buffer that can't bind.
+    let small = GpuContext::new(
+        &cqlm::gpu::GpuOptions {
+            max_storage_binding: Some(64 << 10),
+            ..Default::default()
+        },
+        1 << 10,
+    );
+    let Ok(small) = small else {
+        assert!(
+            gpu().is_none(),
+            "a GPU exists but a 64 KiB binding limit was refused"
+        );
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(21);
+    let m = random_cq(&mut rng, 512, 512, 4, 128, 0.2);
+    let mut ab = ArenaBuilder::new(1 << 20);
+    ab.push_cq(&m).unwrap();
+    let bytes = ab.arenas[0].len() * 4;
+    assert!(bytes > 64 << 10, "the arena holds only {bytes} bytes");
+    let e = ab.upload(&small, "big").unwrap_err().to_string();
+    assert!(e.contains("big 0") && e.contains("65536"), "{e}");
+    // The same matrix in arenas sized for that device uploads, one buffer each.
+    let mut ab = ArenaBuilder::new(small.caps.max_storage_binding);
+    let g = ab.push_cq(&m).unwrap();
+    let bufs = ab.upload(&small, "fits").unwrap();
+    assert_eq!(bufs.len(), ab.arenas.len());
+    assert_eq!(bufs.len(), g.parts.last().unwrap().arena + 1);
+    for (b, a) in bufs.iter().zip(&ab.arenas) {
+        assert_eq!(b.size(), (a.len() as u64 * 4).max(4));
+    }
 }
 
 #[test]
@@ -168,7 +212,7 @@ fn gather_matches_dequantize_row_for_every_bits() {
             let m = random_cq(&mut rng, 37, cols, bits, group, 0.5);
             let mut ab = ArenaBuilder::new(64 << 20);
             let g = ab.push_cq(&m).unwrap();
-            let arenas = upload_arenas(&ctx, &ab);
+            let arenas = ab.upload(&ctx, "arena").unwrap();
             let row = rng.random_range(0..37u32);
             let idx = ctx.storage_init("idx", bytemuck::cast_slice(&[7u32, row]));
             let stride = cols + 3;
@@ -208,7 +252,7 @@ fn gather_reads_the_right_part_of_a_split_matrix() {
         "expected a split, got {} parts",
         g.parts.len()
     );
-    let arenas = upload_arenas(&ctx, &ab);
+    let arenas = ab.upload(&ctx, "arena").unwrap();
     for row in [0u32, 57, 120, 199] {
         let idx = ctx.storage_init("idx", bytemuck::cast_slice(&[row]));
         let out = poisoned(&ctx, 96);
@@ -225,7 +269,7 @@ fn gather_reads_the_right_part_of_a_split_matrix() {
 }
 
 #[test]
-fn matvec_from_a_raw_input_prepares_it_in_every_mode() {
+fn matvec_of_a_raw_input_prepares_it_in_every_mode() {
     // The matvec prepares its input itself (no prepare dispatch): every pre-op,
     // groups 32..256 with inputs shorter than, not a multiple of, and a multiple of
     // the group, a row count that is not a multiple of the workgroup's, and an
@@ -252,7 +296,7 @@ fn matvec_from_a_raw_input_prepares_it_in_every_mode() {
             let w = random_vec(&mut rng, n);
             let mut ab = ArenaBuilder::new(ctx.caps.max_storage_binding);
             let g = ab.push_cq(&m).expect("fits");
-            let arenas = upload_arenas(&ctx, &ab);
+            let arenas = ab.upload(&ctx, "arena").unwrap();
             let src = ctx.storage_init("lanes", bytemuck::cast_slice(&lanes));
             let wb = ctx.storage_init("w", bytemuck::cast_slice(&w));
             for mode in [
@@ -277,7 +321,14 @@ fn matvec_from_a_raw_input_prepares_it_in_every_mode() {
                     lane_stride: n,
                     gains: (&wb, 0),
                 };
-                let ds = k.matvec_from(&ctx, &arenas, &[(&g, 0, rows, 3)], input, &out);
+                let ds = k.matvec(
+                    &ctx,
+                    &arenas,
+                    &[(&g, 0, rows, 3)],
+                    input,
+                    &out,
+                    Batch::single(),
+                );
                 run_dispatches(&ctx, &ds).unwrap();
                 let got = ctx.read_f32(&out, 3, rows).unwrap();
                 let e = rel_l2(&got, &want);
@@ -304,7 +355,7 @@ fn tall_matrices_spread_rows_over_each_team_in_turn() {
     let w = random_vec(&mut rng, n);
     let mut ab = ArenaBuilder::new(ctx.caps.max_storage_binding);
     let g = ab.push_cq(&m).expect("fits");
-    let arenas = upload_arenas(&ctx, &ab);
+    let arenas = ab.upload(&ctx, "arena").unwrap();
     let src = ctx.storage_init("lanes", bytemuck::cast_slice(&lanes));
     let wb = ctx.storage_init("w", bytemuck::cast_slice(&w));
     let want = cqlm::cq::cq_matvec(&m, &cpu_pre_op(PrepareMode::RmsUnit, &lanes, &w, n)).unwrap();
@@ -323,7 +374,14 @@ fn tall_matrices_spread_rows_over_each_team_in_turn() {
             lane_stride: n,
             gains: (&wb, 0),
         };
-        let ds = k.matvec_from(&ctx, &arenas, &[(&g, 0, rows, 0)], input, &out);
+        let ds = k.matvec(
+            &ctx,
+            &arenas,
+            &[(&g, 0, rows, 0)],
+            input,
+            &out,
+            Batch::single(),
+        );
         run_dispatches(&ctx, &ds).unwrap();
         let got = ctx.read_f32(&out, 0, rows).unwrap();
         let e = rel_l2(&got, &want);
@@ -340,7 +398,6 @@ fn batched_matvec_equals_one_dispatch_per_input_bit_for_bit() {
     // (8), blocks limited by the input length, an input too long for the batched
     // kernel, and more rows than one workgroup (not a multiple of 4); the gaps
     // between outputs stay poisoned.
-    use cqlm::gpu::kernels::cq::{Batch, MatvecInput};
     let Some(ctx) = gpu() else { return };
     let mut rng = ChaCha8Rng::seed_from_u64(41);
     // (cols, bits, group): four-word groups at 4 and 2 bits (the batched kernel:
@@ -369,7 +426,7 @@ fn batched_matvec_equals_one_dispatch_per_input_bit_for_bit() {
             let m = random_cq(&mut rng, rows, n, bits, group, 0.05);
             let mut ab = ArenaBuilder::new(ctx.caps.max_storage_binding);
             let g = ab.push_cq(&m).expect("fits");
-            let arenas = upload_arenas(&ctx, &ab);
+            let arenas = ab.upload(&ctx, "arena").unwrap();
             let (xs, ys) = (n.max(m.padded()) + 5, rows + 3);
             let xs_all = random_vec(&mut rng, tokens * xs);
             let w = random_vec(&mut rng, n);
@@ -402,8 +459,7 @@ fn batched_matvec_equals_one_dispatch_per_input_bit_for_bit() {
                     x_stride: xs,
                     y_stride: ys,
                 };
-                let ds =
-                    k.matvec_batch(&ctx, &arenas, &[(&g, 0, rows, 1)], input_at(0), &out, batch);
+                let ds = k.matvec(&ctx, &arenas, &[(&g, 0, rows, 1)], input_at(0), &out, batch);
                 let batched_kernel = red == Reduction::RowPerInvocationSubgroup
                     && ctx.caps.subgroup_min >= 8
                     && (bits == 2 || bits == 4)
@@ -419,8 +475,14 @@ fn batched_matvec_equals_one_dispatch_per_input_bit_for_bit() {
                 let got = ctx.read_f32(&out, 0, tokens * ys).unwrap();
                 for t in 0..tokens {
                     let one = poisoned(&ctx, ys);
-                    let ds =
-                        k.matvec_from(&ctx, &arenas, &[(&g, 0, rows, 1)], input_at(t * xs), &one);
+                    let ds = k.matvec(
+                        &ctx,
+                        &arenas,
+                        &[(&g, 0, rows, 1)],
+                        input_at(t * xs),
+                        &one,
+                        Batch::single(),
+                    );
                     run_dispatches(&ctx, &ds).unwrap();
                     let single = ctx.read_f32(&one, 0, ys).unwrap();
                     let row = &got[t * ys..(t + 1) * ys];

@@ -3,6 +3,8 @@
 //! device's storage-binding limit; a matrix too large for one arena is split by rows.
 
 use crate::cq::CqMatrix;
+use crate::error::{Error, Result};
+use crate::gpu::GpuContext;
 
 /// Where one row range of a CQ matrix lives in an arena.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,19 +93,6 @@ impl ArenaBuilder {
         self.arenas.len() - 1
     }
 
-    /// Append f32 values; returns (arena, word offset).
-    pub fn push_f32(&mut self, v: &[f32]) -> Option<(usize, u32)> {
-        if v.len() > self.limit_words {
-            return None;
-        }
-        let a = self.room(v.len());
-        let off = self.arenas[a].len() as u32;
-        self.arenas[a].extend(v.iter().map(|x| x.to_bits()));
-        let len = self.arenas[a].len().next_multiple_of(4);
-        self.arenas[a].resize(len, 0);
-        Some((a, off))
-    }
-
     /// Append a CQ matrix, split by rows where one arena can't hold it.
     /// `None` if even one row (plus codebook and norms) exceeds an arena.
     pub fn push_cq(&mut self, m: &CqMatrix) -> Option<GpuCq> {
@@ -162,5 +151,28 @@ impl ArenaBuilder {
             groups: m.groups(),
             parts,
         })
+    }
+
+    /// Upload every arena as a storage buffer labelled `{label} {i}` (arena `i`),
+    /// in arena order, so a [`CqPart::arena`] indexes the result.
+    ///
+    /// # Errors
+    /// [`Error::Gpu`] if an arena is larger than the device's storage binding or
+    /// buffer size limit (a builder made for a larger device).
+    pub fn upload(&self, ctx: &GpuContext, label: &str) -> Result<Vec<wgpu::Buffer>> {
+        let limit = ctx.caps.max_storage_binding.min(ctx.caps.max_buffer);
+        self.arenas
+            .iter()
+            .enumerate()
+            .map(|(i, a)| {
+                let bytes = a.len() as u64 * 4;
+                if bytes > limit {
+                    return Err(Error::Gpu(format!(
+                        "{label} {i} holds {bytes} bytes, over the device's storage binding limit of {limit} bytes"
+                    )));
+                }
+                Ok(ctx.storage_init(&format!("{label} {i}"), bytemuck::cast_slice(a)))
+            })
+            .collect()
     }
 }

@@ -94,7 +94,7 @@ impl MatvecPlan {
             x_stride: self.x_stride,
             y_stride: self.y_stride,
         };
-        cq.matvec_batch(ctx, arenas, &items, input, &self.out, batch)
+        cq.matvec(ctx, arenas, &items, input, &self.out, batch)
     }
 }
 
@@ -183,7 +183,7 @@ impl StepProgram {
                 )?);
             }
             for (site, at) in w.sites.iter().zip(&a.sites) {
-                head.extend(k.cq.matvec_batch(
+                head.extend(k.cq.matvec(
                     ctx,
                     &w.arenas,
                     &[(&site.wv, 0, h, at.v), (&site.wk, 0, h, at.key)],
@@ -195,7 +195,7 @@ impl StepProgram {
                         gains: (&w.vectors, 0),
                     },
                     &s.act,
-                    Batch::ONE,
+                    Batch::single(),
                 ));
             }
             let ring = e.ring();
@@ -244,7 +244,7 @@ impl StepProgram {
         }
 
         // ---- tail: the vocabulary projection.
-        let tail = k.cq.matvec_batch(
+        let tail = k.cq.matvec(
             ctx,
             &w.arenas,
             &[(&w.embed, 0, c.vocab, 0)],
@@ -256,7 +256,7 @@ impl StepProgram {
                 gains: (&w.vectors, w.final_norm),
             },
             &s.logits,
-            Batch::ONE,
+            Batch::single(),
         );
         Ok(StepProgram {
             head,

@@ -136,12 +136,7 @@ impl GpuWeights {
                 ));
             }
         }
-        let arenas: Vec<wgpu::Buffer> = ab
-            .arenas
-            .iter()
-            .enumerate()
-            .map(|(i, a)| ctx.storage_init(&format!("weights arena {i}"), bytemuck::cast_slice(a)))
-            .collect();
+        let arenas = ab.upload(ctx, "weights arena")?;
 
         let mut vecs = Vectors::default();
         let final_norm = vecs.push(&w.final_norm);

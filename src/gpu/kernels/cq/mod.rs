@@ -1,0 +1,351 @@
+//! GPU twins of the CQ kernels of [`crate::cq`]: multi-part `matvec` (which
+//! prepares its own input, SPEC §2's `prepare` with the step's pre-ops) and row
+//! `gather` (shaders/cq.wgsl). This file compiles the pipelines and picks the
+//! matvec variant ([`Reduction`]); [`plan`] decides a matvec's dispatches,
+//! [`params`] mirrors the shader's params, `gather.rs` builds the gathers.
+
+mod gather;
+pub mod params;
+pub mod plan;
+
+use crate::gpu::{Dispatch, GpuContext, Kernel};
+use crate::profile::bytes;
+pub use params::{GatherParams, MatvecParams, PREPARED};
+pub use plan::{plan_matvec, Launch, MatvecItem, PlanCaps};
+
+/// The WGSL source of the family.
+pub const SOURCE: &str = include_str!("../../../../shaders/cq.wgsl");
+/// The subgroup matvec variant, appended to [`SOURCE`]. (naga 30 takes subgroup
+/// builtins without WGSL's `enable subgroups;` and rejects that directive; the
+/// device's SUBGROUP feature is what gates them.)
+pub const SUBGROUP_SOURCE: &str = include_str!("../../../../shaders/cq_subgroup.wgsl");
+
+/// `SOURCE` with the subgroup variant: what is compiled when subgroups are enabled.
+pub fn subgroup_source() -> String {
+    format!("{SOURCE}\n{SUBGROUP_SOURCE}")
+}
+
+/// Which matvec reduction a [`CqKernels`] uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reduction {
+    /// Shared-memory tree (any adapter).
+    Portable,
+    /// `subgroupShuffleXor` (adapters with SUBGROUP; `CQLM_NO_SUBGROUPS=1` turns it off).
+    Subgroup,
+    /// No reduction: one invocation per 4 rows (`matvec_rows`), for CPU adapters.
+    RowPerInvocation,
+    /// `RowPerInvocation` with each word's activations passed to the lanes by
+    /// subgroup broadcasts (`matvec_rows_sg`; adapters with SUBGROUP).
+    RowPerInvocationSubgroup,
+}
+/// Largest group the shared-memory FWHTs of `matvec` and `gather` handle.
+pub const MAX_GROUP: usize = 4096;
+
+/// Columns of the workgroup staging array (WGSL `XW`).
+const XW: usize = 4096;
+/// Most inputs `matvec_rows_sgb` stages together (the size of its accumulator arrays).
+const MAX_TB: usize = 8;
+
+/// The inputs of a batched matvec dispatch: `tokens` inputs, input `t` at the
+/// [`MatvecInput`]'s offset plus `t · x_stride` elements, its outputs at each
+/// item's output offset plus `t · y_stride`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Batch {
+    /// Number of inputs (at least 1).
+    pub tokens: usize,
+    /// Elements between consecutive inputs.
+    pub x_stride: usize,
+    /// Elements between consecutive outputs.
+    pub y_stride: usize,
+}
+
+impl Batch {
+    /// One input: a decode step's matvec.
+    pub const fn single() -> Batch {
+        Batch {
+            tokens: 1,
+            x_stride: 0,
+            y_stride: 0,
+        }
+    }
+}
+
+/// The input of a matvec dispatch.
+#[derive(Debug, Clone, Copy)]
+pub enum MatvecInput<'a> {
+    /// `prepare(x)` already computed, at an element offset of the buffer.
+    Prepared(&'a wgpu::Buffer, usize),
+    /// The raw activation: each workgroup prepares it itself (no prepare dispatch).
+    Raw {
+        /// What happens before the transform.
+        mode: PrepareMode,
+        /// Logical length (the matrices' `cols`).
+        n: usize,
+        /// Buffer and element offset of the input (of lane 0 for
+        /// [`PrepareMode::MeanLanesZcrms`]).
+        src: (&'a wgpu::Buffer, usize),
+        /// Distance between lanes ([`PrepareMode::MeanLanesZcrms`]).
+        lane_stride: usize,
+        /// Buffer and element offset of the gains ([`PrepareMode::Zcrms`] and
+        /// [`PrepareMode::MeanLanesZcrms`]; any buffer otherwise).
+        gains: (&'a wgpu::Buffer, usize),
+    },
+}
+
+/// What a matvec computes from its raw input before SPEC §2's `prepare` transform.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrepareMode {
+    /// The input as is.
+    Copy = 0,
+    /// `rms_unit(x)`.
+    RmsUnit = 1,
+    /// `zcrms(x, w)`.
+    Zcrms = 2,
+    /// `zcrms((l0 + l1 + l2 + l3) / 4, w)` over 4 lanes `lane_stride` apart.
+    MeanLanesZcrms = 3,
+}
+
+/// The compiled pipelines of the family.
+#[derive(Debug, Clone)]
+pub struct CqKernels {
+    /// The matvec reduction in use.
+    pub reduction: Reduction,
+    /// Matvec pipelines for bits 1, 2, 4, 8.
+    matvec: [Kernel; 4],
+    /// `matvec_rows_sgb` for bits 2 and 4 (with [`Reduction::RowPerInvocationSubgroup`]
+    /// on subgroups of at least 8): batches share each decoded word.
+    batched: Option<[Kernel; 2]>,
+    gather: Kernel,
+}
+
+fn bits_slot(bits: u32) -> usize {
+    match bits {
+        1 => 0,
+        2 => 1,
+        4 => 2,
+        _ => 3,
+    }
+}
+
+impl CqKernels {
+    /// Compile every entry point (one matvec pipeline per bit width), with the
+    /// subgroup reduction when the device has subgroups enabled.
+    pub fn new(ctx: &GpuContext) -> CqKernels {
+        let r = if ctx.caps.row_matvec && ctx.caps.subgroups {
+            Reduction::RowPerInvocationSubgroup
+        } else if ctx.caps.row_matvec {
+            Reduction::RowPerInvocation
+        } else if ctx.caps.subgroups {
+            Reduction::Subgroup
+        } else {
+            Reduction::Portable
+        };
+        Self::with_reduction(ctx, r)
+    }
+
+    /// Compile with an explicit matvec reduction (tests cover every one). Without
+    /// subgroups enabled, `Subgroup` falls back to `Portable` and
+    /// `RowPerInvocationSubgroup` to `RowPerInvocation`.
+    pub fn with_reduction(ctx: &GpuContext, reduction: Reduction) -> CqKernels {
+        let reduction = match reduction {
+            Reduction::Subgroup if !ctx.caps.subgroups => Reduction::Portable,
+            Reduction::RowPerInvocationSubgroup if !ctx.caps.subgroups => {
+                Reduction::RowPerInvocation
+            }
+            r => r,
+        };
+        let sg_source = subgroup_source();
+        let (src, entry) = match reduction {
+            Reduction::Portable => (SOURCE, "matvec"),
+            Reduction::Subgroup => (sg_source.as_str(), "matvec_sg"),
+            Reduction::RowPerInvocation => (SOURCE, "matvec_rows"),
+            Reduction::RowPerInvocationSubgroup => (sg_source.as_str(), "matvec_rows_sg"),
+        };
+        let mv = |bits: u32, name| Kernel::new(ctx, src, name, entry, 4, &[("BITS", bits as f64)]);
+        let batched = (reduction == Reduction::RowPerInvocationSubgroup
+            && ctx.caps.subgroup_min >= 8)
+            .then(|| {
+                let k = |bits: u32, name| {
+                    Kernel::new(
+                        ctx,
+                        &sg_source,
+                        name,
+                        "matvec_rows_sgb",
+                        4,
+                        &[("BITS", bits as f64)],
+                    )
+                };
+                [k(2, "matvec2_batch"), k(4, "matvec4_batch")]
+            });
+        CqKernels {
+            reduction,
+            batched,
+            matvec: [
+                mv(1, "matvec1"),
+                mv(2, "matvec2"),
+                mv(4, "matvec4"),
+                mv(8, "matvec8"),
+            ],
+            gather: Kernel::new(ctx, SOURCE, "gather", "gather", 12, &[]),
+        }
+    }
+
+    /// The dispatches of one matvec: for each of `batch.tokens` inputs (one for a
+    /// decode step, [`Batch::single`]), rows `first .. first + rows` of each item's
+    /// matrix times the input, written to `out` at the item's output offset (plus
+    /// `t · batch.y_stride` for input `t`). Row parts that share an arena, bits
+    /// and group are fused four at a time ([`plan_matvec`]). With a
+    /// [`MatvecInput::Raw`] input every workgroup prepares it itself, so no prepare
+    /// dispatch runs before. Every output equals what the single-input dispatch
+    /// computes for its input, bit for bit (the kernels run the same operations in
+    /// the same order per input); on CPU adapters with subgroups, 2- and 4-bit
+    /// matrices decode each packed word once for up to 8 inputs.
+    pub fn matvec(
+        &self,
+        ctx: &GpuContext,
+        arenas: &[wgpu::Buffer],
+        items: &[MatvecItem<'_>],
+        input: MatvecInput<'_>,
+        out: &wgpu::Buffer,
+        batch: Batch,
+    ) -> Vec<Dispatch> {
+        let tokens = batch.tokens.max(1);
+        let (x_buf, gains_buf, mode, x_off, n, lane_stride, w_off, raw) = match input {
+            MatvecInput::Prepared(b, off) => (b, None, PREPARED, off, 0, 0, 0, None),
+            MatvecInput::Raw {
+                mode,
+                n,
+                src,
+                lane_stride,
+                gains,
+            } => {
+                let lanes = if mode == PrepareMode::MeanLanesZcrms {
+                    4
+                } else {
+                    1
+                };
+                let g = matches!(mode, PrepareMode::Zcrms | PrepareMode::MeanLanesZcrms);
+                let gains_buf = g.then_some(gains.0);
+                let raw = Some(bytes::prepare(n, lanes, g, 0));
+                (
+                    src.0,
+                    gains_buf,
+                    mode as u32,
+                    src.1,
+                    n,
+                    lane_stride,
+                    gains.1,
+                    raw,
+                )
+            }
+        };
+        // Only the output binding (7) is writable, and no buffer bound writable may
+        // be bound again (WebGPU rejects overlapping bindings where one is
+        // writable): an input or gains in the output buffer are read through the
+        // output binding, and bindings 6 and 8 then get the arena (read-only, as at
+        // bindings 5 and 9). The same buffer is detected here, not asked of callers.
+        let x_in_out = x_buf == out;
+        let gains_in_out = gains_buf == Some(out);
+        let in_out = x_in_out as u32 | (gains_in_out as u32) << 1;
+        let launches = plan_matvec(items, batch, self.reduction, PlanCaps::of(&ctx.caps));
+        launches
+            .into_iter()
+            .map(|l| {
+                let mut params = l.params;
+                params.x_off = x_off as u32;
+                params.mode = mode;
+                params.n = n as u32;
+                params.w_off = w_off as u32;
+                params.lane_stride = lane_stride as u32;
+                params.in_out = in_out;
+                let kernel = match (&self.batched, l.batched) {
+                    (Some([k2, _]), true) if l.bits == 2 => k2,
+                    (Some([_, k4]), true) => k4,
+                    _ => &self.matvec[bits_slot(l.bits)],
+                };
+                let ub = ctx.uniform_init("matvec params", bytemuck::bytes_of(&params));
+                // Packed rows, their f16 norms, the codebooks, the inputs and the outputs.
+                let input = raw.unwrap_or(l.padded as u64 * 4);
+                let row_bytes = params.row_words as usize * 4;
+                let bytes = bytes::matvec_dispatch(
+                    params.total_rows as usize,
+                    row_bytes,
+                    l.row_groups,
+                    l.bits,
+                    params.n_parts as usize,
+                    tokens,
+                    input,
+                );
+                let arena = &arenas[l.arena];
+                let x = if x_in_out { arena } else { x_buf };
+                let gains = gains_buf.filter(|_| !gains_in_out).unwrap_or(arena);
+                // (binding - 4, buffer, writable).
+                let mut bufs = vec![
+                    (0, &ub, false),
+                    (1, arena, false),
+                    (2, x, false),
+                    (3, out, true),
+                    (4, gains, false),
+                ];
+                if self.reduction == Reduction::RowPerInvocationSubgroup {
+                    // Binding 9: the arena again, read as vec4<u32>.
+                    bufs.push((5, arena, false));
+                }
+                // Checked as the dispatch is built, so a step pays nothing; a caller
+                // passing an arena as the output gets a device error, not a panic.
+                if let Some((a, b)) = writable_alias(&bufs) {
+                    ctx.record_error(format!(
+                        "matvec `{}` binds one buffer at bindings {} and {}, one of them writable",
+                        kernel.name,
+                        a + 4,
+                        b + 4
+                    ));
+                }
+                let at: Vec<(u32, &wgpu::Buffer)> = bufs.iter().map(|&(i, b, _)| (i, b)).collect();
+                Dispatch::new_at(ctx, kernel, &at, l.groups).with_bytes(bytes)
+            })
+            .collect()
+    }
+}
+
+/// The first pair of bindings (`(binding, buffer, writable)` entries) that name
+/// one buffer with at least one of them writable, which WebGPU forbids; `None`
+/// if there is none.
+pub fn writable_alias<B: PartialEq>(entries: &[(u32, B, bool)]) -> Option<(u32, u32)> {
+    entries.iter().enumerate().find_map(|(i, (a, ba, wa))| {
+        entries[i + 1..]
+            .iter()
+            .find(|(_, bb, wb)| (*wa || *wb) && ba == bb)
+            .map(|(b, ..)| (*a, *b))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::writable_alias;
+
+    #[test]
+    fn writable_alias_finds_a_writable_buffer_bound_twice() {
+        // Read-only buffers may repeat (the arena at 5 and 9); a writable one may not.
+        assert_eq!(
+            writable_alias(&[(0, 'u', false), (1, 'a', false), (5, 'a', false)]),
+            None
+        );
+        assert_eq!(
+            writable_alias(&[(1, 'a', false), (3, 'o', true), (4, 'g', false)]),
+            None
+        );
+        assert_eq!(
+            writable_alias(&[(2, 'o', false), (3, 'o', true)]),
+            Some((2, 3))
+        );
+        assert_eq!(
+            writable_alias(&[(3, 'o', true), (1, 'a', false), (4, 'o', false)]),
+            Some((3, 4))
+        );
+        assert_eq!(
+            writable_alias(&[(0, 'x', true), (1, 'x', true)]),
+            Some((0, 1))
+        );
+    }
+}
