@@ -8,6 +8,7 @@
 // The cache holds, per (layer, kv_head, row), `words = ceil(head_dim/4)` u32 words
 // of codes (code i in byte i%4 of word i/4, little-endian, two's complement,
 // padding bytes zero) and one f32 scale; rows = sink + window.
+// Prefixed by common.wgsl (wg_sum, wg_max, sigm, scratch) at pipeline build.
 // Arithmetic follows the CPU reference (kernels::{norm, rope, kv, attention})
 // operation by operation; head_dim is even and at most 1024.
 //
@@ -18,7 +19,8 @@
 //             place, then k_j and v_j (v not normalised) are quantized to int8
 //             (scale = max(1e-12, max|x|)/127, code = clamp(round(x/scale), ±127),
 //             WGSL round() being round-half-to-even) and stored at cache row
-//             (layer, j, step[2]). The RMS sum uses the CPU's 8 partial sums.
+//             (layer, j, step[2]). The RMS sum uses the CPU's 8 partial sums
+//             (the convention in common.wgsl).
 //   attend    bindings 8..15 dispatch (heads, 1, 1):
 //             query head h, KV head j = h / (heads/kv_heads), over the positions
 //             S = [0, min(sink, t+1)) ++ [max(sink, t-window+1), t] read at their
@@ -34,6 +36,7 @@ const MAX_HEAD_DIM: u32 = 1024u;
 // Accumulator words per invocation in `attend`: MAX_HEAD_DIM / 4 / WG.
 const ACC_WORDS: u32 = 4u;
 const LOWEST: f32 = -3.40282347e38;
+const SCRATCH_LEN: u32 = WG;
 
 struct AttnParams {
     layer: u32,
@@ -59,36 +62,6 @@ struct AttnParams {
 }
 
 var<workgroup> xs: array<f32, MAX_HEAD_DIM>;
-var<workgroup> red: array<f32, WG>;
-
-// Tree reductions over red[0..WG] (every invocation gets the result).
-fn reduce_max(v: f32, li: u32) -> f32 {
-    red[li] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
-        if (li < s) {
-            red[li] = max(red[li], red[li + s]);
-        }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
-}
-
-fn reduce_sum(v: f32, li: u32) -> f32 {
-    red[li] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
-        if (li < s) {
-            red[li] += red[li + s];
-        }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
-}
 
 // Signed byte b of a code word, as f32.
 fn code_at(word: u32, b: u32) -> f32 {
@@ -105,8 +78,8 @@ fn code_at(word: u32, b: u32) -> f32 {
 @group(0) @binding(6) var<storage, read_write> s_kscale: array<f32>;
 @group(0) @binding(7) var<storage, read_write> s_vscale: array<f32>;
 
-// Σ xs[i]² for i < n in the order of kernels::norm::inv_rms: partial sum k over
-// i ≡ k (mod 8) in ascending i, then the 8 partials added in order.
+// Σ xs[i]² for i < n in the order of kernels::norm::inv_rms (the 8-partial-sums
+// convention of common.wgsl), partials in scratch[0..8].
 fn sum_sq8(n: u32, li: u32) -> f32 {
     if (li < 8u) {
         var acc = 0.0;
@@ -114,12 +87,12 @@ fn sum_sq8(n: u32, li: u32) -> f32 {
             let v = xs[i];
             acc += v * v;
         }
-        red[li] = acc;
+        scratch[li] = acc;
     }
     workgroupBarrier();
     var s = 0.0;
     for (var k = 0u; k < 8u; k++) {
-        s += red[k];
+        s += scratch[k];
     }
     workgroupBarrier();
     return s;
@@ -133,7 +106,7 @@ fn store_int8(is_v: bool, cell: u32, li: u32) {
     for (var i = li; i < n; i += WG) {
         m = max(m, abs(xs[i]));
     }
-    let scale = max(1e-12, reduce_max(m, li)) / 127.0;
+    let scale = max(1e-12, wg_max(m, li)) / 127.0;
     for (var w = li; w < sp.words; w += WG) {
         var word = 0u;
         for (var b = 0u; b < 4u; b++) {
@@ -272,14 +245,14 @@ fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
         a_scores[sc0 + i] = s;
         m = max(m, s);
     }
-    let mx = reduce_max(m, li);
+    let mx = wg_max(m, li);
     var part = 0.0;
     for (var i = li; i < count; i += WG) {
         let e = exp(a_scores[sc0 + i] - mx);
         a_scores[sc0 + i] = e;
         part += e;
     }
-    let total = reduce_sum(part, li);
+    let total = wg_sum(part, li);
 
     // o = Σ_i (e_i / total) · Vscale · Vcode, in the order of S.
     var acc: array<vec4<f32>, ACC_WORDS>;
@@ -321,7 +294,7 @@ fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
                 let d = 4u * w + b;
                 if (d < n) {
                     let g = a_act[gb + d];
-                    a_act[ob + d] = acc[c][b] * (1.0 / (1.0 + exp(-g)));
+                    a_act[ob + d] = acc[c][b] * sigm(g);
                 }
             }
         }

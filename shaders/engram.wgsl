@@ -6,6 +6,8 @@
 // in one f32 buffer `rings`, addressed by element offsets in the params. The
 // logical position t is word 1 of the per-step u32 buffer.
 //
+// Prefixed by common.wgsl (silu) at pipeline build.
+//
 // Entry point and bindings (group 0):
 //   conv  bindings 0..4  dispatch (ceil(hidden / 256), 1, 1), workgroup 256:
 //         params, act (read_write), vectors (read), step (read), rings (read_write).
@@ -15,6 +17,8 @@
 //         (j ascending from 0.0); value[c] = v[c] + silu(m).
 
 const WG: u32 = 256u;
+// common.wgsl's scratch is unused here (conv needs no workgroup memory).
+const SCRATCH_LEN: u32 = 1u;
 
 struct EngramConvParams {
     hidden: u32,
@@ -31,10 +35,6 @@ struct EngramConvParams {
 @group(0) @binding(2) var<storage, read> vecs: array<f32>;
 @group(0) @binding(3) var<storage, read> step_words: array<u32>;
 @group(0) @binding(4) var<storage, read_write> rings: array<f32>;
-
-fn silu(x: f32) -> f32 {
-    return x * (1.0 / (1.0 + exp(-x)));
-}
 
 @compute @workgroup_size(256)
 fn conv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {

@@ -4,6 +4,8 @@
 // f32 buffer `vectors`, addressed by element offsets in the params. The 4 lanes
 // are one f32 buffer of 4 * hidden values, lane i at i * hidden.
 //
+// Prefixed by common.wgsl (wg_sum, sigm, scratch) at pipeline build.
+//
 // Entry points and bindings (group 0):
 //   premix  bindings 0..3  dispatch (1, 1, 1), workgroup 256 (ONE workgroup):
 //           params, lanes (read), act (read_write), vectors (read).
@@ -22,10 +24,7 @@
 
 const WG: u32 = 256u;
 const EPS: f32 = 1e-6;
-
-fn sigm(x: f32) -> f32 {
-    return 1.0 / (1.0 + exp(-x));
-}
+const SCRATCH_LEN: u32 = WG;
 
 // off(i): +4 for lane layer mod 4, −4 for the others.
 fn lane_off(layer: u32, i: u32) -> f32 {
@@ -51,23 +50,6 @@ struct PremixParams {
 @group(0) @binding(1) var<storage, read> pm_lanes: array<f32>;
 @group(0) @binding(2) var<storage, read_write> pm_act: array<f32>;
 @group(0) @binding(3) var<storage, read> pm_vec: array<f32>;
-
-var<workgroup> red: array<f32, 256>;
-
-// Workgroup sum of every invocation's `v` (shared-memory tree). Call in uniform control flow.
-fn wg_sum(v: f32, li: u32) -> f32 {
-    red[li] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
-        if (li < s) {
-            red[li] += red[li + s];
-        }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
-}
 
 @compute @workgroup_size(256)
 fn premix(@builtin(local_invocation_index) li: u32) {

@@ -4,6 +4,8 @@
 // All activations live in one f32 buffer `act` and all F32 model tensors in one
 // f32 buffer `vectors`, addressed by element offsets in the params.
 //
+// Prefixed by common.wgsl (wg_sum, silu, scratch) at pipeline build.
+//
 // Entry point and bindings (group 0):
 //   mlp  bindings 0..2  dispatch (1, tokens, 1), workgroup 256 (ONE workgroup per
 //        token; a decode step has one, a prefill chunk one per token slot, slot y
@@ -23,6 +25,7 @@
 const WG: u32 = 256u;
 const CHUNK: u32 = 4096u;
 const EPS: f32 = 1e-6;
+const SCRATCH_LEN: u32 = CHUNK;
 
 struct MlpParams {
     hidden: u32,
@@ -49,25 +52,10 @@ struct MlpParams {
 // First act element of this workgroup's token slot: workgroup_id.y · tstride.
 var<private> ta: u32;
 
-// Reductions use buf[0..256] before the transforms use all of it.
-var<workgroup> buf: array<f32, 4096>;
+// common.wgsl's `scratch` (SCRATCH_LEN = CHUNK floats) is the FWHT buffer; reductions
+// use scratch[0..256] before the transforms use all of it.
 
-// Workgroup sum of every invocation's `v` (shared-memory tree). Call in uniform control flow.
-fn wg_sum(v: f32, li: u32) -> f32 {
-    buf[li] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
-        if (li < s) {
-            buf[li] += buf[li + s];
-        }
-        workgroupBarrier();
-    }
-    let r = buf[0];
-    workgroupBarrier();
-    return r;
-}
-
-// Unnormalised butterfly stages h = 1 .. n/2 on buf[0..n], in place. Call in uniform
+// Unnormalised butterfly stages h = 1 .. n/2 on scratch[0..n], in place. Call in uniform
 // control flow after a barrier that follows the loads; ends with a barrier.
 //
 // Three stages per pass (radix 8): a pass starting at stage h0 gives each
@@ -92,14 +80,14 @@ fn fwht_shared(n: u32, li: u32) {
             let e = (grp / h0) * (m * h0) + grp % h0;
             // Unrolled by hand so the values stay in registers.
             if (m == 8u) {
-                var v0 = buf[e + 0u * h0];
-                var v1 = buf[e + 1u * h0];
-                var v2 = buf[e + 2u * h0];
-                var v3 = buf[e + 3u * h0];
-                var v4 = buf[e + 4u * h0];
-                var v5 = buf[e + 5u * h0];
-                var v6 = buf[e + 6u * h0];
-                var v7 = buf[e + 7u * h0];
+                var v0 = scratch[e + 0u * h0];
+                var v1 = scratch[e + 1u * h0];
+                var v2 = scratch[e + 2u * h0];
+                var v3 = scratch[e + 3u * h0];
+                var v4 = scratch[e + 4u * h0];
+                var v5 = scratch[e + 5u * h0];
+                var v6 = scratch[e + 6u * h0];
+                var v7 = scratch[e + 7u * h0];
                 bfly(&v0, &v1);
                 bfly(&v2, &v3);
                 bfly(&v4, &v5);
@@ -112,33 +100,33 @@ fn fwht_shared(n: u32, li: u32) {
                 bfly(&v1, &v5);
                 bfly(&v2, &v6);
                 bfly(&v3, &v7);
-                buf[e + 0u * h0] = v0;
-                buf[e + 1u * h0] = v1;
-                buf[e + 2u * h0] = v2;
-                buf[e + 3u * h0] = v3;
-                buf[e + 4u * h0] = v4;
-                buf[e + 5u * h0] = v5;
-                buf[e + 6u * h0] = v6;
-                buf[e + 7u * h0] = v7;
+                scratch[e + 0u * h0] = v0;
+                scratch[e + 1u * h0] = v1;
+                scratch[e + 2u * h0] = v2;
+                scratch[e + 3u * h0] = v3;
+                scratch[e + 4u * h0] = v4;
+                scratch[e + 5u * h0] = v5;
+                scratch[e + 6u * h0] = v6;
+                scratch[e + 7u * h0] = v7;
             } else if (m == 4u) {
-                var v0 = buf[e + 0u * h0];
-                var v1 = buf[e + 1u * h0];
-                var v2 = buf[e + 2u * h0];
-                var v3 = buf[e + 3u * h0];
+                var v0 = scratch[e + 0u * h0];
+                var v1 = scratch[e + 1u * h0];
+                var v2 = scratch[e + 2u * h0];
+                var v3 = scratch[e + 3u * h0];
                 bfly(&v0, &v1);
                 bfly(&v2, &v3);
                 bfly(&v0, &v2);
                 bfly(&v1, &v3);
-                buf[e + 0u * h0] = v0;
-                buf[e + 1u * h0] = v1;
-                buf[e + 2u * h0] = v2;
-                buf[e + 3u * h0] = v3;
+                scratch[e + 0u * h0] = v0;
+                scratch[e + 1u * h0] = v1;
+                scratch[e + 2u * h0] = v2;
+                scratch[e + 3u * h0] = v3;
             } else {
-                var v0 = buf[e + 0u * h0];
-                var v1 = buf[e + 1u * h0];
+                var v0 = scratch[e + 0u * h0];
+                var v1 = scratch[e + 1u * h0];
                 bfly(&v0, &v1);
-                buf[e + 0u * h0] = v0;
-                buf[e + 1u * h0] = v1;
+                scratch[e + 0u * h0] = v0;
+                scratch[e + 1u * h0] = v1;
             }
         }
         workgroupBarrier();
@@ -173,10 +161,6 @@ fn z_init(i: u32, r: f32) -> f32 {
     return v * vecs[mp.d1 + i];
 }
 
-fn silu(x: f32) -> f32 {
-    return x * (1.0 / (1.0 + exp(-x)));
-}
-
 @compute @workgroup_size(256)
 fn mlp(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     ta = wid.y * mp.tstride;
@@ -202,17 +186,17 @@ fn mlp(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) l
     let sc = 1.0 / sqrt(f32(hd));
     if (hd <= CHUNK) {
         for (var c = li; c < hd; c += WG) {
-            buf[c] = z_init(c, rf);
+            scratch[c] = z_init(c, rf);
         }
         workgroupBarrier();
         fwht_shared(hd, li);
         for (var c = li; c < hd; c += WG) {
-            buf[c] = silu(vecs[mp.d2 + c] * (buf[c] * sc));
+            scratch[c] = silu(vecs[mp.d2 + c] * (scratch[c] * sc));
         }
         workgroupBarrier();
         fwht_shared(hd, li);
         for (var c = li; c < h; c += WG) {
-            let o = act[ta + mp.after + c] + (buf[c] * sc) * vecs[mp.d3 + c];
+            let o = act[ta + mp.after + c] + (scratch[c] * sc) * vecs[mp.d3 + c];
             act[ta + mp.out + c] = o;
             act[ta + mp.update + c] = o - act[ta + mp.u + c];
         }
@@ -220,12 +204,12 @@ fn mlp(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) l
         // First transform: chunk stages in workgroup memory, then global stages.
         for (var base = 0u; base < hd; base += CHUNK) {
             for (var c = li; c < CHUNK; c += WG) {
-                buf[c] = z_init(base + c, rf);
+                scratch[c] = z_init(base + c, rf);
             }
             workgroupBarrier();
             fwht_shared(CHUNK, li);
             for (var c = li; c < CHUNK; c += WG) {
-                act[ta + mp.z + base + c] = buf[c];
+                act[ta + mp.z + base + c] = scratch[c];
             }
             workgroupBarrier();
         }
@@ -238,12 +222,12 @@ fn mlp(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) l
         // Second transform.
         for (var base = 0u; base < hd; base += CHUNK) {
             for (var c = li; c < CHUNK; c += WG) {
-                buf[c] = act[ta + mp.z + base + c];
+                scratch[c] = act[ta + mp.z + base + c];
             }
             workgroupBarrier();
             fwht_shared(CHUNK, li);
             for (var c = li; c < CHUNK; c += WG) {
-                act[ta + mp.z + base + c] = buf[c];
+                act[ta + mp.z + base + c] = scratch[c];
             }
             workgroupBarrier();
         }

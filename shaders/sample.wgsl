@@ -1,9 +1,11 @@
-// sample.wgsl: greedy sampling on the device, so a greedy decode step reads back
-// 8 bytes instead of the vocabulary's logits.
+// sample.wgsl: sampling help on the device, so a decode step reads back 8 bytes
+// (greedy) or the top-k candidates instead of the vocabulary's logits.
+// Prefixed by common.wgsl (finite, wg_sum, wg_max, scratch) at pipeline build.
 //
-// Entry point and bindings (group 0):
-//   argmax  bindings 0..2  dispatch (1, 1, 1), workgroup 256 (ONE workgroup):
-//           params (uniform), logits (read), out (read_write, 2 u32).
+// Entry points and bindings (group 0), both dispatch (1, 1, 1), workgroup 256 (ONE
+// workgroup):
+//   argmax  bindings 0..2: params (uniform ArgmaxParams), logits (read),
+//           out (read_write, 2 u32).
 //           out[0] = the lowest index of the largest finite-or-infinite logit
 //           (as sample::argmax: NaN never wins; 0 when nothing beats −∞),
 //           out[1] = 1 if any logit is NaN or ±∞, else 0 (the step then fails
@@ -11,9 +13,18 @@
 //           Each invocation scans a strided share (index li, li + 256, ...), keeping
 //           its first maximum; a shared-memory tree then keeps the larger value,
 //           or the lower index on ties.
+//   topk    bindings 3..5: params (uniform TopkParams), logits (read),
+//           tout (read_write, 3 + 2·MAX_K u32); the m = min(k, n, MAX_K) largest
+//           logits, the non-finite flag and, at temperature > 0, the softmax
+//           denominator (layout in the top-k section below).
+//
+// Workgroup memory: argmax 3072 bytes (best_v, best_i, bad); topk 2096 bytes
+// (hist, taken, flag, sel, scratch; each variable rounded up to 16 bytes as WebGPU
+// counts it).
 
 const WG: u32 = 256u;
 const NONE: u32 = 0xffffffffu;
+const SCRATCH_LEN: u32 = 256u;
 
 struct ArgmaxParams {
     n: u32,      // logits to scan
@@ -28,11 +39,6 @@ struct ArgmaxParams {
 var<workgroup> best_v: array<f32, 256>;
 var<workgroup> best_i: array<u32, 256>;
 var<workgroup> bad: array<u32, 256>;
-
-fn finite(v: f32) -> bool {
-    // NaN fails both comparisons; ±∞ fails the bound (3.4028235e38 = f32::MAX).
-    return abs(v) <= 3.4028235e38;
-}
 
 @compute @workgroup_size(256)
 fn argmax(@builtin(local_invocation_index) li: u32) {
@@ -74,8 +80,7 @@ fn argmax(@builtin(local_invocation_index) li: u32) {
 }
 
 // ---------------------------------------------------------------- top-k
-//   topk  bindings 3..5  dispatch (1, 1, 1), workgroup 256 (ONE workgroup):
-//         params (uniform), logits (read), tout (read_write u32: 3 + 2·MAX_K).
+//   topk's output tout (3 + 2·MAX_K u32; geometry and bindings in the header):
 //         tout[0] = 1 if any logit is NaN or ±∞ (then nothing else is meaningful),
 //         tout[1] = m = min(k, n), and tout[2 + i], bitcast<f32>(tout[2 + MAX_K + i])
 //         for i < m = the ids and logits of the m largest logits, in no particular
@@ -106,7 +111,6 @@ var<workgroup> hist: array<atomic<u32>, 256>;
 var<workgroup> taken: atomic<u32>;
 var<workgroup> flag: atomic<u32>;
 var<workgroup> sel: array<u32, 4>; // prefix, mask, remaining, count equal
-var<workgroup> red: array<f32, 256>; // max, then sum, reductions
 
 // Order-preserving key: a larger float gives a larger u32.
 fn key_of(x: f32) -> u32 {
@@ -134,38 +138,22 @@ fn topk(@builtin(local_invocation_index) li: u32) {
         }
         vmax = max(vmax, x);
     }
-    if (nf != 0u) {
-        atomicStore(&flag, 1u);
-    }
     // The softmax denominator at the temperature (finite logits only matter:
     // otherwise the flag makes the host refuse the step).
     var total = 0.0;
     if (tp.temperature > 0.0) {
-        red[li] = vmax;
-        workgroupBarrier();
-        for (var s = WG / 2u; s > 0u; s = s >> 1u) {
-            if (li < s) {
-                red[li] = max(red[li], red[li + s]);
-            }
-            workgroupBarrier();
-        }
-        let top = red[0];
-        workgroupBarrier();
+        let top = wg_max(vmax, li);
         var part = 0.0;
         for (var i = li; i < tp.n; i += WG) {
             part += exp((tlogits[tp.off + i] - top) / tp.temperature);
         }
-        red[li] = part;
-        workgroupBarrier();
-        for (var s = WG / 2u; s > 0u; s = s >> 1u) {
-            if (li < s) {
-                red[li] = red[li] + red[li + s];
-            }
-            workgroupBarrier();
-        }
-        total = red[0];
+        total = wg_sum(part, li);
     }
     workgroupBarrier();
+    // Set only after a barrier that follows invocation 0's clear (no race).
+    if (nf != 0u) {
+        atomicStore(&flag, 1u);
+    }
     for (var round = 0u; round < 4u; round++) {
         let shift = 24u - 8u * round;
         atomicStore(&hist[li], 0u);

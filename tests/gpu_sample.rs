@@ -115,6 +115,19 @@ fn device_topk(
     n: usize,
     k: usize,
 ) -> Option<Vec<(f32, u32)>> {
+    device_topk_at(ctx, logits, off, n, k, 0.0)
+}
+
+/// [`device_topk`] at `temperature` (> 0 also sums the softmax denominator, as
+/// the nucleus readout asks).
+fn device_topk_at(
+    ctx: &GpuContext,
+    logits: &[f32],
+    off: usize,
+    n: usize,
+    k: usize,
+    temperature: f32,
+) -> Option<Vec<(f32, u32)>> {
     use cqlm::gpu::kernels::sample::{decode_topk, TopkParams, TOPK_WORDS};
     let buf = ctx.storage_init("logits", bytemuck::cast_slice(logits));
     let out = ctx.storage_init(
@@ -125,7 +138,7 @@ fn device_topk(
         n: n as u32,
         off: off as u32,
         k: k as u32,
-        temperature: 0.0,
+        temperature,
     };
     let d = SampleKernels::new(ctx).topk(ctx, &p, &buf, &out);
     run_dispatches(ctx, &[d]).unwrap();
@@ -170,6 +183,54 @@ fn topk_kernel_matches_the_cpu_selection_with_ties_at_the_cut() {
         device_topk(&ctx, &v, 0, 500, 10).is_none(),
         "NaN not flagged"
     );
+}
+
+#[test]
+fn every_device_readout_flags_a_non_finite_logit_at_any_position() {
+    // NaN, +∞ and −∞, each alone at the first, a middle and the last index of the
+    // scanned window (at an offset, with finite values outside it that must not
+    // matter), through argmax, top-k and the nucleus variant (temperature > 0).
+    // The device test is an integer test of the exponent bits, which a compiler
+    // assuming no NaN/∞ (Metal fast math) cannot fold away.
+    let Some(ctx) = gpu() else { return };
+    let (off, n) = (3usize, 700usize);
+    let mut flagged = 0;
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        for at in [0, n / 2 + 1, n - 1] {
+            let mut v: Vec<f32> = (0..off + n + 2).map(|i| (i % 13) as f32 * 0.25).collect();
+            v[off + at] = bad;
+            let (_, flag) = device_argmax(&ctx, &v, off, n);
+            assert_eq!(flag, 1, "argmax: {bad} at {at} not flagged");
+            assert!(
+                device_topk(&ctx, &v, off, n, 40).is_none(),
+                "top-k: {bad} at {at} not flagged"
+            );
+            assert!(
+                device_topk_at(&ctx, &v, off, n, 256, 0.7).is_none(),
+                "nucleus: {bad} at {at} not flagged"
+            );
+            flagged += 1;
+        }
+    }
+    assert_eq!(flagged, 9);
+    // The same window with all of it finite (the largest finite values and the
+    // smallest subnormal included) is not flagged, and a non-finite value just
+    // outside the window is ignored.
+    let mut v: Vec<f32> = (0..off + n + 2).map(|i| (i % 13) as f32 * 0.25).collect();
+    v[off] = f32::MAX;
+    v[off + 1] = -f32::MAX;
+    v[off + 2] = f32::from_bits(1);
+    v[off - 1] = f32::NAN;
+    v[off + n] = f32::INFINITY;
+    assert_eq!(device_argmax(&ctx, &v, off, n), (0, 0));
+    let want = {
+        let mut w = Vec::new();
+        cqlm::sample::top_k_into(&v[off..off + n], 40, &mut w);
+        w
+    };
+    assert_eq!(device_topk(&ctx, &v, off, n, 40), Some(want.clone()));
+    let got = device_topk_at(&ctx, &v, off, n, 40, 0.7).expect("finite");
+    assert_eq!(got, want);
 }
 
 /// The reference for the session tests: after the prompt `1, 2, 3`, `n` tokens

@@ -16,6 +16,56 @@ pub fn validate_wgsl(source: &str) -> Result<naga::Module, String> {
     Ok(module)
 }
 
+/// Parse and validate WGSL (as [`validate_wgsl`]) and return the validator's
+/// module info too.
+///
+/// # Errors
+/// The parse or validation error as text.
+pub fn validate_wgsl_info(source: &str) -> Result<(naga::Module, naga::valid::ModuleInfo), String> {
+    let module = naga::front::wgsl::parse_str(source).map_err(|e| e.emit_to_string(source))?;
+    let info = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::all(),
+    )
+    .validate(&module)
+    .map_err(|e| format!("{e:?}"))?;
+    Ok((module, info))
+}
+
+/// Static workgroup memory of the entry point `entry` of WGSL `source`, in bytes,
+/// counted as WebGPU counts it against `max_compute_workgroup_storage_size`: the
+/// sum, over the `var<workgroup>` globals the entry point (or a function it calls)
+/// actually uses, of each one's size rounded up to 16 bytes. Globals only another
+/// entry point of the file uses don't count. Array sizes must be constant (not
+/// pipeline overrides).
+///
+/// # Errors
+/// A parse or validation error, a missing entry point, or a size naga can't lay
+/// out, as text.
+pub fn workgroup_bytes(source: &str, entry: &str) -> Result<u32, String> {
+    let (module, info) = validate_wgsl_info(source)?;
+    let index = module
+        .entry_points
+        .iter()
+        .position(|e| e.name == entry)
+        .ok_or_else(|| format!("no entry point `{entry}`"))?;
+    let uses = info.get_entry_point(index);
+    let mut layouter = naga::proc::Layouter::default();
+    layouter
+        .update(module.to_ctx())
+        .map_err(|e| format!("layout: {e:?}"))?;
+    let mut total = 0u32;
+    for (h, g) in module.global_variables.iter() {
+        if g.space == naga::AddressSpace::WorkGroup && !uses[h].is_empty() {
+            let size = layouter[g.ty].size.div_ceil(16) * 16;
+            total = total
+                .checked_add(size)
+                .ok_or_else(|| "workgroup memory overflows u32".to_string())?;
+        }
+    }
+    Ok(total)
+}
+
 /// Byte size of the WGSL struct `name` in `module`, if it exists.
 pub fn wgsl_struct_size(module: &naga::Module, name: &str) -> Option<u32> {
     let mut layouter = naga::proc::Layouter::default();
@@ -25,4 +75,37 @@ pub fn wgsl_struct_size(module: &naga::Module, name: &str) -> Option<u32> {
         .iter()
         .find(|(_, t)| t.name.as_deref() == Some(name))
         .map(|(h, _)| layouter[h].size)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::workgroup_bytes;
+    use crate::gpu::kernels::{attention, cq, engram, mhc, mlp, sample};
+
+    #[test]
+    fn workgroup_bytes_of_each_entry_point_match_a_hand_count() {
+        // Hand counts from the `var<workgroup>` declarations (f32/u32/atomic = 4 bytes,
+        // each variable rounded up to 16 bytes).
+        let cases: [(&str, &str, u32); 9] = [
+            // best_v, best_i, bad: 3 × 256 × 4 (topk's variables don't count).
+            (sample::SOURCE, "argmax", 3 * 1024),
+            // hist 1024, taken 4 → 16, flag 4 → 16, sel 16, scratch 256 × 4.
+            (sample::SOURCE, "topk", 1024 + 16 + 16 + 16 + 1024),
+            // xs 1024 × 4 + scratch 64 × 4; attend adds w_sh and row_sh (64 × 4 each).
+            (attention::SOURCE, "qk_store", 4096 + 256),
+            (attention::SOURCE, "attend", 4096 + 256 + 256 + 256),
+            // scratch 256 × 4; route uses only gates (20 × 4).
+            (mhc::SOURCE, "premix", 1024),
+            (mhc::SOURCE, "route", 80),
+            // scratch = CHUNK (4096) × 4.
+            (mlp::SOURCE, "mlp", 16384),
+            (engram::SOURCE, "conv", 0),
+            // xw 4096 × 4, lut 1024 × 4, red 64 × 4.
+            (cq::SOURCE, "matvec", 16384 + 4096 + 256),
+        ];
+        for (src, entry, want) in cases {
+            assert_eq!(workgroup_bytes(src, entry), Ok(want), "{entry}");
+        }
+        assert!(workgroup_bytes(sample::SOURCE, "nope").is_err());
+    }
 }

@@ -137,6 +137,20 @@ impl GpuContext {
     }
 }
 
+/// What [`Kernel::new`] compiles in place of an entry point over the device's
+/// workgroup memory limit (an error is recorded instead; it never runs usefully).
+const PLACEHOLDER: &str = "@compute @workgroup_size(1) fn placeholder() {}";
+
+impl GpuContext {
+    /// Whether `entry` of `source` fits this device's workgroup memory limit, for
+    /// choosing a smaller variant before [`Kernel::new`] would fail. A source that
+    /// does not validate counts as fitting (its compile error is reported then).
+    pub fn fits_workgroup_storage(&self, source: &str, entry: &str) -> bool {
+        Kernel::workgroup_bytes(source, entry)
+            .map_or(true, |b| b <= self.caps.max_workgroup_storage)
+    }
+}
+
 /// One compute entry point with its auto-derived bind group layout (group 0).
 #[derive(Debug, Clone)]
 pub struct Kernel {
@@ -153,6 +167,15 @@ pub struct Kernel {
 impl Kernel {
     /// Compile `entry` of the WGSL `source` (bindings from `base` on) with
     /// pipeline-overridable `constants`.
+    ///
+    /// The entry point's static workgroup memory ([`Kernel::workgroup_bytes`]) is
+    /// checked against the device's `max_compute_workgroup_storage_size`
+    /// ([`crate::gpu::Capabilities::max_workgroup_storage`]) first. Over it, no
+    /// driver ever sees the shader: the error (naming the kernel, its bytes and
+    /// the limit) is recorded on `ctx`, so the next [`GpuContext::check_errors`]
+    /// (engine construction ends with one) returns it as [`Error::Gpu`], and the
+    /// kernel returned is a placeholder whose dispatches never run. Family code
+    /// that has a smaller variant asks [`GpuContext::fits_workgroup_storage`] first.
     pub fn new(
         ctx: &GpuContext,
         source: &str,
@@ -161,6 +184,21 @@ impl Kernel {
         base: u32,
         constants: &[(&str, f64)],
     ) -> Kernel {
+        let limit = ctx.caps.max_workgroup_storage;
+        let (source, entry, constants): (&str, &str, &[(&str, f64)]) =
+            match Self::workgroup_bytes(source, entry) {
+                Ok(bytes) if bytes > limit => {
+                    ctx.record_error(format!(
+                        "kernel `{name}` (entry point `{entry}`) needs {bytes} bytes of workgroup \
+                         memory, over the adapter's limit of {limit} bytes \
+                         (max_compute_workgroup_storage_size) on `{}`",
+                        ctx.info.name
+                    ));
+                    (PLACEHOLDER, "placeholder", &[])
+                }
+                // A source naga rejects is reported by wgpu below, as every shader error is.
+                _ => (source, entry, constants),
+            };
         let module = ctx
             .device
             .create_shader_module(wgpu::ShaderModuleDescriptor {
@@ -187,6 +225,33 @@ impl Kernel {
             name,
             base,
         }
+    }
+
+    /// Static workgroup memory of `entry` in `source`, in bytes, as WebGPU counts
+    /// it ([`crate::gpu::shader_check::workgroup_bytes`]); cached per source and
+    /// entry point, so each is parsed once per process.
+    ///
+    /// # Errors
+    /// [`Error::Gpu`] with naga's message if the source does not validate or has
+    /// no such entry point.
+    pub fn workgroup_bytes(source: &str, entry: &str) -> Result<u32> {
+        use std::collections::HashMap;
+        use std::hash::{Hash, Hasher};
+        use std::sync::{Mutex, OnceLock};
+        static CACHE: OnceLock<Mutex<HashMap<(u64, String), u32>>> = OnceLock::new();
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        source.hash(&mut h);
+        let key = (h.finish(), entry.to_string());
+        let cache = CACHE.get_or_init(Default::default);
+        if let Some(&b) = cache.lock().ok().as_ref().and_then(|c| c.get(&key)) {
+            return Ok(b);
+        }
+        let bytes = super::shader_check::workgroup_bytes(source, entry)
+            .map_err(|e| Error::Gpu(format!("entry point `{entry}`: {e}")))?;
+        if let Ok(mut c) = cache.lock() {
+            c.insert(key, bytes);
+        }
+        Ok(bytes)
     }
 
     /// A bind group of whole buffers, bound at bindings `base..base + buffers.len()` in order.

@@ -7,8 +7,12 @@ use crate::gpu::{Dispatch, GpuContext, Kernel};
 use crate::profile::bytes;
 use bytemuck::{Pod, Zeroable};
 
-/// The WGSL source of the family.
-pub const SOURCE: &str = include_str!("../../../shaders/attention.wgsl");
+/// The WGSL source of the family: the shared prelude `shaders/common.wgsl`, then
+/// `shaders/attention.wgsl`.
+pub const SOURCE: &str = concat!(
+    include_str!("../../../shaders/common.wgsl"),
+    include_str!("../../../shaders/attention.wgsl")
+);
 /// Largest `head_dim` the shaders handle (workgroup staging of one head).
 pub const MAX_HEAD_DIM: usize = 1024;
 

@@ -6,8 +6,12 @@ use crate::gpu::{Dispatch, GpuContext, Kernel};
 use crate::profile::bytes;
 use bytemuck::{Pod, Zeroable};
 
-/// The WGSL source of the family.
-pub const SOURCE: &str = include_str!("../../../shaders/engram.wgsl");
+/// The WGSL source of the family: the shared prelude `shaders/common.wgsl`, then
+/// `shaders/engram.wgsl`.
+pub const SOURCE: &str = concat!(
+    include_str!("../../../shaders/common.wgsl"),
+    include_str!("../../../shaders/engram.wgsl")
+);
 
 /// Mirror of WGSL `EngramConvParams`.
 #[repr(C)]

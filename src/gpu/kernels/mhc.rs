@@ -5,8 +5,12 @@ use crate::gpu::{Dispatch, GpuContext, Kernel};
 use crate::profile::bytes;
 use bytemuck::{Pod, Zeroable};
 
-/// The WGSL source of the family.
-pub const SOURCE: &str = include_str!("../../../shaders/mhc.wgsl");
+/// The WGSL source of the family: the shared prelude `shaders/common.wgsl`, then
+/// `shaders/mhc.wgsl`.
+pub const SOURCE: &str = concat!(
+    include_str!("../../../shaders/common.wgsl"),
+    include_str!("../../../shaders/mhc.wgsl")
+);
 
 /// Mirror of WGSL `PremixParams` (SPEC §4.3 steps 3 and 4).
 #[repr(C)]

@@ -5,8 +5,12 @@ use crate::gpu::{Dispatch, GpuContext, Kernel};
 use crate::profile::bytes;
 use bytemuck::{Pod, Zeroable};
 
-/// The WGSL source of the family.
-pub const SOURCE: &str = include_str!("../../../shaders/mlp.wgsl");
+/// The WGSL source of the family: the shared prelude `shaders/common.wgsl`, then
+/// `shaders/mlp.wgsl`.
+pub const SOURCE: &str = concat!(
+    include_str!("../../../shaders/common.wgsl"),
+    include_str!("../../../shaders/mlp.wgsl")
+);
 /// Largest `hadamard_dim` transformed entirely in workgroup memory; above it the
 /// kernel also uses the `z` scratch region of act.
 pub const SHARED_HD: usize = 4096;
@@ -45,7 +49,9 @@ pub struct MlpParams {
     pub out_scale: u32,
     /// act offset of `out = after + z[..hidden]` (written for parity captures).
     pub out: u32,
-    /// Padding to 64 bytes.
+    /// act elements between token slots: workgroup `y` of the dispatch (one per
+    /// token slot of a prefill chunk; a decode step has only `y = 0`) adds
+    /// `y · tstride` to every act offset above.
     pub tstride: u32,
 }
 

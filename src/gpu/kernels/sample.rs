@@ -1,14 +1,20 @@
 //! Sampling help on the device (shaders/sample.wgsl): the GPU twin of
 //! [`crate::sample::argmax`] plus a non-finite flag, so a greedy decode step reads
 //! back 8 bytes instead of `vocab` floats, and the top-k candidates (at most
-//! [`MAX_K`]) for top-k / top-p sampling, which then read back `8·k + 12` bytes,
-//! with the softmax denominator a top-p cut without a top-k needs.
+//! [`MAX_K`]) for top-k / top-p sampling, with the softmax denominator a top-p cut
+//! without a top-k needs. The top-k output is always the whole [`TOPK_WORDS`]-word
+//! buffer (`4 · TOPK_WORDS` = 2060 bytes, whatever `k` is); the engine copies and
+//! reads back all of it.
 
 use crate::gpu::{Dispatch, GpuContext, Kernel};
 use bytemuck::{Pod, Zeroable};
 
-/// The WGSL source of the family.
-pub const SOURCE: &str = include_str!("../../../shaders/sample.wgsl");
+/// The WGSL source of the family: the shared prelude `shaders/common.wgsl`, then
+/// `shaders/sample.wgsl`.
+pub const SOURCE: &str = concat!(
+    include_str!("../../../shaders/common.wgsl"),
+    include_str!("../../../shaders/sample.wgsl")
+);
 
 /// Mirror of WGSL `ArgmaxParams`.
 #[repr(C)]
@@ -52,7 +58,7 @@ pub struct SampleKernels {
 }
 
 impl SampleKernels {
-    /// Compile the entry point.
+    /// Compile both entry points (`argmax`, `topk`).
     pub fn new(ctx: &GpuContext) -> SampleKernels {
         SampleKernels {
             argmax: Kernel::new(ctx, SOURCE, "sample", "argmax", 0, &[]),
