@@ -1,5 +1,6 @@
 // sample.wgsl: greedy sampling on the device, so a greedy decode step reads back
 // 8 bytes instead of the vocabulary's logits.
+// CPU twins: sample::argmax and sample::top_k_into (src/sample.rs).
 //
 // Entry point and bindings (group 0):
 //   argmax  bindings 0..2  dispatch (1, 1, 1), workgroup 256 (ONE workgroup):

@@ -1,6 +1,7 @@
 //! GPU twins of the CQ kernels of [`crate::cq`]: multi-part `matvec` (which
 //! prepares its own input, SPEC §2's `prepare` with the step's pre-ops) and row
 //! `gather` (shaders/cq.wgsl).
+//! CPU twins: [`crate::kernels::prepare::pre_op`] (its `PrepareMode`s, one to one with [`crate::kernels::prepare::PrepareMode`]) then `prepare` and the matvec, and [`crate::kernels::gather::gather`].
 
 use crate::error::{Error, Result};
 use crate::gpu::arena::{CqPart, GpuCq};

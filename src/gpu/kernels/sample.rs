@@ -3,6 +3,7 @@
 //! back 8 bytes instead of `vocab` floats, and the top-k candidates (at most
 //! [`MAX_K`]) for top-k / top-p sampling, which then read back `8·k + 12` bytes,
 //! with the softmax denominator a top-p cut without a top-k needs.
+//! CPU twins: [`crate::sample::argmax`] and [`crate::sample::top_k_into`].
 
 use crate::gpu::{Dispatch, GpuContext, Kernel};
 use bytemuck::{Pod, Zeroable};
