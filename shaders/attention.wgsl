@@ -1,5 +1,6 @@
 // attention.wgsl: per-head Q/K normalisation, RoPE, int8 KV store and attention
 // over the int8 KV cache (SPEC §4.3 step 5).
+// CPU twins: kernels::attention::qk_store and kernels::attention::attend (src/kernels/attention.rs).
 //
 // `act` is one f32 buffer holding q, k, v, g and o at the element offsets of the
 // params; heads are contiguous `head_dim` slices. `step` is the per-step u32

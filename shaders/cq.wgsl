@@ -1,4 +1,5 @@
 // cq.wgsl: codebook-quantized matrix kernels (SPEC §2, SEED §1–3).
+// CPU twins: kernels::prepare::pre_op (matvec modes 0..3) + cq::prepare + CqMatrix::matvec_rows_prepared; kernels::gather::gather.
 //
 // Weights live in a u32 "arena" storage buffer: packed indices as u32 words (LSB
 // first, SPEC §2), norms as f16 pairs (read with unpack2x16float), codebooks as

@@ -1,4 +1,5 @@
 // cq_subgroup.wgsl: the subgroup variant of cq.wgsl's matvec reduction.
+// CPU twin: as cq.wgsl's matvec (kernels::prepare::pre_op, then CqMatrix::matvec_rows_prepared).
 // Built as cq.wgsl + this file, only when the adapter has SUBGROUP and
 // CQLM_NO_SUBGROUPS is unset (naga takes subgroup builtins without an
 // `enable subgroups;` directive, which it rejects). Same bindings (4..8) and dispatch

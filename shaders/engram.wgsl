@@ -1,4 +1,5 @@
 // engram.wgsl: the engram site's causal dilated convolution over its value ring (SPEC §4.2).
+// CPU twin: kernels::engram::conv (src/kernels/engram.rs).
 //
 // `v = cq_matvec(wv, e)` is already in act; this stores it in the site's ring and
 // forms the site value. All activations live in one f32 buffer `act`, all F32 model

@@ -1,4 +1,5 @@
 // mhc.wgsl: mHC lane pre-mix with the engram gate, and lane routing (SPEC §4.3 steps 3, 4, 8, 9).
+// CPU twins: kernels::mhc::premix and kernels::mhc::route (src/kernels/mhc.rs).
 //
 // All activations live in one f32 buffer `act` and all F32 model tensors in one
 // f32 buffer `vectors`, addressed by element offsets in the params. The 4 lanes

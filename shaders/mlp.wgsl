@@ -1,5 +1,6 @@
 // mlp.wgsl: attention output norm and residual, Hadamard MLP and the lane update
 // (SPEC §4.3 end of step 5, steps 6 and 7).
+// CPU twin: kernels::mlp::block (src/kernels/mlp.rs).
 //
 // All activations live in one f32 buffer `act` and all F32 model tensors in one
 // f32 buffer `vectors`, addressed by element offsets in the params.

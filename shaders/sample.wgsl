@@ -1,6 +1,7 @@
 // sample.wgsl: sampling help on the device, so a decode step reads back 8 bytes
 // (greedy) or the top-k candidates instead of the vocabulary's logits.
 // Prefixed by common.wgsl (finite, wg_sum, wg_max, scratch) at pipeline build.
+// CPU twins: sample::argmax and sample::top_k_into (src/sample.rs).
 //
 // Entry points and bindings (group 0), both dispatch (1, 1, 1), workgroup 256 (ONE
 // workgroup):

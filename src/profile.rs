@@ -10,11 +10,8 @@
 //! points, so its `prepare` includes the norm before a matvec and its `mlp` the
 //! attention residual and the `− u` of the update, as on the GPU.
 
-use crate::cpu::CpuEngine;
-use crate::error::Result;
 use serde::Serialize;
 use std::collections::HashMap;
-use std::time::Instant;
 
 /// One kernel of the step, averaged over the profiled tokens.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -134,29 +131,6 @@ impl KernelTally {
             tokens,
             method: method.to_string(),
         }
-    }
-}
-
-impl CpuEngine {
-    /// Step every id of `tokens` with logits (real decode steps: the position
-    /// advances) and time the kernels of each from [`Instant`] at their boundaries
-    /// ([`CpuEngine::step_timed`]), averaged per token.
-    ///
-    /// # Errors
-    /// As [`crate::Engine::step`]; steps before a failing one stay processed.
-    pub fn profile(&mut self, tokens: &[u32]) -> Result<KernelProfile> {
-        let mut tally = KernelTally::default();
-        let mut wall = 0.0;
-        for &t in tokens {
-            let t0 = Instant::now();
-            self.step_timed(t, true, &mut tally)?;
-            wall += t0.elapsed().as_secs_f64();
-        }
-        Ok(tally.into_profile(
-            tokens.len(),
-            wall,
-            "cpu: std::time::Instant at kernel boundaries",
-        ))
     }
 }
 

@@ -5,7 +5,7 @@
 use std::sync::OnceLock;
 
 /// A SIMD level of this CPU: which vector code the CPU matvec, FWHT, `exp` and
-/// attention use (named `CpuKernels` before; `gpu::kernels` and the CPU math of
+/// attention use (named `CpuSimd` before; `gpu::kernels` and the CPU math of
 /// `kernels/` are other things).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CpuSimd {

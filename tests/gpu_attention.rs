@@ -8,11 +8,9 @@ mod common;
 use common::gpu::{gpu, poisoned, rel_l2};
 use cqlm::gpu::kernels::attention::{AttentionKernels, AttnParams, KvCache};
 use cqlm::gpu::{run_dispatches, GpuContext};
-use cqlm::kernels::attention::{attend_head, KvHeadView};
-use cqlm::kernels::kv::{attended_ranges, physical_slot, quantize_int8};
-use cqlm::kernels::norm::zcrms_in_place;
-use cqlm::kernels::rope::{apply_rope, rope_table};
-use cqlm::kernels::sigmoid;
+use cqlm::kernels::attention::{attend, qk_norm_rope};
+use cqlm::kernels::kv::{attended_slots, physical_slot, quantize_int8, KvCache as CpuKvCache};
+use cqlm::kernels::rope::rope_table;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -264,19 +262,15 @@ fn qk_store_matches_cpu() {
             let got = ctx.read_f32(&act_b, 0, a.len).unwrap();
             let after = download(&ctx, &cache);
 
-            // CPU reference.
+            // CPU twin (the first half of `kernels::attention::qk_store`).
             let (cos, sin) = cpu_rope(t, hd);
             let mut want = act.clone();
-            for h in 0..heads {
-                let x = &mut want[a.q + h * hd..a.q + (h + 1) * hd];
-                zcrms_in_place(x, qn);
-                apply_rope(x, &cos, &sin);
-            }
-            for j in 0..kv_heads {
-                let x = &mut want[a.k + j * hd..a.k + (j + 1) * hd];
-                zcrms_in_place(x, kn);
-                apply_rope(x, &cos, &sin);
-            }
+            let (q_end, k_end) = (a.q + heads * hd, a.k + kv_heads * hd);
+            let mut q = want[a.q..q_end].to_vec();
+            let mut k = want[a.k..k_end].to_vec();
+            qk_norm_rope(qn, kn, &cos, &sin, &mut q, &mut k);
+            want[a.q..q_end].copy_from_slice(&q);
+            want[a.k..k_end].copy_from_slice(&k);
             for h in 0..heads {
                 let r = a.q + h * hd..a.q + (h + 1) * hd;
                 let e = rel_l2(&got[r.clone()], &want[r]);
@@ -354,7 +348,8 @@ fn qk_store_matches_cpu() {
     }
 }
 
-/// CPU attention of every head over `host` at position `t`, gated by `g`.
+/// The CPU twin ([`cqlm::kernels::attention::attend`] over the rows
+/// [`attended_slots`] of `t`) of every head over `host` (codes `kc`, `vc`), gated by `g`.
 #[allow(clippy::too_many_arguments)]
 fn cpu_attend(
     q: &[f32],
@@ -371,27 +366,21 @@ fn cpu_attend(
     t: u64,
 ) -> Vec<f32> {
     let rows = sink + window;
+    let cache = CpuKvCache {
+        layers: kc.len() / (kv_heads * rows * hd),
+        kv_heads,
+        rows,
+        head_dim: hd,
+        k_codes: kc.to_vec(),
+        v_codes: vc.to_vec(),
+        k_scale: host.k_scale.clone(),
+        v_scale: host.v_scale.clone(),
+    };
     let mut slots = Vec::new();
-    for range in attended_ranges(t, sink, window) {
-        slots.extend(range.map(|p| physical_slot(p, sink, window)));
-    }
-    let mut scores = vec![0.0f32; rows];
-    let mut o = vec![0.0f32; heads * hd];
-    for h in 0..heads {
-        let j = h / (heads / kv_heads);
-        let base = (layer * kv_heads + j) * rows;
-        let view = KvHeadView {
-            k: &kc[base * hd..(base + rows) * hd],
-            v: &vc[base * hd..(base + rows) * hd],
-            k_scale: &host.k_scale[base..base + rows],
-            v_scale: &host.v_scale[base..base + rows],
-        };
-        let oh = &mut o[h * hd..(h + 1) * hd];
-        attend_head(&q[h * hd..(h + 1) * hd], &view, &slots, &mut scores, oh);
-        for (x, gv) in oh.iter_mut().zip(&g[h * hd..(h + 1) * hd]) {
-            *x *= sigmoid(*gv);
-        }
-    }
+    attended_slots(t, sink, window, &mut slots);
+    let mut scores = vec![f32::NAN; heads * rows];
+    let mut o = vec![f32::NAN; heads * hd];
+    attend(&cache, layer, q, g, &slots, &mut o, &mut scores);
     o
 }
 
@@ -661,15 +650,11 @@ fn store_then_attend_over_steps_matches_cpu() {
 
         let (cos, sin) = cpu_rope(t, hd);
         let mut q = act[a.q..a.q + heads * hd].to_vec();
-        for x in q.chunks_exact_mut(hd) {
-            zcrms_in_place(x, qn);
-            apply_rope(x, &cos, &sin);
-        }
+        let mut k_all = act[a.k..a.k + kv_heads * hd].to_vec();
+        qk_norm_rope(qn, kn, &cos, &sin, &mut q, &mut k_all);
         let slot = physical_slot(t, sink, window);
         for j in 0..kv_heads {
-            let mut k = act[a.k + j * hd..a.k + (j + 1) * hd].to_vec();
-            zcrms_in_place(&mut k, kn);
-            apply_rope(&mut k, &cos, &sin);
+            let k = k_all[j * hd..(j + 1) * hd].to_vec();
             let v = &act[a.v + j * hd..a.v + (j + 1) * hd];
             let cell = j * rows + slot;
             for (x, codes, scales, words, gpu_scales, kind) in [

@@ -1,6 +1,7 @@
-//! GPU block kernels (shaders/mhc.wgsl, mlp.wgsl, engram.wgsl) against CPU references
-//! composed from `cqlm::kernels` following SPEC §4.2 and §4.3, on fresh random inputs
-//! with the outputs poisoned with NaN before each run.
+//! GPU block kernels (shaders/mhc.wgsl, mlp.wgsl, engram.wgsl) against their CPU
+//! twins (`cqlm::kernels::{mhc::premix, mhc::route, mlp::block, engram::conv}`,
+//! what the CPU engine runs), on fresh random inputs with the outputs poisoned
+//! with NaN before each run.
 
 mod common;
 
@@ -10,10 +11,9 @@ use cqlm::gpu::kernels::mhc::{MhcKernels, PremixParams, RouteParams};
 use cqlm::gpu::kernels::mlp::{MlpKernels, MlpParams};
 use cqlm::gpu::run_dispatches;
 use cqlm::gpu::step_input::StepLayout;
-use cqlm::kernels::mhc::{post_gates, pre_gates, sinkhorn_route};
-use cqlm::kernels::mlp::hadamard_mlp;
-use cqlm::kernels::norm::{zcrms_in_place, zcrms_into};
-use cqlm::kernels::{sigmoid, silu};
+use cqlm::kernels::engram::conv as engram_conv;
+use cqlm::kernels::mhc::{premix, route, EngramGate};
+use cqlm::kernels::mlp;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -52,31 +52,24 @@ fn premix_matches_cpu_with_and_without_engram_site() {
                 let norm_u = random_vec(&mut rng, hidden, 0.3);
                 let norm_k = random_vec(&mut rng, hidden, 0.3);
 
-                // CPU reference (SPEC §4.3 steps 3 and 4).
-                let hpre = pre_gates(
+                // CPU twin (SPEC §4.3 steps 3 and 4).
+                let gate = EngramGate {
+                    key: &key,
+                    value: &value,
+                    norm_u: &norm_u,
+                    norm_k: &norm_k,
+                };
+                let (mut u, mut b) = (vec![f32::NAN; hidden], vec![f32::NAN; hidden]);
+                premix(
                     layer,
                     a_pre[layer],
-                    &p_pre,
                     &b_pre[4 * layer..4 * layer + 4],
+                    &p_pre,
+                    &lanes,
+                    site.then_some(gate),
+                    &mut u,
+                    &mut b,
                 );
-                let mut u = vec![0.0f32; hidden];
-                for (i, lane) in lanes.chunks_exact(hidden).enumerate() {
-                    for (u, x) in u.iter_mut().zip(lane) {
-                        *u += hpre[i] * x;
-                    }
-                }
-                let mut b = u.clone();
-                if site {
-                    let mut zu = vec![0.0f32; hidden];
-                    let mut zk = vec![0.0f32; hidden];
-                    zcrms_into(&u, &norm_u, &mut zu);
-                    zcrms_into(&key, &norm_k, &mut zk);
-                    let dot: f32 = zu.iter().zip(&zk).map(|(x, y)| x * y).sum();
-                    let alpha = sigmoid(dot * (1.0 / (hidden as f32).sqrt()));
-                    for (b, v) in b.iter_mut().zip(&value) {
-                        *b += alpha * v;
-                    }
-                }
 
                 let mut act = vec![0.5f32; 3];
                 let mut vecs = vec![7.0f32; 5];
@@ -148,29 +141,20 @@ fn route_matches_cpu_in_place_on_the_lanes() {
             let a_res = random_vec(&mut rng, 4, 1.0);
             let b_res = random_vec(&mut rng, 64, 2.0);
 
-            // CPU reference (SPEC §4.3 steps 8 and 9).
-            let hpost = post_gates(
+            // CPU twin (SPEC §4.3 steps 8 and 9), in place on a copy of the lanes.
+            let mut want = lanes.clone();
+            let route = route(
                 layer,
                 a_post[layer],
-                &p_post,
                 &b_post[4 * layer..4 * layer + 4],
-            );
-            let route = sinkhorn_route(
                 a_res[layer],
-                &p_res,
                 &b_res[16 * layer..16 * layer + 16],
                 iters,
+                &p_post,
+                &p_res,
+                &update,
+                &mut want,
             );
-            let mut want = vec![0.0f32; 4 * hidden];
-            for (i, nl) in want.chunks_exact_mut(hidden).enumerate() {
-                for (col, dst) in nl.iter_mut().enumerate() {
-                    let mut acc = 0.0f32;
-                    for (j, r) in route[i].iter().enumerate() {
-                        acc += r * lanes[j * hidden + col];
-                    }
-                    *dst = acc + hpost[i] * update[col];
-                }
-            }
 
             let mut act = vec![0.25f32; 2];
             let mut vecs = vec![3.0f32; 3];
@@ -226,14 +210,24 @@ fn mlp_matches_cpu_in_shared_and_global_transforms() {
         let d3 = random_vec(&mut rng, hd, 1.5);
         let scale = 0.7f32;
 
-        // CPU reference (SPEC §4.3 end of step 5, steps 6 and 7), as in the CPU engine.
-        let mut x = attn.clone();
-        zcrms_in_place(&mut x, &post_norm);
-        let after: Vec<f32> = b.iter().zip(&x).map(|(b, x)| b + scale * x).collect();
-        let mut z = vec![0.0f32; hd];
-        let mut out = vec![0.0f32; hidden];
-        hadamard_mlp(&after, &mlp_norm, &d1, &d2, &d3, &mut z, &mut out);
-        let update: Vec<f32> = out.iter().zip(&u).map(|(o, u)| o - u).collect();
+        // CPU twin (SPEC §4.3 end of step 5, steps 6 and 7).
+        let mut z = vec![f32::NAN; hd];
+        let mut after = vec![f32::NAN; hidden];
+        let mut out = vec![f32::NAN; hidden];
+        let mut update = vec![f32::NAN; hidden];
+        mlp::block(
+            &b,
+            &u,
+            &attn,
+            scale,
+            &post_norm,
+            &mlp_norm,
+            [&d1, &d2, &d3],
+            &mut z,
+            &mut after,
+            &mut out,
+            &mut update,
+        );
 
         let mut act = vec![0.125f32; 7];
         let mut vecs = vec![5.0f32; 2];
@@ -300,27 +294,10 @@ fn engram_conv_matches_cpu_and_writes_the_ring_row() {
                 }
             }
 
-            // CPU reference (SPEC §4.2), as in the CPU engine.
-            let slot = (t % ring as u64) as usize;
+            // CPU twin (SPEC §4.2): ring write and value.
             let mut want_ring = mine.clone();
-            want_ring[slot * hidden..(slot + 1) * hidden].copy_from_slice(&v);
-            let mut m = vec![0.0f32; hidden];
-            for j in 0..taps {
-                let back = (j * dilation) as u64;
-                if back > t {
-                    break;
-                }
-                let r = ((t - back) % ring as u64) as usize;
-                let past = &want_ring[r * hidden..(r + 1) * hidden];
-                for ((m, cv), pv) in m
-                    .iter_mut()
-                    .zip(&conv[j * hidden..(j + 1) * hidden])
-                    .zip(past)
-                {
-                    *m += cv * pv;
-                }
-            }
-            let want: Vec<f32> = v.iter().zip(&m).map(|(v, m)| v + silu(*m)).collect();
+            let mut want = vec![f32::NAN; hidden];
+            engram_conv(t, taps, dilation, &v, &conv, &mut want_ring, &mut want);
 
             let mut act = vec![0.5f32; 9];
             let mut vecs = vec![2.0f32; 4];

@@ -8,7 +8,7 @@ use cqlm::cq::CqMatrix;
 use cqlm::gpu::arena::ArenaBuilder;
 use cqlm::gpu::kernels::cq::{Batch, CqKernels, MatvecInput, PrepareMode, Reduction};
 use cqlm::gpu::{run_dispatches, GpuContext};
-use cqlm::kernels::norm::{rms_unit_into, zcrms_into};
+use cqlm::kernels::prepare::{pre_op, PrepareMode as CpuPrepareMode};
 use cqlm::synth::random_cq;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -17,21 +17,22 @@ fn random_vec(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
     (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
 }
 
-/// The pre-op of `mode` on the CPU: lane 1 of `lanes` (4 lanes of `n`), or the
-/// mean of all 4 for [`PrepareMode::MeanLanesZcrms`], with gains `w`.
+/// The CPU twin ([`cqlm::kernels::prepare::pre_op`]) of the pre-op of `mode`:
+/// lane 1 of `lanes` (4 lanes of `n`), or the mean of all 4 for
+/// [`PrepareMode::MeanLanesZcrms`], with gains `w`.
 fn cpu_pre_op(mode: PrepareMode, lanes: &[f32], w: &[f32], n: usize) -> Vec<f32> {
-    let mut pre = vec![0.0f32; n];
-    match mode {
-        PrepareMode::Copy => pre.copy_from_slice(&lanes[n..2 * n]),
-        PrepareMode::RmsUnit => rms_unit_into(&lanes[n..2 * n], &mut pre),
-        PrepareMode::Zcrms => zcrms_into(&lanes[n..2 * n], w, &mut pre),
-        PrepareMode::MeanLanesZcrms => {
-            let mean: Vec<f32> = (0..n)
-                .map(|i| (lanes[i] + lanes[n + i] + lanes[2 * n + i] + lanes[3 * n + i]) / 4.0)
-                .collect();
-            zcrms_into(&mean, w, &mut pre);
-        }
-    }
+    let (cpu_mode, src) = match mode {
+        PrepareMode::Copy => (CpuPrepareMode::Copy, &lanes[n..]),
+        PrepareMode::RmsUnit => (CpuPrepareMode::RmsUnit, &lanes[n..]),
+        PrepareMode::Zcrms => (CpuPrepareMode::Zcrms, &lanes[n..]),
+        PrepareMode::MeanLanesZcrms => (CpuPrepareMode::MeanLanesZcrms, lanes),
+    };
+    assert_eq!(
+        cpu_mode as u32, mode as u32,
+        "the CPU and GPU modes match one to one"
+    );
+    let mut pre = vec![f32::NAN; n];
+    pre_op(cpu_mode, src, n, n, w, &mut pre);
     pre
 }
 
@@ -508,8 +509,8 @@ fn batched_matvec_equals_one_dispatch_per_input_bit_for_bit() {
                     let pre = match mode {
                         None => x.to_vec(),
                         Some(_) => {
-                            let mut p = vec![0.0f32; n];
-                            zcrms_into(x, &w, &mut p);
+                            let mut p = vec![f32::NAN; n];
+                            pre_op(CpuPrepareMode::Zcrms, x, n, n, &w, &mut p);
                             p
                         }
                     };

@@ -1,4 +1,139 @@
-//! One query head attending over the int8 KV cache (SPEC §4.3 step 5).
+//! Attention over the int8 KV cache (SPEC §4.3 step 5). The twins of the GPU
+//! entry points of shaders/attention.wgsl (`crate::gpu::kernels::attention`) are
+//! [`qk_store`] (`qk_store`: per-head ZCRMS + RoPE and the int8 KV store) and
+//! [`attend`] (`attend`: attention over the cache with the output gate); the
+//! per-head arithmetic is [`attend_head`] / [`attend_group`].
+
+use super::kv::KvCache;
+use super::norm::zcrms_in_place;
+use super::rope::apply_rope;
+use super::vmath::gate_in_place;
+use crate::pool::{Pool, SharedSlice};
+
+/// ZCRMS (`q_norm`, `k_norm`) and RoPE (the position's `cos`/`sin` table,
+/// `head_dim / 2` each) on every query head of `q` and key head of `k`, in place:
+/// the first half of [`qk_store`].
+///
+/// # Panics
+/// If the lengths disagree.
+pub fn qk_norm_rope(
+    q_norm: &[f32],
+    k_norm: &[f32],
+    cos: &[f32],
+    sin: &[f32],
+    q: &mut [f32],
+    k: &mut [f32],
+) {
+    let hd = 2 * cos.len();
+    for qh in q.chunks_exact_mut(hd) {
+        zcrms_in_place(qh, q_norm);
+        apply_rope(qh, cos, sin);
+    }
+    for kh in k.chunks_exact_mut(hd) {
+        zcrms_in_place(kh, k_norm);
+        apply_rope(kh, cos, sin);
+    }
+}
+
+/// CPU twin of the GPU `qk_store` entry point (shaders/attention.wgsl,
+/// `AttentionKernels::qk_store`): [`qk_norm_rope`] on `q` and `k` in place, then
+/// the key and value of every KV head quantized to int8 at row `slot` (the
+/// position's physical slot, `step[2]` on the GPU) of `layer` in `cache`
+/// ([`KvCache::store`]). `v` is not normalised.
+///
+/// # Panics
+/// If the lengths disagree with the cache or `layer`/`slot` is out of it.
+#[allow(clippy::too_many_arguments)]
+pub fn qk_store(
+    q_norm: &[f32],
+    k_norm: &[f32],
+    cos: &[f32],
+    sin: &[f32],
+    q: &mut [f32],
+    k: &mut [f32],
+    v: &[f32],
+    cache: &mut KvCache,
+    layer: usize,
+    slot: usize,
+) {
+    qk_norm_rope(q_norm, k_norm, cos, sin, q, k);
+    cache.store(layer, slot, k, v);
+}
+
+/// CPU twin of the GPU `attend` entry point (shaders/attention.wgsl,
+/// `AttentionKernels::attend`): every query head of `q` (`heads · head_dim`,
+/// `heads` a multiple of the cache's KV heads) attends over the rows `slots` of
+/// `layer` (for a decode step [`super::kv::attended_slots`] of its position), and
+/// `o = attention(q) ⊙ σ(gate)`. The KV heads ([`attend_kv_head`]) are split over
+/// the pool. `scores` is scratch of at least `heads · slots.len()` floats.
+///
+/// # Panics
+/// As [`attend_group`], or if `o`, `gate` and `q` differ in length.
+#[allow(clippy::too_many_arguments)]
+pub fn attend(
+    cache: &KvCache,
+    layer: usize,
+    q: &[f32],
+    gate: &[f32],
+    slots: &[usize],
+    o: &mut [f32],
+    scores: &mut [f32],
+) {
+    let (hd, kvh) = (cache.head_dim, cache.kv_heads);
+    assert!(
+        o.len() == q.len() && gate.len() == q.len(),
+        "attend: lengths"
+    );
+    let g = q.len() / (hd * kvh).max(1);
+    let n = slots.len();
+    assert!(scores.len() >= kvh * g * n, "attend: scores scratch");
+    let (o, scores) = (SharedSlice::new(o), SharedSlice::new(scores));
+    let pool = Pool::global();
+    pool.run(&|part| {
+        for j in (part..kvh).step_by(pool.threads()) {
+            // SAFETY: KV head j owns these ranges of `o` and `scores`.
+            let (oj, sj) = unsafe {
+                (
+                    o.range(j * g * hd..(j + 1) * g * hd),
+                    scores.range(j * g * n..(j + 1) * g * n),
+                )
+            };
+            attend_kv_head(cache, layer, j, q, gate, slots, oj, sj);
+        }
+    });
+}
+
+/// The query heads of KV head `j` of `layer` attending over its rows `slots`,
+/// gated: `oj` (`g · head_dim`, `g = q.len() / (kv_heads · head_dim)`) receives
+/// `attention(q_h) ⊙ σ(gate_h)` for those heads ([`attend_group`]); `scores`
+/// holds at least `g · slots.len()`. One KV head of [`attend`], single-threaded.
+///
+/// # Panics
+/// As [`attend_group`].
+#[allow(clippy::too_many_arguments)]
+pub fn attend_kv_head(
+    cache: &KvCache,
+    layer: usize,
+    j: usize,
+    q: &[f32],
+    gate: &[f32],
+    slots: &[usize],
+    oj: &mut [f32],
+    scores: &mut [f32],
+) {
+    let hd = cache.head_dim;
+    let g = q.len() / (hd * cache.kv_heads).max(1);
+    let heads = j * g * hd..(j + 1) * g * hd;
+    attend_group(
+        &q[heads.clone()],
+        hd,
+        &cache.head(layer, j),
+        slots,
+        scores,
+        oj,
+    );
+    gate_in_place(oj, &gate[heads]);
+}
 
 /// Read-only view of one layer and KV head of the cache.
 pub struct KvHeadView<'a> {

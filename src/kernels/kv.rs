@@ -1,4 +1,8 @@
-//! The int8 KV cache rules (SPEC §4.3 step 5): physical slots and per-vector quantization.
+//! The int8 KV cache (SPEC §4.3 step 5): physical slots, per-vector quantization
+//! and the cache itself ([`KvCache`]).
+
+use super::attention::KvHeadView;
+use crate::error::{Error, Result};
 
 /// Physical cache row of logical position `t`: `t` inside the sink, else
 /// `sink + (t − sink) mod window`.
@@ -37,4 +41,151 @@ pub fn attended_ranges(t: u64, sink: usize, window: usize) -> [std::ops::Range<u
     let first = 0..sink64.min(t + 1);
     let lo = sink64.max((t + 1).saturating_sub(window as u64));
     [first, lo..t + 1]
+}
+
+/// The physical cache rows attended at position `t`, in the order attention
+/// visits them: [`attended_ranges`] mapped through [`physical_slot`], into `out`
+/// (cleared first). The positions the GPU `attend` entry point derives from
+/// `t = step[1]` (shaders/attention.wgsl).
+pub fn attended_slots(t: u64, sink: usize, window: usize, out: &mut Vec<usize>) {
+    out.clear();
+    for range in attended_ranges(t, sink, window) {
+        out.extend(range.map(|p| physical_slot(p, sink, window)));
+    }
+}
+
+/// The int8 KV cache of SPEC §4.3 step 5 on the CPU (the twin of
+/// `crate::gpu::kernels::attention::KvCache`, with unpacked codes): per
+/// `(layer, kv_head, row)` one key and one value of `head_dim` int8 codes, each
+/// with an f32 scale. Codes are `[layers, kv_heads, rows, head_dim]`, scales
+/// `[layers, kv_heads, rows]`.
+#[derive(Debug, Default, Clone)]
+pub struct KvCache {
+    /// Layers.
+    pub layers: usize,
+    /// KV heads per layer.
+    pub kv_heads: usize,
+    /// Physical rows per (layer, KV head).
+    pub rows: usize,
+    /// Elements per head vector.
+    pub head_dim: usize,
+    /// Key codes.
+    pub k_codes: Vec<i8>,
+    /// Value codes.
+    pub v_codes: Vec<i8>,
+    /// Key scales.
+    pub k_scale: Vec<f32>,
+    /// Value scales.
+    pub v_scale: Vec<f32>,
+}
+
+impl KvCache {
+    /// A zero-filled cache.
+    ///
+    /// # Errors
+    /// [`Error::Alloc`] if its size overflows or it can't be allocated.
+    pub fn new(layers: usize, kv_heads: usize, rows: usize, head_dim: usize) -> Result<KvCache> {
+        let mut c = KvCache::default();
+        c.reshape(layers, kv_heads, rows, head_dim)?;
+        Ok(c)
+    }
+
+    /// Take the shape `[layers, kv_heads, rows, head_dim]`, growing the buffers
+    /// when needed (never shrinking them; contents are unspecified afterwards,
+    /// as the rows are reinterpreted).
+    ///
+    /// # Errors
+    /// [`Error::Alloc`] if the size overflows or can't be allocated.
+    pub fn reshape(
+        &mut self,
+        layers: usize,
+        kv_heads: usize,
+        rows: usize,
+        head_dim: usize,
+    ) -> Result<()> {
+        let too_big = || Error::Alloc {
+            what: "KV cache".into(),
+            bytes: u64::MAX,
+        };
+        let cells = layers
+            .checked_mul(kv_heads)
+            .and_then(|n| n.checked_mul(rows))
+            .ok_or_else(too_big)?;
+        let codes = cells.checked_mul(head_dim).ok_or_else(too_big)?;
+        grow(&mut self.k_codes, codes, "KV cache keys")?;
+        grow(&mut self.v_codes, codes, "KV cache values")?;
+        grow(&mut self.k_scale, cells, "KV cache key scales")?;
+        grow(&mut self.v_scale, cells, "KV cache value scales")?;
+        (self.layers, self.kv_heads, self.rows, self.head_dim) = (layers, kv_heads, rows, head_dim);
+        Ok(())
+    }
+
+    /// Index of row 0 of `(layer, j)` among all `(layer, kv_head, row)` cells.
+    #[inline]
+    pub fn base(&self, layer: usize, j: usize) -> usize {
+        (layer * self.kv_heads + j) * self.rows
+    }
+
+    /// Read-only view of layer `layer`, KV head `j`.
+    ///
+    /// # Panics
+    /// If `layer` or `j` is out of the cache.
+    pub fn head(&self, layer: usize, j: usize) -> KvHeadView<'_> {
+        let (base, hd, rows) = (self.base(layer, j), self.head_dim, self.rows);
+        KvHeadView {
+            k: &self.k_codes[base * hd..(base + rows) * hd],
+            v: &self.v_codes[base * hd..(base + rows) * hd],
+            k_scale: &self.k_scale[base..base + rows],
+            v_scale: &self.v_scale[base..base + rows],
+        }
+    }
+
+    /// Quantize (SPEC §4.3: [`quantize_int8`]) the key and value of every KV head
+    /// of one position (`k`, `v`: `kv_heads · head_dim`) into row `row` of `layer`.
+    ///
+    /// # Panics
+    /// If the lengths disagree or `layer`/`row` is out of the cache.
+    pub fn store(&mut self, layer: usize, row: usize, k: &[f32], v: &[f32]) {
+        let hd = self.head_dim;
+        for j in 0..self.kv_heads {
+            let cell = self.base(layer, j) + row;
+            let codes = cell * hd..(cell + 1) * hd;
+            self.k_scale[cell] =
+                quantize_int8(&k[j * hd..(j + 1) * hd], &mut self.k_codes[codes.clone()]);
+            self.v_scale[cell] = quantize_int8(&v[j * hd..(j + 1) * hd], &mut self.v_codes[codes]);
+        }
+    }
+
+    /// Copy cell `src` of `from` (codes and scales) to cell `dst` of `self`
+    /// (cells index `(layer, kv_head, row)`, see [`KvCache::base`]); `count`
+    /// consecutive cells.
+    ///
+    /// # Panics
+    /// If the head dims differ or a range is out of either cache.
+    pub fn copy_cells(&mut self, dst: usize, from: &KvCache, src: usize, count: usize) {
+        let hd = self.head_dim;
+        assert_eq!(hd, from.head_dim, "copy_cells: head_dim");
+        self.k_codes[dst * hd..(dst + count) * hd]
+            .copy_from_slice(&from.k_codes[src * hd..(src + count) * hd]);
+        self.v_codes[dst * hd..(dst + count) * hd]
+            .copy_from_slice(&from.v_codes[src * hd..(src + count) * hd]);
+        self.k_scale[dst..dst + count].copy_from_slice(&from.k_scale[src..src + count]);
+        self.v_scale[dst..dst + count].copy_from_slice(&from.v_scale[src..src + count]);
+    }
+}
+
+/// Make `v` at least `n` values long (new ones zero; never shrinks), reporting
+/// an allocation failure as an error.
+///
+/// # Errors
+/// [`Error::Alloc`] naming `what`.
+pub(crate) fn grow<T: Clone + Default>(v: &mut Vec<T>, n: usize, what: &str) -> Result<()> {
+    if v.len() < n {
+        v.try_reserve_exact(n - v.len()).map_err(|_| Error::Alloc {
+            what: what.to_string(),
+            bytes: (n as u64).saturating_mul(std::mem::size_of::<T>() as u64),
+        })?;
+        v.resize(n, T::default());
+    }
+    Ok(())
 }

@@ -1,11 +1,28 @@
 //! CPU reference kernels of the token step (SPEC §4), one module per kernel family.
-//! Each is the exact f32 arithmetic of the SPEC and the twin of a GPU kernel.
+//! Each is the exact f32 arithmetic of the SPEC and the twin of a GPU kernel:
+//! one public function per GPU entry point, named after it and taking the inputs
+//! of its params struct as slices and values.
+//!
+//! | GPU entry point (shader) | CPU twin |
+//! |---|---|
+//! | `gather` (cq.wgsl) | [`gather::gather`] |
+//! | `matvec*` pre-ops, `PrepareMode` (cq.wgsl) | [`prepare::pre_op`] with [`prepare::PrepareMode`], then `prepare` and [`crate::cq::CqMatrix::matvec_rows_prepared`] |
+//! | `conv` (engram.wgsl) | [`engram::conv`] |
+//! | `premix` (mhc.wgsl) | [`mhc::premix`] |
+//! | `qk_store` (attention.wgsl) | [`attention::qk_store`] |
+//! | `attend` (attention.wgsl) | [`attention::attend`] |
+//! | `mlp` (mlp.wgsl) | [`mlp::block`] |
+//! | `route` (mhc.wgsl) | [`mhc::route`] |
+//! | `argmax`, `topk` (sample.wgsl) | [`crate::sample::argmax`], [`crate::sample::top_k_into`] |
 
 pub mod attention;
+pub mod engram;
+pub mod gather;
 pub mod kv;
 pub mod mhc;
 pub mod mlp;
 pub mod norm;
+pub mod prepare;
 pub mod rope;
 pub mod vmath;
 

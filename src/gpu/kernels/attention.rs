@@ -1,6 +1,7 @@
 //! GPU twins of the attention kernels of [`crate::kernels`] (SPEC §4.3 step 5):
 //! per-head ZCRMS + RoPE with the int8 KV store (`qk_store`), and attention over
 //! the cache with the output gate (`attend`), in shaders/attention.wgsl.
+//! CPU twins: [`crate::kernels::attention::qk_store`] and [`crate::kernels::attention::attend`].
 
 use crate::error::{Error, Result};
 use crate::gpu::{Dispatch, GpuContext, Kernel};

@@ -1,6 +1,6 @@
 //! GPU engram site convolution (SPEC §4.2): store `v` in the site's ring and form
 //! `value = v + silu(conv ∗ ring)` (shaders/engram.wgsl), the twin of the engram
-//! section of [`crate::cpu`]'s step.
+//! section of [`crate::cpu`]'s step. CPU twin: [`crate::kernels::engram::conv`].
 
 use crate::gpu::{Dispatch, GpuContext, Kernel};
 use crate::profile::bytes;

@@ -1,5 +1,6 @@
 //! GPU twins of the mHC kernels of [`crate::kernels::mhc`]: the lane pre-mix with
 //! the engram gate (`premix`) and the Sinkhorn lane routing (`route`), shaders/mhc.wgsl.
+//! CPU twins: [`crate::kernels::mhc::premix`] and [`crate::kernels::mhc::route`].
 
 use crate::gpu::{Dispatch, GpuContext, Kernel};
 use crate::profile::bytes;

@@ -1,5 +1,6 @@
 //! GPU twin of [`crate::kernels::mlp::hadamard_mlp`] together with the attention
 //! residual before it and the lane update after it (shaders/mlp.wgsl).
+//! CPU twin: [`crate::kernels::mlp::block`].
 
 use crate::gpu::{Dispatch, GpuContext, Kernel};
 use crate::profile::bytes;

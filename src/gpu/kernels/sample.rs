@@ -5,6 +5,7 @@
 //! without a top-k needs. The top-k output is always the whole [`TOPK_WORDS`]-word
 //! buffer (`4 · TOPK_WORDS` = 2060 bytes, whatever `k` is); the engine copies and
 //! reads back all of it.
+//! CPU twins: [`crate::sample::argmax`] and [`crate::sample::top_k_into`].
 
 use crate::gpu::{Dispatch, GpuContext, Kernel};
 use bytemuck::{Pod, Zeroable};

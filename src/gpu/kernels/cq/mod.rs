@@ -3,6 +3,9 @@
 //! `gather` (shaders/cq.wgsl). This file compiles the pipelines and picks the
 //! matvec variant ([`Reduction`]); [`plan`] decides a matvec's dispatches,
 //! [`params`] mirrors the shader's params, `gather.rs` builds the gathers.
+//! CPU twins: [`crate::kernels::prepare::pre_op`] (its `PrepareMode`s, one to one
+//! with [`crate::kernels::prepare::PrepareMode`]) then `prepare` and the matvec,
+//! and [`crate::kernels::gather::gather`].
 
 mod gather;
 pub mod params;

@@ -1,0 +1,171 @@
+//! [`StepHooks`]: what watches a step or a prefill chunk besides its arithmetic:
+//! the optional [`Probe`], the kernel [`Clock`] of a timed step, and the
+//! non-finite tracking that names the first NaN or infinity.
+
+use super::prep::PrepCache;
+use crate::cq::CqMatrix;
+use crate::error::{Error, Result};
+use crate::profile::{bytes, KernelTimer};
+use std::time::Instant;
+
+/// Receives named intermediate tensors of a step (for parity tools and tests).
+/// `layer` is `None` for tensors outside the layer loop. Names: `x0`, `engram.e`,
+/// `engram.value.{s}`, `engram.key.{s}`, and per layer `u`, `block_in`, `q`, `k`, `v`
+/// (after ZCRMS and RoPE for q/k), `attn_o` (gated head outputs), `after_attn`,
+/// `mlp_out`, `update`, `route` (16 values), `lanes` (4·hidden, after the layer),
+/// and `logits`.
+pub trait Probe {
+    /// Called with each tensor as soon as it is final.
+    fn tensor(&mut self, name: &str, layer: Option<usize>, data: &[f32]);
+}
+
+/// The hooks of one step or one prefill chunk. Every tensor goes through
+/// [`StepHooks::rows`] in the order the step computes them, so the first
+/// non-finite one recorded is what one step per token would name: the first bad
+/// tensor of the first bad position (one scan of each activation, small beside
+/// the matvecs).
+pub(super) struct StepHooks<'a> {
+    probe: Option<&'a mut dyn Probe>,
+    /// The kernel clock (a no-op without a timer).
+    pub(super) clock: Clock<'a>,
+    /// The first non-finite tensor: (position, name as the error reports it).
+    bad: Option<(u64, String)>,
+}
+
+impl<'a> StepHooks<'a> {
+    /// Hooks with an optional probe and an optional kernel timer.
+    pub(super) fn new(
+        probe: Option<&'a mut dyn Probe>,
+        timer: Option<&'a mut dyn KernelTimer>,
+    ) -> Self {
+        StepHooks {
+            probe,
+            clock: Clock::new(timer),
+            bad: None,
+        }
+    }
+
+    /// Whether a probe listens (tensors only it needs can then be skipped).
+    pub(super) fn is_probed(&self) -> bool {
+        self.probe.is_some()
+    }
+
+    /// Whether a kernel timer listens.
+    pub(super) fn is_timed(&self) -> bool {
+        self.clock.timer.is_some()
+    }
+
+    /// Tensor `name` (of `layer`) of one position `t`: tracked, and handed to the probe.
+    pub(super) fn tensor(&mut self, t: u64, name: &str, layer: Option<usize>, data: &[f32]) {
+        self.rows(t, name, layer, data, data.len().max(1));
+        if let Some(p) = self.probe.as_deref_mut() {
+            p.tensor(name, layer, data);
+        }
+    }
+
+    /// Tensor `name` (of `layer`) of the positions `t0, t0 + 1, …`, one row of
+    /// width `w` each: records the first row holding a NaN or an infinity unless
+    /// an earlier position is recorded already.
+    pub(super) fn rows(
+        &mut self,
+        t0: u64,
+        name: &str,
+        layer: Option<usize>,
+        data: &[f32],
+        w: usize,
+    ) {
+        let limit = self.bad.as_ref().map_or(data.len() / w.max(1), |(p, _)| {
+            p.saturating_sub(t0) as usize
+        });
+        let rows = data.chunks_exact(w.max(1)).take(limit);
+        // A branch-free scan per row (vectorizes; rows are short).
+        if let Some(t) = rows
+            .into_iter()
+            .position(|r| r.iter().fold(false, |bad, v| bad | !v.is_finite()))
+        {
+            let tensor = match layer {
+                Some(l) => format!("layer {l} {name}"),
+                None => name.to_string(),
+            };
+            self.bad = Some((t0 + t as u64, tensor));
+        }
+    }
+
+    /// [`Error::NonFinite`] for the first non-finite tensor recorded, if any.
+    pub(super) fn check(&self) -> Result<()> {
+        match &self.bad {
+            None => Ok(()),
+            Some((position, tensor)) => Err(Error::NonFinite {
+                tensor: tensor.clone(),
+                position: *position,
+            }),
+        }
+    }
+}
+
+/// Kernel-boundary clock of a timed step: every method is a no-op without a timer.
+pub(super) struct Clock<'a> {
+    timer: Option<&'a mut dyn KernelTimer>,
+    last: Option<Instant>,
+}
+
+impl<'a> Clock<'a> {
+    fn new(timer: Option<&'a mut dyn KernelTimer>) -> Self {
+        let last = timer.as_ref().map(|_| Instant::now());
+        Clock { timer, last }
+    }
+
+    /// Start the next kernel now (the time since the last boundary is not reported).
+    pub(super) fn mark(&mut self) {
+        if self.timer.is_some() {
+            self.last = Some(Instant::now());
+        }
+    }
+
+    /// Kernel `name` ran from the last boundary until now.
+    pub(super) fn lap(&mut self, name: &'static str, bytes: impl FnOnce() -> u64) {
+        if let Some(t) = self.timer.as_deref_mut() {
+            let now = Instant::now();
+            let secs = self.last.map_or(0.0, |t0| (now - t0).as_secs_f64());
+            t.kernel(name, secs, bytes());
+            self.last = Some(now);
+        }
+    }
+
+    /// A matvec of `rows` rows of `m` ran from the last boundary until now.
+    pub(super) fn lap_matvec(&mut self, m: &CqMatrix, rows: usize) {
+        self.lap(bytes::matvec_name(m.bits()), || bytes::matvec(m, rows));
+    }
+
+    /// When timed: fill `prep` for every matrix of `mats` now and report it as
+    /// the GPU's `prepare` of `n` inputs (`lanes` values each, with a gain when
+    /// `gain`), so the matvecs after time only the matvec, as on the GPU where
+    /// prepare is its own dispatch. The prepares count once per distinct
+    /// (group, padded), as on the GPU.
+    pub(super) fn prepare(
+        &mut self,
+        prep: &mut PrepCache,
+        x: &[f32],
+        mats: &[&CqMatrix],
+        (n, lanes, gain): (usize, usize, bool),
+    ) {
+        if self.timer.is_none() {
+            return;
+        }
+        for m in mats {
+            prep.get(x, m);
+        }
+        self.lap("prepare", || {
+            let mut seen: Vec<(usize, usize)> = Vec::new();
+            let mut total = 0;
+            for m in mats {
+                let key = (m.group(), m.padded());
+                if !seen.contains(&key) {
+                    seen.push(key);
+                    total += bytes::prepare(n, lanes, gain, m.padded());
+                }
+            }
+            total
+        });
+    }
+}

@@ -1,0 +1,29 @@
+//! The CPU side of `cqlm profile`: per-kernel wall times of real decode steps,
+//! cut at the GPU's dispatch boundaries (see [`crate::profile`]).
+
+use crate::error::Result;
+use crate::profile::{KernelProfile, KernelTally};
+use std::time::Instant;
+
+/// Run `step` (a timed decode step with logits, reporting to the tally) for
+/// every id of `tokens` and average the kernels per token.
+///
+/// # Errors
+/// The first error of `step`; steps before it stay processed.
+pub(super) fn profile(
+    tokens: &[u32],
+    mut step: impl FnMut(u32, &mut KernelTally) -> Result<()>,
+) -> Result<KernelProfile> {
+    let mut tally = KernelTally::default();
+    let mut wall = 0.0;
+    for &t in tokens {
+        let t0 = Instant::now();
+        step(t, &mut tally)?;
+        wall += t0.elapsed().as_secs_f64();
+    }
+    Ok(tally.into_profile(
+        tokens.len(),
+        wall,
+        "cpu: std::time::Instant at kernel boundaries",
+    ))
+}
