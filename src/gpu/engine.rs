@@ -191,29 +191,25 @@ impl GpuEngine {
         Ok(())
     }
 
-    /// The ops of one decode step: head and layers, and with `tail` the
-    /// vocabulary projection.
-    fn decode_ops(&self, tail: bool) -> Vec<Op<'_>> {
+    /// The ops of one decode step: head and layers, with `tail` the vocabulary
+    /// projection, then the readout's dispatch (no allocation).
+    fn decode_ops(&self, tail: bool, r: DeviceReadout) -> impl Iterator<Item = Op<'_>> + '_ {
         let p = &self.program;
-        let mut ops: Vec<Op<'_>> = p
-            .head
+        let tail = if tail { &p.tail[..] } else { &[] };
+        p.head
             .iter()
             .chain(p.layers.iter().flatten())
+            .chain(tail)
+            .chain(self.readback.dispatch(r))
             .map(Op::Run)
-            .collect();
-        if tail {
-            ops.extend(p.tail.iter().map(Op::Run));
-        }
-        ops
     }
 
     /// Run one step of `token` with the device readout `r` through `observer`.
     fn run_step(&mut self, token: u32, r: DeviceReadout, observer: Observer<'_>) -> Result<()> {
         self.begin_step(token)?;
         self.readback.prepare(&self.ctx, r, &self.state.logits);
-        let mut ops = self.decode_ops(r.needs_logits());
-        ops.extend(self.readback.dispatch(r).map(Op::Run));
-        recorder::submit(&self.ctx, &ops, observer, |enc| {
+        let ops = self.decode_ops(r.needs_logits(), r);
+        recorder::submit(&self.ctx, ops, observer, |enc| {
             self.readback.encode_copy(enc, r, &self.state.logits)
         })?;
         self.pos += 1;
@@ -251,7 +247,7 @@ impl GpuEngine {
             return Err(Error::Gpu("the prefill dispatches are missing".into()));
         };
         ops.extend(self.readback.dispatch(r).map(Op::Run));
-        recorder::submit(&self.ctx, &ops, Observer::Plain, |enc| {
+        recorder::submit(&self.ctx, ops, Observer::Plain, |enc| {
             self.readback.encode_copy(enc, r, &self.state.logits)
         })?;
         self.pos += n as u64;
@@ -320,7 +316,7 @@ impl GpuEngine {
             }
             ops.extend(ds[start..].iter().map(Op::Run));
         }
-        recorder::submit(&self.ctx, &ops, Observer::Plain, |_| {})?;
+        recorder::submit(&self.ctx, ops, Observer::Plain, |_| {})?;
         let data = self.ctx.map_read(&capture, total as u64 * 4)?;
         let all: Vec<f32> = bytemuck::pod_collect_to_vec(&data);
         let mut out = Vec::with_capacity(points.len());

@@ -17,6 +17,7 @@ pub mod profile;
 mod program;
 mod readback;
 mod recorder;
+mod selftest;
 pub mod shader_check;
 mod state;
 pub mod step_input;

@@ -117,13 +117,14 @@ pub(crate) enum Observer<'a> {
 }
 
 /// Record `ops` as `observer` says, then `finish` (the readout's copies) into the
-/// last encoder, and submit.
+/// last encoder, and submit. `ops` is any iterator, so a decode step records
+/// without allocating.
 ///
 /// # Errors
 /// [`Error::Gpu`] when waiting on the device fails (per-dispatch timing).
-pub(crate) fn submit(
+pub(crate) fn submit<'a>(
     ctx: &GpuContext,
-    ops: &[Op<'_>],
+    ops: impl IntoIterator<Item = Op<'a>>,
     observer: Observer<'_>,
     finish: impl FnOnce(&mut wgpu::CommandEncoder),
 ) -> Result<()> {
@@ -139,7 +140,7 @@ pub(crate) fn submit(
             for op in ops {
                 let t0 = Instant::now();
                 let mut enc = encoder();
-                record(&mut enc, std::slice::from_ref(op), None);
+                record(&mut enc, [op], None);
                 ctx.queue.submit([enc.finish()]);
                 ctx.wait_idle()?;
                 if matches!(op, Op::Run(_)) {
@@ -174,33 +175,32 @@ pub(crate) fn submit(
 
 /// Record `ops` into `enc`: each run of dispatches in one compute pass, copies
 /// between passes; with `queries`, dispatch `i` between timestamps `2i` and `2i + 1`.
-fn record(enc: &mut wgpu::CommandEncoder, ops: &[Op<'_>], queries: Option<&Queries>) {
+fn record<'a>(
+    enc: &mut wgpu::CommandEncoder,
+    ops: impl IntoIterator<Item = Op<'a>>,
+    queries: Option<&Queries>,
+) {
+    let mut ops = ops.into_iter().peekable();
     let mut i = 0;
-    let mut rest = ops;
-    while !rest.is_empty() {
-        let runs = rest
-            .iter()
-            .position(|op| matches!(op, Op::Copy { .. }))
-            .unwrap_or(rest.len());
-        if runs > 0 {
+    while ops.peek().is_some() {
+        if let Some(Op::Run(_)) = ops.peek() {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("cqlm step"),
                 timestamp_writes: None,
             });
-            for op in &rest[..runs] {
-                if let Op::Run(d) = op {
-                    match queries {
-                        Some(q) => {
-                            let (set, at) = q.slot(2 * i);
-                            pass.write_timestamp(set, at);
-                            d.record(&mut pass);
-                            let (set, at) = q.slot(2 * i + 1);
-                            pass.write_timestamp(set, at);
-                        }
-                        None => d.record(&mut pass),
+            while let Some(&Op::Run(d)) = ops.peek() {
+                ops.next();
+                match queries {
+                    Some(q) => {
+                        let (set, at) = q.slot(2 * i);
+                        pass.write_timestamp(set, at);
+                        d.record(&mut pass);
+                        let (set, at) = q.slot(2 * i + 1);
+                        pass.write_timestamp(set, at);
                     }
-                    i += 1;
+                    None => d.record(&mut pass),
                 }
+                i += 1;
             }
         }
         if let Some(Op::Copy {
@@ -209,12 +209,9 @@ fn record(enc: &mut wgpu::CommandEncoder, ops: &[Op<'_>], queries: Option<&Queri
             dst,
             dst_offset,
             bytes,
-        }) = rest.get(runs)
+        }) = ops.next()
         {
-            enc.copy_buffer_to_buffer(src, *src_offset, dst, *dst_offset, *bytes);
-            rest = &rest[runs + 1..];
-        } else {
-            rest = &rest[runs..];
+            enc.copy_buffer_to_buffer(src, src_offset, dst, dst_offset, bytes);
         }
     }
 }

@@ -3,9 +3,7 @@
 //! behavioural contract of `step` (prefill, reset, out-of-range tokens) and a
 //! sanity check of the logits' scale.
 
-mod common;
-
-use common::naive::{argmax_margin, rel_l2, NaiveModel, NaiveState};
+use crate::common::naive::{argmax_margin, rel_l2, NaiveModel, NaiveState};
 use cqlm::cpu::Probe;
 use cqlm::cq::BitsPlan;
 use cqlm::synth::synth_model;

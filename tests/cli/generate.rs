@@ -1,8 +1,6 @@
 //! Sampling, sessions and long generation runs.
 
-mod common;
-
-use common::gpu::gpu;
+use crate::common::gpu::gpu;
 use cqlm::cq::BitsPlan;
 use cqlm::sample::{argmax, top2_margin, Sampler, SamplerConfig};
 use cqlm::session::{Backend, Session, Stop};

@@ -1,8 +1,6 @@
 //! The GPU engine end to end against the CPU reference (SPEC §6 bounds).
 
-mod common;
-
-use common::gpu::{gpu, rel_l2};
+use crate::common::gpu::{gpu, rel_l2};
 use cqlm::cpu::Probe;
 use cqlm::cq::BitsPlan;
 use cqlm::sample::{argmax, top2_margin};

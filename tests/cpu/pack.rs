@@ -3,9 +3,7 @@
 //! `cqlm inspect` reports of the result, rejections of broken checkpoints, and
 //! `cqlm synth --float`.
 
-mod common;
-
-use common::naive::{rel_l2, Dense, NaiveModel, NaiveState};
+use crate::common::naive::{rel_l2, Dense, NaiveModel, NaiveState};
 use cqlm::archive::{
     expected_tensors, read_archive_file, read_float_checkpoint, write_archive,
     write_float_checkpoint, FloatDtype, FloatTensor, Tensor, TensorKind,
@@ -19,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::sync::Arc;
 
-use common::cli::{assert_ok, cqlm, text};
+use crate::common::cli::{assert_ok, cqlm, text};
 
 /// A failure: non-zero exit, exactly one stderr line, starting `error:`; returns it.
 fn assert_one_error(out: &Output, what: &str) -> String {

@@ -2,10 +2,8 @@
 //! step is covered, times are positive and add up to at most the step's wall
 //! time, and the profiled steps are real decode steps.
 
-mod common;
-
-use common::cli::{assert_ok, cqlm, text};
-use common::gpu::{gpu, rel_l2};
+use crate::common::cli::{assert_ok, cqlm, text};
+use crate::common::gpu::{gpu, rel_l2};
 use cqlm::cq::BitsPlan;
 use cqlm::gpu::profile::GpuTiming;
 use cqlm::profile::KernelProfile;

@@ -8,7 +8,7 @@ use cqlm::Config;
 /// serde_json now parses floats with correct rounding (`float_roundtrip`).
 #[test]
 fn config_rope_theta_parses_correctly_rounded_and_round_trips() {
-    let text = include_str!("fuzz_inputs/config-rope-theta-roundtrip.json");
+    let text = include_str!("../fuzz_inputs/config-rope-theta-roundtrip.json");
     let c = Config::from_json(text).expect("a valid config");
     let want: f64 = "11110000000000000000535854321.0".parse().unwrap();
     assert_eq!(c.rope_theta.to_bits(), want.to_bits());

@@ -10,10 +10,8 @@
 //!   explains (measured, see [`packed_model_tracks_the_float_model`]);
 //! - the Rust tokenizer gives the Python tokenizer's ids for the same text.
 
-mod common;
-
-use common::cli::{assert_ok, cqlm};
-use common::gpu::{gpu, rel_l2};
+use crate::common::cli::{assert_ok, cqlm};
+use crate::common::gpu::{gpu, rel_l2};
 use cqlm::tokenizer::TextTokenizer;
 use cqlm::Readout;
 use cqlm::{CpuEngine, Engine, GpuEngine, Model};

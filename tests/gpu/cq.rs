@@ -1,9 +1,7 @@
 //! GPU CQ kernels (shaders/cq.wgsl) against the CPU reference on fresh random
 //! inputs, outputs poisoned with NaN before each run.
 
-mod common;
-
-use common::gpu::{gpu, poisoned, rel_l2};
+use crate::common::gpu::{gpu, poisoned, rel_l2};
 use cqlm::cq::CqMatrix;
 use cqlm::gpu::arena::ArenaBuilder;
 use cqlm::gpu::kernels::cq::{Batch, CqKernels, MatvecInput, PrepareMode, Reduction};

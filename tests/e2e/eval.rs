@@ -4,10 +4,8 @@
 //! written by `tools/train/evaluate.py fixtures`: the archive dequantized to f64
 //! with the int8 K/V rounding emulated, attention over SPEC §4.3's sinks and window).
 
-mod common;
-
-use common::cli::{assert_ok, cqlm, text};
-use common::gpu::gpu;
+use crate::common::cli::{assert_ok, cqlm, text};
+use crate::common::gpu::gpu;
 use cqlm::eval::score_stream;
 use cqlm::tokenizer::TextTokenizer;
 use cqlm::{CpuEngine, Engine};

@@ -1,9 +1,7 @@
 //! Non-finite values are reported, not returned; engines are Send and independent
 //! across threads.
 
-mod common;
-
-use common::gpu::gpu;
+use crate::common::gpu::gpu;
 use cqlm::archive::{write_archive, Tensor};
 use cqlm::cq::BitsPlan;
 use cqlm::cq::CqMatrix;

@@ -1,9 +1,7 @@
 //! Greedy sampling on the device: the argmax kernel against `sample::argmax` on
 //! crafted and random logits, and greedy engine steps against full-logits steps.
 
-mod common;
-
-use common::gpu::gpu;
+use crate::common::gpu::gpu;
 use cqlm::cq::BitsPlan;
 use cqlm::gpu::kernels::sample::{ArgmaxParams, SampleKernels};
 use cqlm::gpu::{run_dispatches, GpuContext, GpuEngine};

@@ -3,9 +3,7 @@
 //! (attention over the cache + gate), with outputs poisoned and untouched cache
 //! rows checked.
 
-mod common;
-
-use common::gpu::{gpu, poisoned, rel_l2};
+use crate::common::gpu::{gpu, poisoned, rel_l2};
 use cqlm::gpu::kernels::attention::{AttentionKernels, AttnParams, KvCache};
 use cqlm::gpu::{run_dispatches, GpuContext};
 use cqlm::kernels::attention::{attend, qk_norm_rope};

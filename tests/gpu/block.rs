@@ -3,9 +3,7 @@
 //! what the CPU engine runs), on fresh random inputs with the outputs poisoned
 //! with NaN before each run.
 
-mod common;
-
-use common::gpu::{gpu, rel_l2};
+use crate::common::gpu::{gpu, rel_l2};
 use cqlm::gpu::kernels::engram::{EngramConvParams, EngramKernels};
 use cqlm::gpu::kernels::mhc::{MhcKernels, PremixParams, RouteParams};
 use cqlm::gpu::kernels::mlp::{MlpKernels, MlpParams};

@@ -1,9 +1,7 @@
 //! The parity ladder passes on a correct GPU engine and, on a deliberately broken
 //! one, fails at the right rung naming the right tensor.
 
-mod common;
-
-use common::gpu::gpu;
+use crate::common::gpu::gpu;
 use cqlm::cq::BitsPlan;
 use cqlm::gpu::{Fault, GpuEngine};
 use cqlm::parity::run_ladder;

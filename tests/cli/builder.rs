@@ -2,9 +2,7 @@
 //! adapter, every option reaches the engine, flags a backend would ignore are
 //! errors.
 
-mod common;
-
-use common::cli::{assert_ok, cqlm, text};
+use crate::common::cli::{assert_ok, cqlm, text};
 use cqlm::builder::AnyEngine;
 use cqlm::cq::BitsPlan;
 use cqlm::gpu::{list_adapters, GpuOptions};
@@ -54,7 +52,9 @@ fn auto_takes_the_cpu_when_the_only_adapters_are_software_and_a_gpu_otherwise() 
 
 #[test]
 fn auto_and_gpu_run_on_a_software_adapter_when_asked() {
-    let Some(_) = common::gpu::gpu() else { return };
+    let Some(_) = crate::common::gpu::gpu() else {
+        return;
+    };
     let soft: Vec<_> = list_adapters()
         .into_iter()
         .filter(|a| a.device_type == wgpu::DeviceType::Cpu)
@@ -97,7 +97,9 @@ fn the_prefill_chunk_reaches_either_engine_and_keeps_the_logits() {
         cpu_logits.push(e.prefill(&ids).unwrap());
     }
     assert!(cpu_logits.windows(2).all(|w| w[0] == w[1]));
-    let Some(_) = common::gpu::gpu() else { return };
+    let Some(_) = crate::common::gpu::gpu() else {
+        return;
+    };
     for chunk in [Some(1), Some(7), Some(1000)] {
         let (mut e, _) = EngineBuilder::new(Arc::clone(&model))
             .backend(Backend::Gpu(GpuOptions::default()))

@@ -4,9 +4,7 @@
 //! and no engine builds a matvec that aliases (the check runs as each dispatch
 //! is built and turns a violation into a device error).
 
-mod common;
-
-use common::gpu::{gpu, poisoned};
+use crate::common::gpu::{gpu, poisoned};
 use cqlm::cq::BitsPlan;
 use cqlm::gpu::arena::ArenaBuilder;
 use cqlm::gpu::kernels::cq::{Batch, CqKernels, MatvecInput, PrepareMode, Reduction};

@@ -2,9 +2,7 @@
 //! layout self-test and its fallback, and (in CI) that lavapipe really ran the
 //! subgroup size `LP_NATIVE_VECTOR_WIDTH` asks for.
 
-mod common;
-
-use common::gpu::{gpu, rel_l2};
+use crate::common::gpu::{gpu, rel_l2};
 use cqlm::cq::BitsPlan;
 use cqlm::gpu::{env_flag, GpuContext, GpuEngine, GpuOptions};
 use cqlm::synth::synth_model;

@@ -13,8 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::sync::Arc;
 
-mod common;
-use common::cli::{assert_ok, cqlm, text};
+use crate::common::cli::{assert_ok, cqlm, text};
 
 /// `cqlm synth --preset tiny --seed SEED --out NAME` in `dir`.
 fn synth(dir: &Path, seed: u64, name: &str) -> PathBuf {

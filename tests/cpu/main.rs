@@ -1,0 +1,17 @@
+//! The `cpu` test binary: the CPU reference against naive f64 loops, archives,
+//! the quantizer and packing.
+//!
+//! One binary per group, so wgpu and the naive model link once per group; each
+//! module is one family of checks.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod archive_errors;
+mod cq_kernels;
+mod fuzz_regressions;
+mod kernels;
+mod pack;
+mod properties;
+mod quantizer;
+mod reference_step;
