@@ -2,7 +2,7 @@
 //! around every dispatch inside the step's compute pass (`TIMESTAMP_QUERY` +
 //! `TIMESTAMP_QUERY_INSIDE_PASSES`), or, on a device without them, one submit
 //! and wait per dispatch (`GpuEngine::time_dispatches`). Both are modes of the
-//! one step recorder ([`super::recorder`]).
+//! one step recorder (`gpu/recorder.rs`).
 
 use super::GpuContext;
 use crate::error::{Error, Result};

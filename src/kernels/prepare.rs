@@ -5,9 +5,9 @@
 
 use super::norm::{rms_unit_into, zcrms_in_place, zcrms_into};
 
-/// What a matvec computes from its raw input before `prepare`. One to one with
-/// the GPU's `crate::gpu::kernels::cq::PrepareMode` (same names, same
-/// discriminants, the `MatvecParams::mode` values 0..3).
+/// What a matvec computes from its raw input before `prepare`. The GPU matvec
+/// uses this enum too (`gpu::kernels::cq::PrepareMode` re-exports it): its
+/// discriminants are the shader's `MatvecParams::mode` values 0..3.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PrepareMode {
     /// The input as is (the engram rows `e`, the attention output `o`).

@@ -3,9 +3,8 @@
 //! `gather` (shaders/cq.wgsl). This file compiles the pipelines and picks the
 //! matvec variant ([`Reduction`]); [`plan`] decides a matvec's dispatches,
 //! [`params`] mirrors the shader's params, `gather.rs` builds the gathers.
-//! CPU twins: [`crate::kernels::prepare::pre_op`] (its `PrepareMode`s, one to one
-//! with [`crate::kernels::prepare::PrepareMode`]) then `prepare` and the matvec,
-//! and [`crate::kernels::gather::gather`].
+//! CPU twins: [`crate::kernels::prepare::pre_op`] (for the same [`PrepareMode`]s)
+//! then `prepare` and the matvec, and [`crate::kernels::gather::gather`].
 
 mod gather;
 pub mod params;
@@ -95,18 +94,9 @@ pub enum MatvecInput<'a> {
     },
 }
 
-/// What a matvec computes from its raw input before SPEC §2's `prepare` transform.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PrepareMode {
-    /// The input as is.
-    Copy = 0,
-    /// `rms_unit(x)`.
-    RmsUnit = 1,
-    /// `zcrms(x, w)`.
-    Zcrms = 2,
-    /// `zcrms((l0 + l1 + l2 + l3) / 4, w)` over 4 lanes `lane_stride` apart.
-    MeanLanesZcrms = 3,
-}
+/// What a matvec computes from its raw input before SPEC §2's `prepare`
+/// transform: the CPU twin's enum, whose discriminants are `MatvecParams::mode`.
+pub use crate::kernels::prepare::PrepareMode;
 
 /// The compiled pipelines of the family.
 #[derive(Debug, Clone)]
