@@ -3,17 +3,21 @@
 //! one public function per GPU entry point, named after it and taking the inputs
 //! of its params struct as slices and values.
 //!
-//! | GPU entry point (shader) | CPU twin |
-//! |---|---|
-//! | `gather` (cq.wgsl) | [`gather::gather`] |
-//! | `matvec*` pre-ops, `PrepareMode` (cq.wgsl) | [`prepare::pre_op`] with [`prepare::PrepareMode`], then `prepare` and [`crate::cq::CqMatrix::matvec_rows_prepared`] |
-//! | `conv` (engram.wgsl) | [`engram::conv`] |
-//! | `premix` (mhc.wgsl) | [`mhc::premix`] |
-//! | `qk_store` (attention.wgsl) | [`attention::qk_store`] |
-//! | `attend` (attention.wgsl) | [`attention::attend`] |
-//! | `mlp` (mlp.wgsl) | [`mlp::block`] |
-//! | `route` (mhc.wgsl) | [`mhc::route`] |
-//! | `argmax`, `topk` (sample.wgsl) | [`crate::sample::argmax`], [`crate::sample::top_k_into`] |
+//! | GPU entry point (shader) | CPU twin | GPU-vs-twin test (`tests/gpu/`) |
+//! |---|---|---|
+//! | `gather` (cq.wgsl) | [`gather::gather`] | `cq.rs`: `gather_*` |
+//! | `matvec*` pre-ops, `PrepareMode` (cq.wgsl) | [`prepare::pre_op`] with [`prepare::PrepareMode`], then `prepare` and [`crate::cq::CqMatrix::matvec_rows_prepared`] | `cq.rs`: `matvec_*`; `cq_aliasing.rs` |
+//! | `conv` (engram.wgsl) | [`engram::conv`] | `block.rs`: `engram_conv_*` |
+//! | `premix` (mhc.wgsl) | [`mhc::premix`] | `block.rs`: `premix_*` |
+//! | `qk_store` (attention.wgsl) | [`attention::qk_store`] | `attention.rs`: `qk_store_*` |
+//! | `attend` (attention.wgsl) | [`attention::attend`] | `attention.rs`: `attend_*`, `store_then_attend_*` |
+//! | `mlp` (mlp.wgsl) | [`mlp::block`] | `block.rs`: `mlp_*` |
+//! | `route` (mhc.wgsl) | [`mhc::route`] | `block.rs`: `route_*` |
+//! | `argmax`, `topk` (sample.wgsl) | [`crate::sample::argmax`], [`crate::sample::top_k_into`] | `sample.rs` |
+//!
+//! Composed into the step, the twins are checked against an independent f64 step
+//! (`tests/cpu/reference_step.rs`); their pieces (norms, RoPE, int8, hashing)
+//! against naive loops in `tests/cpu/kernels.rs`.
 
 pub mod attention;
 pub mod engram;
