@@ -6,7 +6,6 @@ use cqlm::archive::Tensor;
 use cqlm::cq::plan_for_preset;
 use cqlm::sample::argmax;
 use cqlm::synth::synth_model;
-use cqlm::Readout;
 use cqlm::{Config, CpuEngine, Engine, Model};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -14,6 +13,7 @@ use std::process::Output;
 use std::sync::Arc;
 
 use crate::common::cli::{assert_ok, cqlm, text};
+use crate::common::StepLogits;
 
 /// `cqlm synth --preset tiny --seed SEED --out NAME` in `dir`.
 fn synth(dir: &Path, seed: u64, name: &str) -> PathBuf {
@@ -76,15 +76,7 @@ fn read_npy(path: &Path) -> (Vec<usize>, Vec<f32>) {
 fn reference_logits(model: &Path, ids: &[u32]) -> Vec<Vec<f32>> {
     let m = Model::load(model).unwrap();
     let mut e = CpuEngine::new(Arc::new(m)).unwrap();
-    ids.iter()
-        .map(|&id| {
-            e.step(id, Readout::Logits)
-                .unwrap()
-                .logits()
-                .unwrap()
-                .to_vec()
-        })
-        .collect()
+    ids.iter().map(|&id| e.logits_after(id)).collect()
 }
 
 fn same_bits(a: &[f32], b: &[f32]) -> bool {
@@ -618,12 +610,7 @@ fn generate_greedy_from_preset() {
             break;
         }
         want.push(next);
-        logits = e
-            .step(next, Readout::Logits)
-            .unwrap()
-            .logits()
-            .unwrap()
-            .to_vec();
+        logits = e.logits_after(next);
     }
     assert_eq!(ids, want);
 }

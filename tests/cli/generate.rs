@@ -1,11 +1,11 @@
 //! Sampling, sessions and long generation runs.
 
 use crate::common::gpu::gpu;
+use crate::common::StepLogits;
 use cqlm::cq::BitsPlan;
 use cqlm::sample::{argmax, top2_margin, Sampler, SamplerConfig};
 use cqlm::session::{Backend, Session, Stop};
 use cqlm::synth::synth_model;
-use cqlm::Readout;
 use cqlm::{Config, CpuEngine, Engine, GpuEngine};
 use std::sync::Arc;
 
@@ -138,12 +138,7 @@ fn session_generates_what_a_manual_greedy_loop_does() {
             break;
         }
         want.push(next);
-        logits = e
-            .step(next, Readout::Logits)
-            .unwrap()
-            .logits()
-            .unwrap()
-            .to_vec();
+        logits = e.logits_after(next);
     }
     assert_eq!(got, want);
     assert_eq!(
@@ -194,19 +189,9 @@ fn long_generation_stays_finite_and_gpu_matches_cpu_where_margins_allow() {
                 agreed += (argmax(lg) == next) as usize;
             }
         }
-        lc = c
-            .step(next, Readout::Logits)
-            .unwrap()
-            .logits()
-            .unwrap()
-            .to_vec();
+        lc = c.logits_after(next);
         if let (Some(g), Some(l)) = (g.as_mut(), lg.as_mut()) {
-            *l = g
-                .step(next, Readout::Logits)
-                .unwrap()
-                .logits()
-                .unwrap()
-                .to_vec();
+            *l = g.logits_after(next);
         }
     }
     if g.is_some() {

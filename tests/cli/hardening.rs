@@ -2,6 +2,7 @@
 //! across threads.
 
 use crate::common::gpu::gpu;
+use crate::common::StepLogits;
 use cqlm::archive::{write_archive, Tensor};
 use cqlm::cq::BitsPlan;
 use cqlm::cq::CqMatrix;
@@ -107,16 +108,7 @@ fn gpu_refuses_non_finite_logits_and_parity_names_the_tensor() {
 }
 
 fn run(engine: &mut dyn Engine, ids: &[u32]) -> Vec<Vec<f32>> {
-    ids.iter()
-        .map(|&t| {
-            engine
-                .step(t, Readout::Logits)
-                .unwrap()
-                .logits()
-                .unwrap()
-                .to_vec()
-        })
-        .collect()
+    ids.iter().map(|&t| engine.logits_after(t)).collect()
 }
 
 #[test]
@@ -198,12 +190,7 @@ fn device_loss_is_an_error_from_step_not_a_panic_or_hang() {
     let Some(ctx) = gpu() else { return };
     let model = tiny_model(22);
     let mut g = GpuEngine::with_context(Arc::clone(&model), Arc::clone(&ctx)).unwrap();
-    let before = g
-        .step(1, Readout::Logits)
-        .unwrap()
-        .logits()
-        .unwrap()
-        .to_vec();
+    let before = g.logits_after(1);
     assert!(before.iter().all(|v| v.is_finite()));
     ctx.lose_device_for_test();
     for (token, want_logits) in [(2, true), (3, false), (4, true)] {

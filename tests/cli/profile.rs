@@ -4,11 +4,11 @@
 
 use crate::common::cli::{assert_ok, cqlm, text};
 use crate::common::gpu::{gpu, rel_l2};
+use crate::common::StepLogits;
 use cqlm::cq::BitsPlan;
 use cqlm::gpu::profile::GpuTiming;
 use cqlm::profile::KernelProfile;
 use cqlm::synth::synth_model;
-use cqlm::Readout;
 use cqlm::{Config, CpuEngine, Engine, GpuEngine, Model};
 use std::collections::BTreeSet;
 use std::process::Output;
@@ -107,18 +107,8 @@ fn cpu_profile_covers_every_kernel_of_the_step() {
     assert_eq!(eng.position(), 10);
     let mut plain = CpuEngine::new(Arc::clone(&model)).unwrap();
     plain.prefill(&all).unwrap();
-    let want = plain
-        .step(5, Readout::Logits)
-        .unwrap()
-        .logits()
-        .unwrap()
-        .to_vec();
-    let got = eng
-        .step(5, Readout::Logits)
-        .unwrap()
-        .logits()
-        .unwrap()
-        .to_vec();
+    let want = plain.logits_after(5);
+    let got = eng.logits_after(5);
     assert_eq!(got, want);
 }
 
@@ -146,18 +136,8 @@ fn gpu_profile(timing: GpuTiming, tokens: usize, what: &str) -> Option<(KernelPr
     assert_eq!(g.position(), (5 + tokens) as u64);
     let mut cpu = CpuEngine::new(Arc::clone(&model)).unwrap();
     cpu.prefill(&all).unwrap();
-    let want = cpu
-        .step(9, Readout::Logits)
-        .unwrap()
-        .logits()
-        .unwrap()
-        .to_vec();
-    let got = g
-        .step(9, Readout::Logits)
-        .unwrap()
-        .logits()
-        .unwrap()
-        .to_vec();
+    let want = cpu.logits_after(9);
+    let got = g.logits_after(9);
     let err = rel_l2(&got, &want);
     assert!(
         err <= 2e-2,

@@ -1,6 +1,7 @@
 //! The GPU engine end to end against the CPU reference (SPEC §6 bounds).
 
 use crate::common::gpu::{gpu, rel_l2};
+use crate::common::StepLogits;
 use cqlm::cpu::Probe;
 use cqlm::cq::BitsPlan;
 use cqlm::sample::{argmax, top2_margin};
@@ -39,18 +40,8 @@ fn check_all_positions_on(ctx: Arc<cqlm::gpu::GpuContext>, model: Arc<Model>, wh
     let ids = prompt(64, model.config.vocab, 3);
     let mut errs = Vec::new();
     for &id in &ids {
-        let want = c
-            .step(id, Readout::Logits)
-            .unwrap()
-            .logits()
-            .unwrap()
-            .to_vec();
-        let got = g
-            .step(id, Readout::Logits)
-            .unwrap()
-            .logits()
-            .unwrap()
-            .to_vec();
+        let want = c.logits_after(id);
+        let got = g.logits_after(id);
         errs.push(rel_l2(&got, &want));
     }
     let max = errs.iter().cloned().fold(0.0, f64::max);
@@ -178,18 +169,8 @@ fn greedy_ids_match_cpu_where_margins_allow() {
             assert_eq!(argmax(&lg), next);
             compared += 1;
         }
-        lc = c
-            .step(next, Readout::Logits)
-            .unwrap()
-            .logits()
-            .unwrap()
-            .to_vec();
-        lg = g
-            .step(next, Readout::Logits)
-            .unwrap()
-            .logits()
-            .unwrap()
-            .to_vec();
+        lc = c.logits_after(next);
+        lg = g.logits_after(next);
     }
     assert!(
         compared >= 16,
@@ -204,26 +185,12 @@ fn reset_is_bit_exact_and_engines_on_one_device_are_independent() {
     let a_ids = prompt(14, model.config.vocab, 2);
     let b_ids = prompt(14, model.config.vocab, 4);
     let mut a = GpuEngine::with_context(Arc::clone(&model), Arc::clone(&ctx)).unwrap();
-    let alone: Vec<Vec<f32>> = a_ids
-        .iter()
-        .map(|&t| {
-            a.step(t, Readout::Logits)
-                .unwrap()
-                .logits()
-                .unwrap()
-                .to_vec()
-        })
-        .collect();
+    let alone: Vec<Vec<f32>> = a_ids.iter().map(|&t| a.logits_after(t)).collect();
     a.reset();
     assert_eq!(a.position(), 0);
     let mut b = GpuEngine::with_context(Arc::clone(&model), Arc::clone(&ctx)).unwrap();
     for (i, (&ta, &tb)) in a_ids.iter().zip(&b_ids).enumerate() {
-        let la = a
-            .step(ta, Readout::Logits)
-            .unwrap()
-            .logits()
-            .unwrap()
-            .to_vec();
+        let la = a.logits_after(ta);
         b.step(tb, Readout::None).unwrap();
         assert_eq!(
             la, alone[i],
@@ -387,22 +354,8 @@ fn gpu_prefill_chunks_match_gpu_steps_bit_for_bit() {
             // One engine, reset between runs (reset is bit-exact: tested above).
             let mut g = GpuEngine::with_context(Arc::clone(model), Arc::clone(&ctx)).unwrap();
             g.set_prefill_chunk(1);
-            let want = g
-                .step_many(&ids, Readout::Logits)
-                .unwrap()
-                .logits()
-                .unwrap()
-                .to_vec();
-            let want_after: Vec<Vec<f32>> = after
-                .iter()
-                .map(|&t| {
-                    g.step(t, Readout::Logits)
-                        .unwrap()
-                        .logits()
-                        .unwrap()
-                        .to_vec()
-                })
-                .collect();
+            let want = g.prefill(&ids).unwrap();
+            let want_after: Vec<Vec<f32>> = after.iter().map(|&t| g.logits_after(t)).collect();
             let mut cpu = CpuEngine::new(Arc::clone(model)).unwrap();
             let e = rel_l2(&want, &cpu.prefill(&ids).unwrap());
             assert!(e <= 1e-3, "{what}: GPU against CPU after the prompt: {e}");
@@ -415,12 +368,7 @@ fn gpu_prefill_chunks_match_gpu_steps_bit_for_bit() {
                 let cut = chunk + 1;
                 assert!(g.step_many(&ids[..cut], Readout::None).unwrap().is_none());
                 assert_eq!(g.position(), cut as u64);
-                let got = g
-                    .step_many(&ids[cut..], Readout::Logits)
-                    .unwrap()
-                    .logits()
-                    .unwrap()
-                    .to_vec();
+                let got = g.prefill(&ids[cut..]).unwrap();
                 assert_eq!(g.position(), ids.len() as u64);
                 let same =
                     |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
@@ -460,18 +408,8 @@ fn gpu_prefill_stops_at_a_bad_token_after_the_ones_before_it() {
     for &t in &ids[..6] {
         one.step(t, Readout::None).unwrap();
     }
-    let a = g
-        .step(5, Readout::Logits)
-        .unwrap()
-        .logits()
-        .unwrap()
-        .to_vec();
-    let b = one
-        .step(5, Readout::Logits)
-        .unwrap()
-        .logits()
-        .unwrap()
-        .to_vec();
+    let a = g.logits_after(5);
+    let b = one.logits_after(5);
     assert_eq!(a, b);
 }
 
@@ -493,38 +431,18 @@ fn gpu_prefill_chunks_match_gpu_steps_within_rounding() {
         let ids = prompt(c.sink + 2 * c.window + 7, c.vocab, 10);
         let mut g = GpuEngine::with_context(Arc::clone(&model), ctx).unwrap();
         g.set_prefill_chunk(1);
-        let want = g
-            .step_many(&ids, Readout::Logits)
-            .unwrap()
-            .logits()
-            .unwrap()
-            .to_vec();
-        let want_next = g
-            .step(7, Readout::Logits)
-            .unwrap()
-            .logits()
-            .unwrap()
-            .to_vec();
+        let want = g.prefill(&ids).unwrap();
+        let want_next = g.logits_after(7);
         for chunk in [3usize, 8] {
             g.reset();
             g.set_prefill_chunk(chunk);
-            let got = g
-                .step_many(&ids, Readout::Logits)
-                .unwrap()
-                .logits()
-                .unwrap()
-                .to_vec();
+            let got = g.prefill(&ids).unwrap();
             let e = rel_l2(&got, &want);
             assert!(
                 e <= 1e-5,
                 "rows {row_matvec}, no sg {no_subgroups}, chunk {chunk}: {e}"
             );
-            let next = g
-                .step(7, Readout::Logits)
-                .unwrap()
-                .logits()
-                .unwrap()
-                .to_vec();
+            let next = g.logits_after(7);
             let e = rel_l2(&next, &want_next);
             assert!(
                 e <= 1e-5,

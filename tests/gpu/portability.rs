@@ -3,11 +3,11 @@
 //! subgroup size `LP_NATIVE_VECTOR_WIDTH` asks for.
 
 use crate::common::gpu::{gpu, rel_l2};
+use crate::common::StepLogits;
 use cqlm::cq::BitsPlan;
 use cqlm::gpu::{env_flag, GpuContext, GpuEngine, GpuOptions};
 use cqlm::synth::synth_model;
-use cqlm::Readout;
-use cqlm::{Config, CpuEngine, Engine, Error, Model};
+use cqlm::{Config, CpuEngine, Error, Model};
 use std::sync::Arc;
 
 fn tiny(seed: u64) -> Arc<Model> {
@@ -52,18 +52,8 @@ fn a_workgroup_memory_limit_below_a_kernel_fails_engine_construction_naming_it()
     let model = tiny(42);
     let mut g = GpuEngine::new(Arc::clone(&model), &opts).unwrap();
     let mut c = CpuEngine::new(model).unwrap();
-    let got = g
-        .step(3, Readout::Logits)
-        .unwrap()
-        .logits()
-        .unwrap()
-        .to_vec();
-    let want = c
-        .step(3, Readout::Logits)
-        .unwrap()
-        .logits()
-        .unwrap()
-        .to_vec();
+    let got = g.logits_after(3);
+    let want = c.logits_after(3);
     assert!(rel_l2(&got, &want) <= 1e-4);
 }
 
@@ -103,18 +93,8 @@ fn a_failed_subgroup_self_test_falls_back_to_the_portable_kernels() {
     let mut g = GpuEngine::with_context(Arc::clone(&model), ctx).unwrap();
     let mut c = CpuEngine::new(model).unwrap();
     for (t, id) in [5u32, 1, 9, 2, 7, 3, 3, 8, 1, 4].into_iter().enumerate() {
-        let got = g
-            .step(id, Readout::Logits)
-            .unwrap()
-            .logits()
-            .unwrap()
-            .to_vec();
-        let want = c
-            .step(id, Readout::Logits)
-            .unwrap()
-            .logits()
-            .unwrap()
-            .to_vec();
+        let got = g.logits_after(id);
+        let want = c.logits_after(id);
         let e = rel_l2(&got, &want);
         assert!(e <= 1e-4, "position {t}: rel L2 {e}");
     }

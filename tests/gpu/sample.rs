@@ -2,6 +2,7 @@
 //! crafted and random logits, and greedy engine steps against full-logits steps.
 
 use crate::common::gpu::gpu;
+use crate::common::StepLogits;
 use cqlm::cq::BitsPlan;
 use cqlm::gpu::kernels::sample::{ArgmaxParams, SampleKernels};
 use cqlm::gpu::{run_dispatches, GpuContext, GpuEngine};
@@ -80,12 +81,7 @@ fn greedy_steps_pick_the_argmax_of_the_same_logits() {
     let mut next = 3u32;
     for t in 0..24 {
         let picked = greedy.step(next, Readout::Argmax).unwrap().token().unwrap();
-        let logits = full
-            .step(next, Readout::Logits)
-            .unwrap()
-            .logits()
-            .unwrap()
-            .to_vec();
+        let logits = full.logits_after(next);
         assert_eq!(picked, argmax(&logits), "position {t}");
         let mine = greedy.last_logits().unwrap().unwrap();
         assert!(mine
@@ -249,12 +245,7 @@ fn draw_from_read_back_logits(
         let id = sampler.sample(&logits, &history);
         drawn.push(id);
         history.push(id);
-        logits = g
-            .step(id, Readout::Logits)
-            .unwrap()
-            .logits()
-            .unwrap()
-            .to_vec();
+        logits = g.logits_after(id);
     }
     (drawn, logits)
 }
@@ -304,12 +295,7 @@ fn step_top_k_beyond_the_device_limit_selects_from_the_logits() {
             .candidates()
             .unwrap()
             .to_vec();
-        let logits = b
-            .step(token, Readout::Logits)
-            .unwrap()
-            .logits()
-            .unwrap()
-            .to_vec();
+        let logits = b.logits_after(token);
         let mut want = Vec::new();
         cqlm::sample::top_k_into(&logits, k, &mut want);
         got.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)));
