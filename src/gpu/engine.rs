@@ -334,7 +334,6 @@ impl GpuEngine {
                 data,
             });
         }
-        drop(segments);
         self.pos += 1;
         if want_logits {
             self.readback.on_device();
