@@ -4,6 +4,7 @@
 //! `cqlm synth --float`.
 
 use crate::common::naive::{rel_l2, Dense, NaiveModel, NaiveState};
+use crate::common::token_ids;
 use cqlm::archive::{
     expected_tensors, read_archive_file, read_float_checkpoint, write_archive,
     write_float_checkpoint, FloatDtype, FloatTensor, Tensor, TensorKind,
@@ -28,21 +29,6 @@ fn assert_one_error(out: &Output, what: &str) -> String {
     assert_eq!(lines.len(), 1, "{what}: want one stderr line, got {err:?}");
     assert!(lines[0].starts_with("error: "), "{what}: {err:?}");
     lines[0].to_string()
-}
-
-/// Pseudo-random token ids `< vocab` (splitmix64).
-fn token_ids(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = s;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^= z >> 31;
-            (z % vocab as u64) as u32
-        })
-        .collect()
 }
 
 fn median(v: &[f64]) -> f64 {

@@ -4,6 +4,7 @@
 //! sanity check of the logits' scale.
 
 use crate::common::naive::{argmax_margin, rel_l2, NaiveModel, NaiveState};
+use crate::common::token_ids;
 use cqlm::cpu::Probe;
 use cqlm::cq::BitsPlan;
 use cqlm::synth::synth_model;
@@ -11,21 +12,6 @@ use cqlm::Readout;
 use cqlm::{Config, CpuEngine, Engine, EngramConfig, Error, Model};
 use std::collections::BTreeMap;
 use std::sync::Arc;
-
-/// Pseudo-random token ids `< vocab` from a fixed seed (splitmix64).
-fn token_ids(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = s;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^= z >> 31;
-            (z % vocab as u64) as u32
-        })
-        .collect()
-}
 
 fn tiny_without_engram() -> Config {
     Config {

@@ -4,6 +4,7 @@
 //! rows checked.
 
 use crate::common::gpu::{gpu, poisoned, rel_l2};
+use crate::common::random_vec;
 use cqlm::gpu::kernels::attention::{AttentionKernels, AttnParams, KvCache};
 use cqlm::gpu::{run_dispatches, GpuContext};
 use cqlm::kernels::attention::{attend, qk_norm_rope};
@@ -15,10 +16,6 @@ use rand_chacha::ChaCha8Rng;
 const THETA: f64 = 10000.0;
 /// Deliberately not StepLayout's offsets, so the params' offsets are exercised.
 const COS_AT: usize = 6;
-
-fn random_vec(rng: &mut ChaCha8Rng, n: usize, amp: f32) -> Vec<f32> {
-    (0..n).map(|_| rng.random_range(-amp..amp)).collect()
-}
 
 /// Pack `[n, hd]` codes into `[n, ceil(hd/4)]` words (byte i%4 of word i/4).
 fn pack(codes: &[i8], hd: usize) -> Vec<u32> {

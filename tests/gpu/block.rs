@@ -4,6 +4,7 @@
 //! with NaN before each run.
 
 use crate::common::gpu::{gpu, rel_l2};
+use crate::common::random_vec;
 use cqlm::gpu::kernels::engram::{EngramConvParams, EngramKernels};
 use cqlm::gpu::kernels::mhc::{MhcKernels, PremixParams, RouteParams};
 use cqlm::gpu::kernels::mlp::{MlpKernels, MlpParams};
@@ -12,12 +13,8 @@ use cqlm::gpu::step_input::StepLayout;
 use cqlm::kernels::engram::conv as engram_conv;
 use cqlm::kernels::mhc::{premix, route, EngramGate};
 use cqlm::kernels::mlp;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-
-fn random_vec(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
-    (0..n).map(|_| rng.random_range(-scale..scale)).collect()
-}
 
 /// Append `v` to `buf` and return its element offset.
 fn push(buf: &mut Vec<f32>, v: &[f32]) -> u32 {

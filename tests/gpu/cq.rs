@@ -2,6 +2,7 @@
 //! inputs, outputs poisoned with NaN before each run.
 
 use crate::common::gpu::{gpu, poisoned, rel_l2};
+use crate::common::random_vec;
 use cqlm::cq::CqMatrix;
 use cqlm::gpu::arena::ArenaBuilder;
 use cqlm::gpu::kernels::cq::{Batch, CqKernels, MatvecInput, PrepareMode, Reduction};
@@ -10,10 +11,6 @@ use cqlm::kernels::prepare::pre_op;
 use cqlm::synth::random_cq;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-
-fn random_vec(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
-    (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
-}
 
 /// The CPU twin ([`cqlm::kernels::prepare::pre_op`]) of the pre-op of `mode`:
 /// lane 1 of `lanes` (4 lanes of `n`), or the mean of all 4 for
@@ -67,7 +64,7 @@ fn matvec_case(ctx: &cqlm::gpu::GpuContext, k: &CqKernels) {
             let gms: Vec<_> = ms.iter().map(|m| ab.push_cq(m).unwrap()).collect();
             let gother = ab.push_cq(&other).unwrap();
             let arenas = ab.upload(ctx, "arena").unwrap();
-            let x = random_vec(&mut rng, cols);
+            let x = random_vec(&mut rng, cols, 1.0);
             let mut prep = vec![0.0f32; ms[0].padded()];
             ms[0].prepare_into(&x, &mut prep);
             let mut prep_o = vec![0.0f32; other.padded()];
@@ -139,7 +136,7 @@ fn matvec_splits_a_matrix_over_several_arenas() {
         g.parts.len()
     );
     let arenas = ab.upload(&ctx, "arena").unwrap();
-    let x = random_vec(&mut rng, 200);
+    let x = random_vec(&mut rng, 200, 1.0);
     let prep = x_prep(&m, &x);
     let xb = ctx.storage_init("x", bytemuck::cast_slice(&prep));
     let out = poisoned(&ctx, 300);
@@ -285,8 +282,8 @@ fn matvec_of_a_raw_input_prepares_it_in_every_mode() {
         for &(n, bits, group) in &shapes {
             let rows = 37;
             let m = random_cq(&mut rng, rows, n, bits, group, 0.05);
-            let lanes = random_vec(&mut rng, 4 * n);
-            let w = random_vec(&mut rng, n);
+            let lanes = random_vec(&mut rng, 4 * n, 1.0);
+            let w = random_vec(&mut rng, n, 1.0);
             let mut ab = ArenaBuilder::new(ctx.caps.max_storage_binding);
             let g = ab.push_cq(&m).expect("fits");
             let arenas = ab.upload(&ctx, "arena").unwrap();
@@ -344,8 +341,8 @@ fn tall_matrices_spread_rows_over_each_team_in_turn() {
     let mut rng = ChaCha8Rng::seed_from_u64(35);
     let (rows, n) = (2101usize, 300usize);
     let m = random_cq(&mut rng, rows, n, 4, 128, 0.05);
-    let lanes = random_vec(&mut rng, 4 * n);
-    let w = random_vec(&mut rng, n);
+    let lanes = random_vec(&mut rng, 4 * n, 1.0);
+    let w = random_vec(&mut rng, n, 1.0);
     let mut ab = ArenaBuilder::new(ctx.caps.max_storage_binding);
     let g = ab.push_cq(&m).expect("fits");
     let arenas = ab.upload(&ctx, "arena").unwrap();
@@ -428,8 +425,8 @@ fn batched_matvec_equals_one_dispatch_per_input_bit_for_bit() {
             let g = ab.push_cq(&m).expect("fits");
             let arenas = ab.upload(&ctx, "arena").unwrap();
             let (xs, ys) = (n.max(m.padded()) + 5, rows + 3);
-            let xs_all = random_vec(&mut rng, tokens * xs);
-            let w = random_vec(&mut rng, n);
+            let xs_all = random_vec(&mut rng, tokens * xs, 1.0);
+            let w = random_vec(&mut rng, n, 1.0);
             let src = ctx.storage_init("inputs", bytemuck::cast_slice(&xs_all));
             let wb = ctx.storage_init("w", bytemuck::cast_slice(&w));
             // Prepared inputs for mode 4, at the same stride.
@@ -536,7 +533,7 @@ fn batched_matvec_equals_one_dispatch_per_input_within_rounding() {
             let (xs, ys) = (m.padded() + 3, rows + 2);
             let mut prepared = vec![0.0f32; tokens * xs];
             for t in 0..tokens {
-                let x = random_vec(&mut rng, n);
+                let x = random_vec(&mut rng, n, 1.0);
                 m.prepare_into(&x, &mut prepared[t * xs..t * xs + m.padded()]);
             }
             let pb = ctx.storage_init("prepared", bytemuck::cast_slice(&prepared));
