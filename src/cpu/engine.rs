@@ -1,10 +1,11 @@
 //! [`CpuEngine`]: the SPEC §4 token step in plain f32 on the CPU, composed from
-//! the parts of [`super`] (state, step, prefill, hooks, profile).
+//! the parts of [`super`]: one [`forward`] driver for a decode step (one token)
+//! and the batched prefill (chunks of tokens), its state, scratch and hooks.
 
+use super::forward::forward;
 use super::hooks::{Probe, StepHooks};
-use super::prefill::{prefill, Batch, DEFAULT_CHUNK};
+use super::scratch::{chunk_len, Scratch, DEFAULT_CHUNK};
 use super::state::{alloc, State};
-use super::step::{step, Scratch};
 use crate::config::Config;
 use crate::engine::{host_readout, Engine, Readout, StepOut};
 use crate::error::{Error, Result};
@@ -18,12 +19,11 @@ use std::sync::Arc;
 pub struct CpuEngine {
     model: Arc<Model>,
     state: State,
+    /// Work buffers of the forward pass, sized for the longest chunk so far.
     scratch: Scratch,
     logits: Vec<f32>,
     /// Whether `logits` hold the last step's logits.
     logits_valid: bool,
-    /// Work buffers of the batched prefill (empty until the first one).
-    batch: Batch,
     /// Tokens per prefill chunk.
     prefill_chunk: usize,
     /// The candidates of the last top-k or nucleus readout.
@@ -37,12 +37,13 @@ impl CpuEngine {
     /// [`Error::Alloc`] if the KV cache or scratch buffers can't be allocated.
     pub fn new(model: Arc<Model>) -> Result<CpuEngine> {
         let c = &model.config;
+        let mut scratch = Scratch::default();
+        scratch.grow(c, 1)?;
         Ok(CpuEngine {
             state: State::new(&model)?,
-            scratch: Scratch::new(c)?,
+            scratch,
             logits: alloc("logits", c.vocab)?,
             logits_valid: false,
-            batch: Batch::default(),
             prefill_chunk: DEFAULT_CHUNK,
             candidates: Vec::new(),
             model,
@@ -117,18 +118,32 @@ impl CpuEngine {
             });
         }
         self.logits_valid = false;
-        step(&self.model, st, s, token, &mut hooks, out)?;
+        forward(&self.model, st, s, &[token], &mut hooks, out)?;
         self.logits_valid = want_logits;
         Ok(want_logits.then_some(&self.logits[..]))
     }
 
-    /// Append `ids` (all `< vocab`) by the batched prefill; logits after the last
-    /// one when asked.
+    /// Append `ids` (all `< vocab`) by the batched prefill, a [`forward`] pass
+    /// per chunk; logits after the last one when asked.
+    ///
+    /// # Errors
+    /// As [`forward`], for the first chunk that fails (later ones don't run).
     fn prefill_ids(&mut self, ids: &[u32], want_logits: bool) -> Result<()> {
-        let out = want_logits.then_some(&mut self.logits[..]);
         self.logits_valid = false;
-        let (st, bt, s) = (&mut self.state, &mut self.batch, &mut self.scratch);
-        prefill(&self.model, st, bt, s, ids, self.prefill_chunk, out)?;
+        let chunk = chunk_len(&self.model.config, self.prefill_chunk);
+        let (st, s) = (&mut self.state, &mut self.scratch);
+        for (i, part) in ids.chunks(chunk).enumerate() {
+            let last = (i + 1) * chunk >= ids.len();
+            let out = (want_logits && last).then_some(&mut self.logits[..]);
+            forward(
+                &self.model,
+                st,
+                s,
+                part,
+                &mut StepHooks::new(None, None),
+                out,
+            )?;
+        }
         self.logits_valid = want_logits;
         Ok(())
     }

@@ -2,7 +2,7 @@
 //! the optional [`Probe`], the kernel [`Clock`] of a timed step, and the
 //! non-finite tracking that names the first NaN or infinity.
 
-use super::prep::PrepCache;
+use super::prep::BatchPrep;
 use crate::cq::CqMatrix;
 use crate::error::{Error, Result};
 use crate::profile::{bytes, KernelTimer};
@@ -55,21 +55,15 @@ impl<'a> StepHooks<'a> {
         self.clock.timer.is_some()
     }
 
-    /// Tensor `name` (of `layer`) of one position `t`: tracked, and handed to the probe.
-    pub(super) fn tensor(&mut self, t: u64, name: &str, layer: Option<usize>, data: &[f32]) {
-        self.rows(t, name, layer, data, data.len().max(1));
-        if let Some(p) = self.probe.as_deref_mut() {
-            p.tensor(name, layer, data);
-        }
-    }
-
     /// Tensor `name` (of `layer`) of the positions `t0, t0 + 1, …`, one row of
-    /// width `w` each: records the first row holding a NaN or an infinity unless
-    /// an earlier position is recorded already.
+    /// width `w` each (`data.len()` for one position): records the first row
+    /// holding a NaN or an infinity unless an earlier position is recorded
+    /// already, and hands the tensor (all its rows) to the probe. `name` is
+    /// formatted only when it is needed.
     pub(super) fn rows(
         &mut self,
         t0: u64,
-        name: &str,
+        name: impl std::fmt::Display,
         layer: Option<usize>,
         data: &[f32],
         w: usize,
@@ -88,6 +82,9 @@ impl<'a> StepHooks<'a> {
                 None => name.to_string(),
             };
             self.bad = Some((t0 + t as u64, tensor));
+        }
+        if let Some(p) = self.probe.as_deref_mut() {
+            p.tensor(&name.to_string(), layer, data);
         }
     }
 
@@ -132,28 +129,35 @@ impl<'a> Clock<'a> {
         }
     }
 
-    /// A matvec of `rows` rows of `m` ran from the last boundary until now.
-    pub(super) fn lap_matvec(&mut self, m: &CqMatrix, rows: usize) {
-        self.lap(bytes::matvec_name(m.bits()), || bytes::matvec(m, rows));
+    /// A matvec of `rows` rows of `m` for `n` inputs ran from the last boundary
+    /// until now.
+    pub(super) fn lap_matvec(&mut self, m: &CqMatrix, rows: usize, n: usize) {
+        self.lap(bytes::matvec_name(m.bits()), || {
+            let input = m.padded() as u64 * 4;
+            bytes::matvec_dispatch(rows, m.row_bytes(), m.groups(), m.bits(), 1, n, input)
+        });
     }
 
-    /// When timed: fill `prep` for every matrix of `mats` now and report it as
-    /// the GPU's `prepare` of `n` inputs (`lanes` values each, with a gain when
-    /// `gain`), so the matvecs after time only the matvec, as on the GPU where
-    /// prepare is its own dispatch. The prepares count once per distinct
-    /// (group, padded), as on the GPU.
+    /// When timed: fill `prep` for every matrix of `mats` now from the `n` inputs
+    /// of `xs` and report it as the GPU's `prepare` of inputs of `len` values
+    /// (`lanes` of them, with a gain when `gain`), so the matvecs after time only
+    /// the matvec, as on the GPU where prepare is its own dispatch. The prepares
+    /// count once per distinct (group, padded), as on the GPU.
+    ///
+    /// # Errors
+    /// [`Error::Alloc`] if `prep` can't grow.
     pub(super) fn prepare(
         &mut self,
-        prep: &mut PrepCache,
-        x: &[f32],
+        prep: &mut BatchPrep,
+        (xs, n): (&[f32], usize),
         mats: &[&CqMatrix],
-        (n, lanes, gain): (usize, usize, bool),
-    ) {
+        (len, lanes, gain): (usize, usize, bool),
+    ) -> Result<()> {
         if self.timer.is_none() {
-            return;
+            return Ok(());
         }
         for m in mats {
-            prep.get(x, m);
+            prep.get(xs, n, m)?;
         }
         self.lap("prepare", || {
             let mut seen: Vec<(usize, usize)> = Vec::new();
@@ -162,10 +166,11 @@ impl<'a> Clock<'a> {
                 let key = (m.group(), m.padded());
                 if !seen.contains(&key) {
                     seen.push(key);
-                    total += bytes::prepare(n, lanes, gain, m.padded());
+                    total += n as u64 * bytes::prepare(len, lanes, gain, m.padded());
                 }
             }
             total
         });
+        Ok(())
     }
 }

@@ -1,5 +1,6 @@
-//! Token-parallel helpers of the batched prefill: [`per_token`] splits a chunk's
-//! tokens over the pool, [`row`] hands each its row of a shared buffer.
+//! Token-parallel helpers of the forward pass: [`per_token`] splits a chunk's
+//! tokens over the pool, [`row`] hands each its row of a shared buffer, and
+//! [`per_rows`] does both for a set of output buffers.
 
 use crate::pool::{Pool, SharedSlice};
 
@@ -32,4 +33,25 @@ pub(super) fn per_token(n: usize, work: usize, f: &(dyn Fn(usize, usize) + Sync)
 pub(super) unsafe fn row<'a>(s: &'a SharedSlice<'_, f32>, t: usize, w: usize) -> &'a mut [f32] {
     // SAFETY: forwarded to the caller.
     unsafe { s.range(t * w..(t + 1) * w) }
+}
+
+/// The per-token body of [`per_rows`]: `(pool part, token, its output rows)`.
+pub(super) type RowsFn<'a, const K: usize> = dyn Fn(usize, usize, [&mut [f32]; K]) + Sync + 'a;
+
+/// Call `f(part, t, rows)` for every token `t < n` ([`per_token`]: split over
+/// the pool when `work` floats per token are worth it; `part` is the pool part
+/// running it), `rows[i]` being token `t`'s row of `outs[i]` (a buffer and its
+/// row width).
+pub(super) fn per_rows<const K: usize>(
+    n: usize,
+    work: usize,
+    outs: [(&mut Vec<f32>, usize); K],
+    f: &RowsFn<'_, K>,
+) {
+    let outs = outs.map(|(v, w)| (SharedSlice::new(&mut v[..]), w));
+    per_token(n, work, &|part, t| {
+        // SAFETY: token t owns its row of every buffer.
+        let rows = std::array::from_fn(|i| unsafe { row(&outs[i].0, t, outs[i].1) });
+        f(part, t, rows);
+    });
 }

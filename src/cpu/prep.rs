@@ -1,7 +1,7 @@
-//! Prepared-input caches: one activation prepared for each distinct CQ group
-//! width, so matrices that share an input and a group (e.g. `wq wk wv wg`)
-//! prepare it once: [`PrepCache`] for a step, [`BatchPrep`] for a prefill chunk
-//! (laid out for the batched kernels).
+//! [`BatchPrep`], the prepared-input cache of a forward pass: its tokens'
+//! activation prepared for each distinct CQ group width (and laid out for the
+//! batched kernels when they run), so matrices that share an input and a group
+//! (e.g. `wq wk wv wg`) prepare it once; and [`matmul`], which runs them.
 
 use super::par::{per_token, row};
 use crate::cq::{prepare_into, BatchIn, BatchLayout, CqMatrix};
@@ -10,44 +10,7 @@ use crate::kernels::kv::grow;
 use crate::pool::{Pool, SharedSlice};
 use crate::simd::CpuSimd;
 
-#[derive(Debug, Default)]
-pub(crate) struct PrepCache {
-    slots: Vec<(usize, Vec<f32>)>,
-    used: usize,
-}
-
-impl PrepCache {
-    /// Forget the current activation (keeps the allocations).
-    pub(crate) fn clear(&mut self) {
-        self.used = 0;
-    }
-
-    /// `prepare(x)` for `m`'s group and padding, computed once per activation.
-    /// The caller must [`PrepCache::clear`] whenever `x` changes.
-    pub(crate) fn get(&mut self, x: &[f32], m: &CqMatrix) -> &[f32] {
-        let (group, padded) = (m.group(), m.padded());
-        let hit = self.slots[..self.used]
-            .iter()
-            .position(|(g, v)| *g == group && v.len() == padded);
-        let i = match hit {
-            Some(i) => i,
-            None => {
-                if self.used == self.slots.len() {
-                    self.slots.push((0, Vec::new()));
-                }
-                let slot = &mut self.slots[self.used];
-                slot.0 = group;
-                slot.1.resize(padded, 0.0);
-                prepare_into(x, group, &mut slot.1);
-                self.used += 1;
-                self.used - 1
-            }
-        };
-        &self.slots[i].1
-    }
-}
-
-/// The chunk's inputs prepared for each distinct (group, padded, batched-kernel
+/// The forward's inputs prepared for each distinct (group, padded, batched-kernel
 /// layout), once per activation: `wq wk wv wg` (and the three Φ) share one.
 #[derive(Debug, Default)]
 pub(super) struct BatchPrep {
@@ -66,6 +29,8 @@ struct PrepSlot {
 }
 
 impl BatchPrep {
+    /// Forget the current activation (keeps the allocations); the caller must
+    /// clear whenever the inputs change.
     pub(super) fn clear(&mut self) {
         self.used = 0;
     }
@@ -90,10 +55,10 @@ impl BatchPrep {
                     self.slots.push(PrepSlot::default());
                 }
                 let parts = Pool::global().threads();
-                grow(&mut self.tmp, parts * padded, "prefill prepared inputs")?;
+                grow(&mut self.tmp, parts * padded, "prepared inputs")?;
                 let slot = &mut self.slots[self.used];
                 (slot.group, slot.padded, slot.lay) = (group, padded, lay);
-                grow(&mut slot.data, n * padded, "prefill prepared inputs")?;
+                grow(&mut slot.data, n * padded, "prepared inputs")?;
                 let out = SharedSlice::new(&mut slot.data[..n * padded]);
                 let tmp = SharedSlice::new(&mut self.tmp);
                 per_token(n, padded, &|part, t| {

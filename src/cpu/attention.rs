@@ -1,0 +1,180 @@
+//! [`ChunkAttention`]: SPEC §4.3 step 5's KV store and attention for the `n`
+//! tokens of one forward pass, each attending over exactly the rows one step per
+//! token would show it, in the same order, so the outputs are bit-identical to
+//! stepping.
+//!
+//! Two placements, chosen per chunk:
+//! - **in place** (a decode step, or a chunk where no token after the first
+//!   evicts a cache row): the chunk's keys and values go straight into the
+//!   cache, then every token attends there; a single token splits its KV heads
+//!   over the pool (the [`attend`] twin), a chunk its tokens;
+//! - **through a table** (the ring wraps inside the chunk, so a later token
+//!   overwrites a row an earlier one still reads): the rows are quantized into a
+//!   layer-local table behind a copy of the layer's cache rows, every token
+//!   attends over the table (earlier positions from the copy, chunk positions up
+//!   to its own from the new rows), and [`ChunkAttention::finish`] then writes the
+//!   new rows into the cache token by token, so the ring ends as stepping leaves it.
+
+use super::par::per_token;
+use crate::config::Config;
+use crate::error::Result;
+use crate::kernels::attention::{attend, attend_kv_head};
+use crate::kernels::kv::{attended_ranges, physical_slot, KvCache};
+use crate::pool::SharedSlice;
+
+/// The placement and attended rows of one chunk; reused across chunks.
+#[derive(Debug, Default)]
+pub(super) struct ChunkAttention {
+    /// Whether the rows go straight into the cache (see the module doc).
+    in_place: bool,
+    /// Position of the chunk's first token.
+    t0: u64,
+    /// Token `t`'s attended rows: `slots[slot_at[t]..slot_at[t + 1]]`, rows of
+    /// the cache when in place, else of the table.
+    slots: Vec<usize>,
+    slot_at: Vec<usize>,
+    /// The layer-local table (one layer, `cache_rows + n` rows) when not in place.
+    table: KvCache,
+}
+
+impl ChunkAttention {
+    /// Plan the chunk of `n ≥ 1` tokens at positions `t0 ..` for `c`: the
+    /// placement and every token's attended rows. In the table, a position before
+    /// the chunk still sits at its cache row (a later position with the same row
+    /// is more than a window after it, so after this token); chunk position
+    /// `t0 + i` has row `cache_rows + i`, after those.
+    pub(super) fn plan(&mut self, c: &Config, t0: u64, n: usize) {
+        let rows = c.cache_rows();
+        // Position p ≥ cache_rows reuses the row of p − window: only the first
+        // token of the chunk may do that when the chunk works in place.
+        self.in_place = n == 1 || t0 + n as u64 <= rows as u64;
+        self.t0 = t0;
+        self.slots.clear();
+        self.slot_at.clear();
+        self.slot_at.push(0);
+        for t in 0..n as u64 {
+            for range in attended_ranges(t0 + t, c.sink, c.window) {
+                self.slots.extend(range.map(|p| {
+                    if self.in_place || p < t0 {
+                        physical_slot(p, c.sink, c.window)
+                    } else {
+                        rows + (p - t0) as usize
+                    }
+                }));
+            }
+            self.slot_at.push(self.slots.len());
+        }
+    }
+
+    /// How many rows each token of the chunk attends.
+    pub(super) fn attended(&self) -> impl Iterator<Item = usize> + '_ {
+        self.slot_at.windows(2).map(|w| w[1] - w[0])
+    }
+
+    fn tokens(&self) -> usize {
+        self.slot_at.len() - 1
+    }
+
+    /// Layer `l`'s keys and values of the chunk (`k`, `v`: `[n, kv_dim]`, after
+    /// ZCRMS and RoPE) quantized into the cache, or into the table behind a copy
+    /// of the layer's cache rows.
+    ///
+    /// # Errors
+    /// [`crate::Error::Alloc`] if the table can't grow.
+    pub(super) fn store(
+        &mut self,
+        c: &Config,
+        kv: &mut KvCache,
+        l: usize,
+        k: &[f32],
+        v: &[f32],
+    ) -> Result<()> {
+        let (n, rows, kvd) = (self.tokens(), c.cache_rows(), c.kv_dim());
+        let kv_t = |t: usize| (&k[t * kvd..(t + 1) * kvd], &v[t * kvd..(t + 1) * kvd]);
+        if self.in_place {
+            for t in 0..n {
+                let (kt, vt) = kv_t(t);
+                kv.store(
+                    l,
+                    physical_slot(self.t0 + t as u64, c.sink, c.window),
+                    kt,
+                    vt,
+                );
+            }
+            return Ok(());
+        }
+        self.table.reshape(1, c.kv_heads, rows + n, c.head_dim)?;
+        for j in 0..c.kv_heads {
+            self.table
+                .copy_cells(self.table.base(0, j), kv, kv.base(l, j), rows);
+        }
+        for t in 0..n {
+            let (kt, vt) = kv_t(t);
+            self.table.store(0, rows + t, kt, vt);
+        }
+        Ok(())
+    }
+
+    /// Every token's attention at layer `l` after [`ChunkAttention::store`]:
+    /// `o = attention(q) ⊙ σ(gate)` (`q`, `gate`, `o`: `[n, q_dim]`); `scores` is
+    /// scratch of `pool parts · heads · cache_rows`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn attend(
+        &self,
+        c: &Config,
+        kv: &KvCache,
+        l: usize,
+        q: &[f32],
+        gate: &[f32],
+        o: &mut [f32],
+        scores: &mut [f32],
+    ) {
+        let n = self.tokens();
+        if n == 1 {
+            attend(kv, l, q, gate, &self.slots, o, scores);
+            return;
+        }
+        let (cache, layer) = if self.in_place {
+            (kv, l)
+        } else {
+            (&self.table, 0)
+        };
+        let (qd, hd, rows) = (c.q_dim(), c.head_dim, c.cache_rows());
+        let g = c.heads / c.kv_heads;
+        let o = SharedSlice::new(o);
+        let scores = SharedSlice::new(scores);
+        per_token(n, rows * c.kv_dim(), &|part, t| {
+            let slots = &self.slots[self.slot_at[t]..self.slot_at[t + 1]];
+            let (qt, gt) = (&q[t * qd..(t + 1) * qd], &gate[t * qd..(t + 1) * qd]);
+            for j in 0..c.kv_heads {
+                let at = t * qd + j * g * hd;
+                let sc = part * c.heads * rows;
+                // SAFETY: token t owns its row of `o`, part `part` its scores.
+                let (oj, sj) = unsafe {
+                    (
+                        o.range(at..at + g * hd),
+                        scores.range(sc..sc + g * slots.len()),
+                    )
+                };
+                attend_kv_head(cache, layer, j, qt, gt, slots, oj, sj);
+            }
+        });
+    }
+
+    /// After [`ChunkAttention::attend`] through the table: the chunk's rows into
+    /// layer `l` of the cache in token order (a later position overwrites an
+    /// earlier one at the same row, as in stepping). Nothing to do in place.
+    pub(super) fn finish(&self, c: &Config, kv: &mut KvCache, l: usize) {
+        if self.in_place {
+            return;
+        }
+        let rows = c.cache_rows();
+        for t in 0..self.tokens() {
+            let slot = physical_slot(self.t0 + t as u64, c.sink, c.window);
+            for j in 0..c.kv_heads {
+                let src = self.table.base(0, j) + rows + t;
+                kv.copy_cells(kv.base(l, j) + slot, &self.table, src, 1);
+            }
+        }
+    }
+}

@@ -1,0 +1,381 @@
+//! The SPEC §4 program on the CPU, one driver for a decode step and a prefill
+//! chunk alike: [`forward`] takes `n ≥ 1` tokens through the embedding, the
+//! engram sites and every layer, layer by layer, composing the twins of
+//! [`crate::kernels`] in the order the GPU dispatches them, with the
+//! [`StepHooks`] watching.
+//!
+//! For one token this is the decode step (the matvecs and the attention split
+//! their rows or heads over the pool). For a chunk, one pass over a CQ matrix
+//! serves every token (the 8-lane kernels decode each weight vector once for
+//! four tokens, see [`crate::cq::CqMatrix::matmul_rows_prepared`]; shared
+//! inputs are prepared and laid out once, [`BatchPrep`]), the per-token work
+//! between the matvecs is split over the pool by token, and causal attention
+//! inside the chunk is [`ChunkAttention`]. The batched matvec is bit-identical
+//! to the single one, so a chunk gives exactly the values of one step per token.
+
+use super::hooks::StepHooks;
+use super::par::{per_rows, row};
+use super::prep::{matmul, BatchPrep};
+use super::scratch::Scratch;
+use super::state::State;
+use crate::engram::table_rows_for;
+use crate::error::Result;
+use crate::kernels::attention::qk_norm_rope;
+use crate::kernels::engram::conv;
+use crate::kernels::gather::gather;
+use crate::kernels::mhc::{premix, route, EngramGate};
+use crate::kernels::mlp;
+use crate::kernels::prepare::{pre_op, PrepareMode};
+use crate::kernels::rope::rope_table;
+use crate::pool::SharedSlice;
+use crate::profile::bytes;
+use crate::weights::{LayerWeights, Model};
+
+/// Append `ids` (`1 ≤ n`, all `< vocab`, which the caller has checked) at
+/// positions `st.pos ..`, advancing the state; with `logits`, the logits after
+/// the last id into it (`vocab` values).
+///
+/// # Errors
+/// [`crate::Error::Alloc`] if a buffer can't grow; [`crate::Error::NonFinite`]
+/// naming the first non-finite tensor of the first bad position (the state has
+/// advanced over all of `ids`).
+pub(super) fn forward(
+    model: &Model,
+    st: &mut State,
+    s: &mut Scratch,
+    ids: &[u32],
+    hooks: &mut StepHooks,
+    logits: Option<&mut [f32]>,
+) -> Result<()> {
+    let c = &model.config;
+    let w = &model.weights;
+    let (n, t0) = (ids.len(), st.pos);
+    let (h, half) = (c.hidden, c.head_dim / 2);
+    debug_assert!(n >= 1, "forward of no tokens");
+    s.grow(c, n)?;
+
+    // 4.1 Embedding.
+    for (t, &id) in ids.iter().enumerate() {
+        let lanes = &mut s.lanes[t * 4 * h..(t + 1) * 4 * h];
+        gather(&w.embed, id as usize, (h as f32).sqrt(), 4, h, lanes);
+    }
+    for t in 0..n {
+        // The four lanes start equal: the probe sees one.
+        hooks.rows(t0 + t as u64, "x0", None, &s.lanes[t * 4 * h..][..h], h);
+    }
+    hooks
+        .clock
+        .lap("gather", || n as u64 * bytes::gather(&w.embed, 4));
+
+    // 4.2 Engram (or just the history without it).
+    engram(model, st, s, ids, hooks)?;
+
+    // RoPE tables and attended cache rows of every position, shared by all layers.
+    for t in 0..n {
+        let (cos, sin) = (
+            &mut s.cos[t * half..][..half],
+            &mut s.sin[t * half..][..half],
+        );
+        rope_table(t0 + t as u64, c.rope_theta, c.head_dim, cos, sin);
+    }
+    s.attention.plan(c, t0, n);
+    hooks.clock.mark();
+
+    for l in 0..w.layers.len() {
+        layer(model, l, st, s, n, hooks)?;
+    }
+    st.pos += n as u64;
+
+    if let Some(out) = logits {
+        let last = &s.lanes[(n - 1) * 4 * h..n * 4 * h];
+        logits_into(model, last, &mut s.a[..h], &mut s.prep, hooks, out)?;
+        hooks.rows(t0 + n as u64 - 1, "logits", None, out, out.len());
+    }
+    hooks.check()
+}
+
+/// SPEC §4.2 for the chunk: push every id to the history; with engram sites, the
+/// table rows of every token, then each site's projections of the chunk, then
+/// the rings and convolutions token by token.
+fn engram(
+    model: &Model,
+    st: &mut State,
+    s: &mut Scratch,
+    ids: &[u32],
+    hooks: &mut StepHooks,
+) -> Result<()> {
+    let (c, w) = (&model.config, &model.weights);
+    let (Some(ec), Some(ew)) = (&c.engram, &w.engram) else {
+        ids.iter().for_each(|&id| st.history.push(id));
+        return Ok(());
+    };
+    let (n, t0, h) = (ids.len(), st.pos, c.hidden);
+    let (ed, tables) = (ec.e_dim(), ec.tables());
+    for (t, &id) in ids.iter().enumerate() {
+        st.history.push(id);
+        table_rows_for(&st.history, ec, &st.table_rows, &mut s.idx);
+        s.table_idx[t * tables..(t + 1) * tables].copy_from_slice(&s.idx);
+    }
+    for (k, table) in ew.tables.iter().enumerate() {
+        for t in 0..n {
+            let e = &mut s.e[t * ed + k * ec.dim..][..ec.dim];
+            gather(table, s.table_idx[t * tables + k], 1.0, 1, ec.dim, e);
+        }
+        hooks
+            .clock
+            .lap("gather", || n as u64 * bytes::gather(table, 1));
+    }
+    let e = &s.e[..n * ed];
+    hooks.rows(t0, "engram.e", None, e, ed);
+    s.prep.clear();
+    let mats: Vec<_> = match hooks.is_timed() {
+        true => ew.sites.iter().flat_map(|x| [&x.wv, &x.wk]).collect(),
+        false => Vec::new(),
+    };
+    hooks
+        .clock
+        .prepare(&mut s.prep, (e, n), &mats, (ed, 1, false))?;
+    for (i, site) in ew.sites.iter().enumerate() {
+        let (keys, values) = (&mut s.site_key[i][..n * h], &mut s.site_value[i][..n * h]);
+        let site_v = &mut s.site_v[..n * h];
+        matmul(&site.wv, s.prep.get(e, n, &site.wv)?, n, 0, h, site_v);
+        hooks.clock.lap_matvec(&site.wv, h, n);
+        matmul(&site.wk, s.prep.get(e, n, &site.wk)?, n, 0, h, keys);
+        hooks.clock.lap_matvec(&site.wk, h, n);
+        for t in 0..n {
+            let (v, value) = (&site_v[t * h..][..h], &mut values[t * h..][..h]);
+            let pos = t0 + t as u64;
+            let ring = &mut st.rings[i];
+            conv(pos, ec.taps, ec.dilation, v, &site.conv, ring, value);
+        }
+        hooks
+            .clock
+            .lap("engram_conv", || n as u64 * bytes::engram_conv(h, ec.taps));
+        let layer = site.layer;
+        hooks.rows(t0, format_args!("engram.key.{layer}"), None, keys, h);
+        hooks.rows(t0, format_args!("engram.value.{layer}"), None, values, h);
+    }
+    Ok(())
+}
+
+/// SPEC §4.3 layer `l` for the chunk of `n` tokens at positions `st.pos ..`
+/// (not yet advanced), the lanes in place.
+fn layer(
+    model: &Model,
+    l: usize,
+    st: &mut State,
+    s: &mut Scratch,
+    n: usize,
+    hooks: &mut StepHooks,
+) -> Result<()> {
+    let (c, w) = (&model.config, &model.weights);
+    let (m, lw) = (&w.mhc, &w.layers[l]);
+    let (t0, lo) = (st.pos, Some(l));
+    let (h, qd) = (c.hidden, c.q_dim());
+
+    // 1–2: mHC projections.
+    let lanes = &s.lanes;
+    per_rows(n, 4 * h, [(&mut s.xhat, 4 * h)], &|_, t, [x]| {
+        let src = &lanes[t * 4 * h..(t + 1) * 4 * h];
+        pre_op(PrepareMode::RmsUnit, src, 4 * h, 0, &[], x);
+    });
+    s.prep.clear();
+    let xhat = &s.xhat[..n * 4 * h];
+    let phis = [&m.phi_pre, &m.phi_post, &m.phi_res];
+    hooks
+        .clock
+        .prepare(&mut s.prep, (xhat, n), &phis, (4 * h, 1, false))?;
+    for (phi, p, width) in [
+        (&m.phi_pre, &mut s.p_pre, 4),
+        (&m.phi_post, &mut s.p_post, 4),
+        (&m.phi_res, &mut s.p_res, 16),
+    ] {
+        let px = s.prep.get(xhat, n, phi)?;
+        matmul(phi, px, n, width * l, width, &mut p[..n * width]);
+        hooks.clock.lap_matvec(phi, width, n);
+    }
+
+    // 3–4: pre-mix and engram gate.
+    let site = w
+        .engram
+        .as_ref()
+        .and_then(|ew| Some((ew, ew.sites.iter().position(|x| x.layer == l)?)));
+    let (lanes, p_pre) = (&s.lanes, &s.p_pre);
+    let (keys, values) = (&s.site_key, &s.site_value);
+    per_rows(n, 4 * h, [(&mut s.u, h), (&mut s.b, h)], &|_, t, [u, b]| {
+        let gate = site.map(|(ew, i)| EngramGate {
+            key: &keys[i][t * h..(t + 1) * h],
+            value: &values[i][t * h..(t + 1) * h],
+            norm_u: &ew.sites[i].norm_u,
+            norm_k: &ew.sites[i].norm_k,
+        });
+        let lanes_t = &lanes[t * 4 * h..(t + 1) * 4 * h];
+        let (b_pre, p) = (&m.b_pre[4 * l..4 * l + 4], &p_pre[t * 4..t * 4 + 4]);
+        premix(l, m.a_pre[l], b_pre, p, lanes_t, gate, u, b);
+    });
+    hooks.rows(t0, "u", lo, &s.u[..n * h], h);
+    let at_site = site.is_some();
+    hooks
+        .clock
+        .lap("premix", || n as u64 * bytes::premix(h, at_site));
+    hooks.rows(t0, "block_in", lo, &s.b[..n * h], h);
+
+    // 5: attention, and its output projection.
+    attention(model, l, st, s, n, hooks)?;
+    s.prep.clear();
+    let o = &s.o[..n * qd];
+    hooks
+        .clock
+        .prepare(&mut s.prep, (o, n), &[&lw.wo], (qd, 1, false))?;
+    matmul(
+        &lw.wo,
+        s.prep.get(o, n, &lw.wo)?,
+        n,
+        0,
+        h,
+        &mut s.attn[..n * h],
+    );
+    hooks.clock.lap_matvec(&lw.wo, h, n);
+
+    // 5 (end)–7: residual, Hadamard MLP, update = out − u.
+    let (b, u, attn) = (&s.b, &s.u, &s.attn);
+    let (hd, z) = (c.hadamard_dim, SharedSlice::new(&mut s.z));
+    let outs = [(&mut s.after, h), (&mut s.out, h), (&mut s.update, h)];
+    per_rows(n, hd + 4 * h, outs, &|part, t, [after, out, update]| {
+        // SAFETY: pool part `part` owns its MLP scratch.
+        let z = unsafe { row(&z, part, hd) };
+        let tok = t * h..(t + 1) * h;
+        let (b, u, attn) = (&b[tok.clone()], &u[tok.clone()], &attn[tok]);
+        let norms = (lw.attn_out_scale, &lw.attn_post_norm, &lw.mlp_norm);
+        let d = [&lw.mlp_d1[..], &lw.mlp_d2, &lw.mlp_d3];
+        mlp::block(
+            b, u, attn, norms.0, norms.1, norms.2, d, z, after, out, update,
+        );
+    });
+    hooks.rows(t0, "after_attn", lo, &s.after[..n * h], h);
+    hooks.rows(t0, "mlp_out", lo, &s.out[..n * h], h);
+    hooks.clock.lap("mlp", || n as u64 * bytes::mlp(h, hd));
+    hooks.rows(t0, "update", lo, &s.update[..n * h], h);
+
+    // 8–9: routing, in place on the lanes.
+    let (p_post, p_res, update) = (&s.p_post, &s.p_res, &s.update);
+    let outs = [(&mut s.lanes, 4 * h), (&mut s.route, 16)];
+    per_rows(n, 9 * h, outs, &|_, t, [lanes, r]| {
+        let (pp, pr) = (&p_post[t * 4..t * 4 + 4], &p_res[t * 16..t * 16 + 16]);
+        let (b_post, b_res) = (&m.b_post[4 * l..4 * l + 4], &m.b_res[16 * l..16 * l + 16]);
+        let (a_post, a_res, iters) = (m.a_post[l], m.a_res[l], c.sinkhorn_iters);
+        let u = &update[t * h..(t + 1) * h];
+        let weights = route(l, a_post, b_post, a_res, b_res, iters, pp, pr, u, lanes);
+        r.copy_from_slice(weights.as_flattened());
+    });
+    if hooks.is_probed() {
+        hooks.rows(t0, "route", lo, &s.route[..n * 16], 16);
+    }
+    hooks.clock.lap("route", || n as u64 * bytes::route(h));
+    hooks.rows(t0, "lanes", lo, &s.lanes[..n * 4 * h], 4 * h);
+    Ok(())
+}
+
+/// SPEC §4.3 step 5 of layer `l` up to the gated head outputs `o`: the attention
+/// norm, the q k v g projections, Q/K norm and RoPE with the KV store, and the
+/// attention of every token ([`super::attention::ChunkAttention`]).
+fn attention(
+    model: &Model,
+    l: usize,
+    st: &mut State,
+    s: &mut Scratch,
+    n: usize,
+    hooks: &mut StepHooks,
+) -> Result<()> {
+    let c = &model.config;
+    let lw: &LayerWeights = &model.weights.layers[l];
+    let (t0, lo) = (st.pos, Some(l));
+    let (h, hd, qd, kvd, half) = (c.hidden, c.head_dim, c.q_dim(), c.kv_dim(), c.head_dim / 2);
+
+    let b = &s.b;
+    per_rows(n, 2 * h, [(&mut s.a, h)], &|_, t, [a]| {
+        pre_op(
+            PrepareMode::Zcrms,
+            &b[t * h..(t + 1) * h],
+            h,
+            0,
+            &lw.attn_norm,
+            a,
+        );
+    });
+    s.prep.clear();
+    let a = &s.a[..n * h];
+    let mats = [&lw.wq, &lw.wk, &lw.wv, &lw.wg];
+    hooks
+        .clock
+        .prepare(&mut s.prep, (a, n), &mats, (h, 1, true))?;
+    for (mat, out, rows) in [
+        (&lw.wq, &mut s.q, qd),
+        (&lw.wk, &mut s.k, kvd),
+        (&lw.wv, &mut s.v, kvd),
+        (&lw.wg, &mut s.g, qd),
+    ] {
+        matmul(
+            mat,
+            s.prep.get(a, n, mat)?,
+            n,
+            0,
+            rows,
+            &mut out[..n * rows],
+        );
+        hooks.clock.lap_matvec(mat, rows, n);
+    }
+
+    let (cos, sin) = (&s.cos, &s.sin);
+    per_rows(n, qd, [(&mut s.q, qd), (&mut s.k, kvd)], &|_, t, [q, k]| {
+        let (cs, sn) = (
+            &cos[t * half..(t + 1) * half],
+            &sin[t * half..(t + 1) * half],
+        );
+        qk_norm_rope(&lw.q_norm, &lw.k_norm, cs, sn, q, k);
+    });
+    let (q, k, v) = (&s.q[..n * qd], &s.k[..n * kvd], &s.v[..n * kvd]);
+    s.attention.store(c, &mut st.kv, l, k, v)?;
+    hooks.rows(t0, "q", lo, q, qd);
+    hooks.rows(t0, "k", lo, k, kvd);
+    hooks.rows(t0, "v", lo, v, kvd);
+    hooks.clock.lap("qk_store", || {
+        n as u64 * bytes::qk_store(c.heads, c.kv_heads, hd)
+    });
+
+    let (o, g) = (&mut s.o[..n * qd], &s.g[..n * qd]);
+    s.attention.attend(c, &st.kv, l, q, g, o, &mut s.scores);
+    s.attention.finish(c, &mut st.kv, l);
+    let plan = &s.attention;
+    hooks.clock.lap("attend", || {
+        plan.attended().map(|k| bytes::attend(c.heads, hd, k)).sum()
+    });
+    hooks.rows(t0, "attn_o", lo, &s.o[..n * qd], qd);
+    Ok(())
+}
+
+/// SPEC §4.4: the logits (`vocab` values) of the lanes (`4 · hidden`) after the
+/// last layer, `embed · prepare(zcrms(mean of the lanes, final_norm))`; `a` is
+/// scratch of `hidden`.
+///
+/// # Errors
+/// [`crate::Error::Alloc`] if `prep` can't grow.
+fn logits_into(
+    model: &Model,
+    lanes: &[f32],
+    a: &mut [f32],
+    prep: &mut BatchPrep,
+    hooks: &mut StepHooks,
+    logits: &mut [f32],
+) -> Result<()> {
+    let (h, w) = (model.config.hidden, &model.weights);
+    pre_op(PrepareMode::MeanLanesZcrms, lanes, h, h, &w.final_norm, a);
+    prep.clear();
+    hooks
+        .clock
+        .prepare(prep, (a, 1), &[&w.embed], (h, 4, true))?;
+    let vocab = model.config.vocab;
+    matmul(&w.embed, prep.get(a, 1, &w.embed)?, 1, 0, vocab, logits);
+    hooks.clock.lap_matvec(&w.embed, vocab, 1);
+    Ok(())
+}
