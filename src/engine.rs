@@ -199,6 +199,14 @@ pub trait Engine: Send {
         None
     }
 
+    /// Host time spent on the device's decode steps since the engine was built:
+    /// writing the step buffer, recording and submitting, not the wait for the
+    /// device (`None` for backends whose host does all the work). Take the
+    /// difference of two readings for a stretch of steps.
+    fn host_time(&self) -> Option<HostTime> {
+        None
+    }
+
     /// Prompt tokens per prefill chunk of [`Engine::step_many`] (1: one step per token).
     fn prefill_chunk(&self) -> usize {
         1
@@ -248,5 +256,22 @@ pub trait Engine: Send {
             .logits()
             .map(<[f32]>::to_vec)
             .unwrap_or_default())
+    }
+}
+
+/// Cumulative host time of a device backend's decode steps ([`Engine::host_time`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct HostTime {
+    /// Seconds from the start of a step to its submit returning, summed.
+    pub seconds: f64,
+    /// Steps counted.
+    pub steps: u64,
+}
+
+impl HostTime {
+    /// Microseconds per step between `earlier` and `self` (`None` without steps).
+    pub fn us_per_step_since(&self, earlier: HostTime) -> Option<f64> {
+        let steps = self.steps.checked_sub(earlier.steps).filter(|&n| n > 0)?;
+        Some((self.seconds - earlier.seconds) * 1e6 / steps as f64)
     }
 }

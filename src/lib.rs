@@ -55,7 +55,7 @@ pub mod weights;
 pub use builder::{Backend, EngineBuilder};
 pub use config::{Config, EngramConfig};
 pub use cpu::CpuEngine;
-pub use engine::{Engine, Readout, StepOut};
+pub use engine::{Engine, HostTime, Readout, StepOut};
 pub use error::{ArchiveError, ConfigError, Error, Result};
 pub use gpu::GpuEngine;
 pub use weights::Model;

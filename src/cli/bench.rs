@@ -59,12 +59,15 @@ pub fn run(a: Args) -> Result<()> {
     // RSS and device bytes at token 1,000 and at the end, and ms/token of every
     // whole window of 1,000 tokens (a growth with position shows as a trend).
     let mut soak: Option<Soak> = None;
+    // Host microseconds per decode step with logits, per rep (device backends).
+    let mut host_us: Vec<f64> = Vec::new();
     for rep in 0..a.reps {
         engine.reset();
         let t0 = Instant::now();
         let mut logits = engine.prefill(&prompt)?;
         prefill.push(a.prompt_len as f64 / t0.elapsed().as_secs_f64());
         let t1 = Instant::now();
+        let h1 = engine.host_time();
         let mut window = Instant::now();
         let mut s = Soak::default();
         for i in 0..a.tokens {
@@ -88,6 +91,9 @@ pub fn run(a: Args) -> Result<()> {
             soak = Some(s);
         }
         decode.push(a.tokens as f64 / t1.elapsed().as_secs_f64());
+        if let (Some(h0), Some(h)) = (h1, engine.host_time()) {
+            host_us.extend(h.us_per_step_since(h0));
+        }
         // Greedy decode as `generate` runs it: the engine picks the token (the GPU
         // on the device, reading back 8 bytes), continuing from the same state.
         let mut next = argmax(&logits);
@@ -111,6 +117,7 @@ pub fn run(a: Args) -> Result<()> {
     let p = median(&mut prefill);
     let d = median(&mut decode);
     let gd = median(&mut greedy);
+    let host_us_per_token = (!host_us.is_empty()).then(|| median(&mut host_us));
     let rss = peak_rss_bytes().unwrap_or(0);
     if a.json {
         let v = serde_json::json!({
@@ -128,6 +135,7 @@ pub fn run(a: Args) -> Result<()> {
             "decode_greedy_tok_s": gd,
             "weight_bytes_per_step": bytes_per_step,
             "dispatches_per_token": engine.dispatches_per_token(),
+            "host_us_per_token": host_us_per_token,
             "prefill_chunk": engine.prefill_chunk(),
             "peak_rss_bytes": rss,
             "gpu_buffer_bytes": engine.device_bytes(),
@@ -188,6 +196,12 @@ pub fn run(a: Args) -> Result<()> {
             println!(
                 "gpu       {d} dispatches per token, {:.1} MB of device buffers",
                 engine.device_bytes() as f64 / 1e6
+            );
+        }
+        if let Some(h) = host_us_per_token {
+            println!(
+                "host      {h:10.1} µs per decode token (median of {}): step buffer, recording, submit; not the wait",
+                a.reps
             );
         }
     }

@@ -48,6 +48,7 @@ pub fn run(a: Args) -> Result<()> {
     let (prompt, decode) = ids.split_at(a.prompt_len);
     p.as_dyn().prefill(prompt)?;
     let first = p.as_dyn().position();
+    let h0 = p.as_dyn().host_time();
     let (profile, dispatches) = match &mut p {
         AnyEngine::Cpu(e) => (e.profile(decode)?, None),
         AnyEngine::Gpu(e) => {
@@ -66,6 +67,12 @@ pub fn run(a: Args) -> Result<()> {
             }
             (e.profile(decode, timing)?, Some(e.dispatches_per_token().1))
         }
+    };
+    // Host time of the profiled steps (the in-pass timestamps add a few writes;
+    // one submit per dispatch is not a step and reports none).
+    let host_us = match (h0, p.as_dyn().host_time()) {
+        (Some(h0), Some(h)) => h.us_per_step_since(h0),
+        _ => None,
     };
     let backend = p.as_dyn().describe();
     if let Some(path) = &a.svg {
@@ -97,12 +104,16 @@ pub fn run(a: Args) -> Result<()> {
             "kernel_sum_us": profile.kernel_seconds() * 1e6,
             "calls_per_token": profile.calls_per_token(),
             "dispatches_per_token": dispatches,
+            "host_us_per_token": host_us,
             "bytes_per_token": profile.bytes_per_token(),
             "rows": rows,
         });
         println!("{v}");
     } else {
         print_table(&profile, &backend, first, dispatches);
+        if let Some(h) = host_us {
+            println!("host      {h:.1} µs per token recording and submitting (not the wait)");
+        }
     }
     Ok(())
 }

@@ -22,7 +22,7 @@ use super::step_input::StepInput;
 use super::upload::GpuWeights;
 use super::{GpuContext, GpuOptions};
 use crate::config::Config;
-use crate::engine::{Engine, Readout, StepOut};
+use crate::engine::{Engine, HostTime, Readout, StepOut};
 use crate::error::{Error, Result};
 use crate::profile::{bytes, KernelProfile, KernelTally, KernelTimer};
 
@@ -44,6 +44,8 @@ pub struct GpuEngine {
     prefill: PrefillPlan,
     prefill_chunk: usize,
     pos: u64,
+    /// Host time of the decode steps so far ([`Engine::host_time`]).
+    host: HostTime,
 }
 
 impl std::fmt::Debug for GpuEngine {
@@ -125,6 +127,7 @@ impl GpuEngine {
             model,
             ctx,
             pos: 0,
+            host: HostTime::default(),
         })
     }
 
@@ -206,12 +209,18 @@ impl GpuEngine {
 
     /// Run one step of `token` with the device readout `r` through `observer`.
     fn run_step(&mut self, token: u32, r: DeviceReadout, observer: Observer<'_>) -> Result<()> {
+        let t0 = Instant::now();
+        let timed = matches!(observer, Observer::Plain | Observer::Timestamps(_));
         self.begin_step(token)?;
         self.readback.prepare(&self.ctx, r, &self.state.logits);
         let ops = self.decode_ops(r.needs_logits(), r);
         recorder::submit(&self.ctx, ops, observer, |enc| {
             self.readback.encode_copy(enc, r, &self.state.logits)
         })?;
+        if timed {
+            self.host.seconds += t0.elapsed().as_secs_f64();
+            self.host.steps += 1;
+        }
         self.pos += 1;
         // wgpu reports validation errors of the recorded work at submit time.
         self.ctx.check_errors()
@@ -489,6 +498,10 @@ impl Engine for GpuEngine {
 
     fn dispatches_per_token(&self) -> Option<usize> {
         Some(GpuEngine::dispatches_per_token(self).1)
+    }
+
+    fn host_time(&self) -> Option<HostTime> {
+        Some(self.host)
     }
 
     fn device_bytes(&self) -> u64 {

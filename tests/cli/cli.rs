@@ -682,11 +682,14 @@ fn bench_json_has_the_documented_keys() {
         "decode_tok_s",
         "prefill_tok_s",
         "dispatches_per_token",
+        "host_us_per_token",
         "peak_rss_bytes",
         "gpu_buffer_bytes",
     ] {
         assert!(o.contains_key(key), "missing {key} in {v}");
     }
+    // The CPU's host does all the work: no separate host cost.
+    assert!(o["host_us_per_token"].is_null(), "{v}");
     for key in ["decode_tok_s", "prefill_tok_s"] {
         let x = o[key].as_f64().expect(key);
         assert!(x.is_finite() && x > 0.0, "{key} = {x}");

@@ -233,6 +233,7 @@ fn cli_profile_prints_json_and_writes_an_svg_chart() {
     let v = check_json(&ok(&out, "profile --json"), 3);
     assert!(v["method"].as_str().unwrap().contains("cpu"));
     assert!(v["dispatches_per_token"].is_null());
+    assert!(v["host_us_per_token"].is_null());
 
     let out = cqlm(
         dir.path(),
@@ -289,4 +290,11 @@ fn cli_profile_on_the_gpu_counts_every_dispatch() {
     );
     let v = check_json(&ok(&out, "profile --backend gpu --json"), 2);
     assert_eq!(v["calls_per_token"], v["dispatches_per_token"]);
+    // Whole steps (in-pass timestamps) have a host cost; one submit per dispatch
+    // is not a step and reports none.
+    let per_dispatch = v["method"].as_str().unwrap().contains("per dispatch");
+    match v["host_us_per_token"].as_f64() {
+        Some(h) => assert!(!per_dispatch && h.is_finite() && h > 0.0, "{v}"),
+        None => assert!(per_dispatch, "no host_us_per_token: {v}"),
+    }
 }

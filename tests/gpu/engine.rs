@@ -1,13 +1,13 @@
 //! The GPU engine end to end against the CPU reference (SPEC §6 bounds).
 
 use crate::common::gpu::{gpu, rel_l2};
-use crate::common::StepLogits;
+use crate::common::{token_ids, StepLogits};
 use cqlm::cpu::Probe;
 use cqlm::cq::BitsPlan;
 use cqlm::sample::{argmax, top2_margin};
 use cqlm::synth::synth_model;
 use cqlm::Readout;
-use cqlm::{Config, CpuEngine, Engine, GpuEngine, Model};
+use cqlm::{Config, CpuEngine, Engine, GpuEngine, HostTime, Model};
 use std::sync::Arc;
 
 fn tiny(engram: bool, seed: u64) -> Arc<Model> {
@@ -450,4 +450,30 @@ fn gpu_prefill_chunks_match_gpu_steps_within_rounding() {
             );
         }
     }
+}
+
+#[test]
+fn host_time_counts_decode_steps_only() {
+    // `host_us_per_token` of bench and profile: each decode step adds its
+    // recording and submit time; a prefill chunk is not a decode step.
+    let Some(ctx) = gpu() else { return };
+    let mut g = GpuEngine::with_context(tiny(true, 1), ctx).unwrap();
+    let vocab = g.config().vocab;
+    let h0 = g.host_time().expect("a device backend reports host time");
+    assert_eq!(h0, HostTime::default());
+    g.set_prefill_chunk(4);
+    g.prefill(&token_ids(3, 8, vocab)).unwrap();
+    assert_eq!(
+        g.host_time().unwrap().steps,
+        0,
+        "a prefill counted as steps"
+    );
+    for &t in &token_ids(4, 3, vocab) {
+        g.step(t, Readout::Logits).unwrap();
+    }
+    let h = g.host_time().unwrap();
+    assert_eq!(h.steps, 3);
+    let us = h.us_per_step_since(h0).expect("three steps");
+    assert!(us.is_finite() && us > 0.0, "{us} µs per step");
+    assert_eq!(h.us_per_step_since(h), None, "no steps in between");
 }
