@@ -57,7 +57,7 @@ struct AttnParams {
     k_norm_off: u32,
     cos_at: u32,      // word offsets in step
     sin_at: u32,
-    _pad0: u32,
+    kn_off: u32,      // qk_attend: act offset of the normalised keys (for captures)
     _pad1: u32,
     _pad2: u32,
 }
@@ -177,14 +177,21 @@ fn qk_store(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
 @group(0) @binding(8) var<uniform> ap: AttnParams;
 @group(0) @binding(9) var<storage, read_write> a_act: array<f32>;
 @group(0) @binding(10) var<storage, read> a_step: array<u32>;
-@group(0) @binding(11) var<storage, read> a_kcodes: array<u32>;
-@group(0) @binding(12) var<storage, read> a_vcodes: array<u32>;
-@group(0) @binding(13) var<storage, read> a_kscale: array<f32>;
-@group(0) @binding(14) var<storage, read> a_vscale: array<f32>;
+@group(0) @binding(11) var<storage, read_write> a_kcodes: array<u32>;
+@group(0) @binding(12) var<storage, read_write> a_vcodes: array<u32>;
+@group(0) @binding(13) var<storage, read_write> a_kscale: array<f32>;
+@group(0) @binding(14) var<storage, read_write> a_vscale: array<f32>;
 @group(0) @binding(15) var<storage, read_write> a_scores: array<f32>;
 
 var<workgroup> w_sh: array<f32, WG>;
 var<workgroup> row_sh: array<u32, WG>;
+
+// qk_attend: the current position's int8 key (words 0..) and value (words
+// MAX_WORDS..) as this workgroup quantized them, and their scales.
+const MAX_WORDS: u32 = MAX_HEAD_DIM / 4u;
+const CUR_ROW: u32 = 0xffffffffu;
+var<workgroup> cur_codes: array<u32, 512>;
+var<workgroup> cur_scale: array<f32, 2>;
 
 // Cache row (within the head's rows) of the i-th attended position: the sink
 // prefix [0, n1) first, then the window from `lo` on.
@@ -201,8 +208,18 @@ fn attended_slot(i: u32, n1: u32, lo: u32) -> u32 {
 
 @compute @workgroup_size(64)
 fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let qb = ap.q_off + wid.x * ap.head_dim;
+    for (var i = li; i < ap.head_dim; i += WG) {
+        xs[i] = a_act[qb + i];
+    }
+    attend_body(wid.x, li, false);
+}
+
+// Query head h (already in xs, loaded before the call) attends over S; with `cur`,
+// the current position's key and value come from cur_codes / cur_scale (this
+// workgroup's own quantization, qk_attend) instead of the cache. Uniform control flow.
+fn attend_body(h: u32, li: u32, cur: bool) {
     let n = ap.head_dim;
-    let h = wid.x;
     let j = h / (ap.heads / ap.kv_heads);
     let t = a_step[1];
     // S = [0, n1) ++ [lo, t]; n2 = t + 1 - lo when lo <= t.
@@ -219,10 +236,6 @@ fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     let row0 = (ap.layer * ap.kv_heads + j) * ap.rows;
     let sc0 = h * ap.rows;
 
-    let qb = ap.q_off + h * n;
-    for (var i = li; i < n; i += WG) {
-        xs[i] = a_act[qb + i];
-    }
     workgroupBarrier();
 
     // Scores, one position per invocation; position i is always handled by
@@ -231,10 +244,16 @@ fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     var m = LOWEST;
     for (var i = li; i < count; i += WG) {
         let row = row0 + attended_slot(i, n1, lo);
+        let mine = cur && i + 1u == count;
         let kb = row * ap.words;
         var dot = 0.0;
         for (var w = 0u; w < ap.words; w++) {
-            let word = a_kcodes[kb + w];
+            var word: u32;
+            if (mine) {
+                word = cur_codes[w];
+            } else {
+                word = a_kcodes[kb + w];
+            }
             for (var b = 0u; b < 4u; b++) {
                 let d = 4u * w + b;
                 if (d < n) {
@@ -242,7 +261,13 @@ fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
                 }
             }
         }
-        let s = dot * a_kscale[row] / sqrt_d;
+        var ks: f32;
+        if (mine) {
+            ks = cur_scale[0];
+        } else {
+            ks = a_kscale[row];
+        }
+        let s = dot * ks / sqrt_d;
         a_scores[sc0 + i] = s;
         m = max(m, s);
     }
@@ -265,8 +290,13 @@ fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
         let i = tile * WG + li;
         if (i < count) {
             let row = row0 + attended_slot(i, n1, lo);
-            w_sh[li] = a_scores[sc0 + i] / total * a_vscale[row];
-            row_sh[li] = row;
+            if (cur && i + 1u == count) {
+                w_sh[li] = a_scores[sc0 + i] / total * cur_scale[1];
+                row_sh[li] = CUR_ROW;
+            } else {
+                w_sh[li] = a_scores[sc0 + i] / total * a_vscale[row];
+                row_sh[li] = row;
+            }
         }
         workgroupBarrier();
         let here = min(WG, count - tile * WG);
@@ -276,7 +306,12 @@ fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
             for (var c = 0u; c < ACC_WORDS; c++) {
                 let w = li + c * WG;
                 if (w < ap.words) {
-                    let word = a_vcodes[vb + w];
+                    var word: u32;
+                    if (row_sh[k] == CUR_ROW) {
+                        word = cur_codes[MAX_WORDS + w];
+                    } else {
+                        word = a_vcodes[vb + w];
+                    }
                     let codes = vec4<f32>(code_at(word, 0u), code_at(word, 1u), code_at(word, 2u), code_at(word, 3u));
                     acc[c] += wt * codes;
                 }
@@ -300,4 +335,106 @@ fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
             }
         }
     }
+}
+
+// ---------------------------------------------------------------- qk_attend
+@group(0) @binding(16) var<storage, read> a_vec: array<f32>;
+
+// xs[0..head_dim] <- RoPE(zcrms(xs, norm at w_off)) (qk_store's arithmetic).
+fn norm_rope_xs(w_off: u32, li: u32) {
+    let n = ap.head_dim;
+    let half = n / 2u;
+    let r = 1.0 / sqrt(sum_sq8(n, li) / f32(n) + 1e-6);
+    for (var i = li; i < half; i += WG) {
+        let a = xs[i] * r * (1.0 + a_vec[w_off + i]);
+        let b = xs[i + half] * r * (1.0 + a_vec[w_off + i + half]);
+        let c = bitcast<f32>(a_step[ap.cos_at + i]);
+        let s = bitcast<f32>(a_step[ap.sin_at + i]);
+        xs[i] = a * c - b * s;
+        xs[i + half] = a * s + b * c;
+    }
+    workgroupBarrier();
+}
+
+// xs quantized as store_int8 does, into cur_codes at word `at` and cur_scale[slot];
+// with `cell`, also stored at that cache row of the V (slot 1) or K cache.
+fn quantize_cur(slot: u32, at: u32, store: bool, cell: u32, li: u32) {
+    let n = ap.head_dim;
+    var m = 0.0;
+    for (var i = li; i < n; i += WG) {
+        m = max(m, abs(xs[i]));
+    }
+    let scale = max(1e-12, wg_max(m, li)) / 127.0;
+    for (var w = li; w < ap.words; w += WG) {
+        var word = 0u;
+        for (var b = 0u; b < 4u; b++) {
+            let d = 4u * w + b;
+            if (d < n) {
+                let c = i32(clamp(round(xs[d] / scale), -127.0, 127.0));
+                word |= (bitcast<u32>(c) & 0xffu) << (8u * b);
+            }
+        }
+        cur_codes[at + w] = word;
+        if (store) {
+            if (slot == 1u) {
+                a_vcodes[cell * ap.words + w] = word;
+            } else {
+                a_kcodes[cell * ap.words + w] = word;
+            }
+        }
+    }
+    if (li == 0u) {
+        cur_scale[slot] = scale;
+        if (store) {
+            if (slot == 1u) {
+                a_vscale[cell] = scale;
+            } else {
+                a_kscale[cell] = scale;
+            }
+        }
+    }
+    workgroupBarrier();
+}
+
+// qk_store and attend in one dispatch (the lean program): dispatch (heads, 1, 1),
+// workgroup 64, bindings 8..16 (attend's and the vectors). Query head h with KV
+// head j = h / (heads / kv_heads): every workgroup of the group normalises and
+// quantizes k_j and v_j itself (the same arithmetic, so the same codes); the
+// first one stores them at cache row (layer, j, step[2]) and writes the
+// normalised k_j at kn_off + j·head_dim. q_h is normalised in place, then it
+// attends as `attend` does, the current position read from its own codes (the
+// cache row may not be written yet: workgroups do not wait for each other).
+@compute @workgroup_size(64)
+fn qk_attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let n = ap.head_dim;
+    let h = wid.x;
+    let j = h / (ap.heads / ap.kv_heads);
+    let first = h % (ap.heads / ap.kv_heads) == 0u;
+    let cell = (ap.layer * ap.kv_heads + j) * ap.rows + a_step[2];
+    for (var i = li; i < n; i += WG) {
+        xs[i] = a_act[ap.k_off + j * n + i];
+    }
+    workgroupBarrier();
+    norm_rope_xs(ap.k_norm_off, li);
+    if (first) {
+        for (var i = li; i < n; i += WG) {
+            a_act[ap.kn_off + j * n + i] = xs[i];
+        }
+    }
+    quantize_cur(0u, 0u, first, cell, li);
+    for (var i = li; i < n; i += WG) {
+        xs[i] = a_act[ap.v_off + j * n + i];
+    }
+    workgroupBarrier();
+    quantize_cur(1u, MAX_WORDS, first, cell, li);
+    let qb = ap.q_off + h * n;
+    for (var i = li; i < n; i += WG) {
+        xs[i] = a_act[qb + i];
+    }
+    workgroupBarrier();
+    norm_rope_xs(ap.q_norm_off, li);
+    for (var i = li; i < n; i += WG) {
+        a_act[qb + i] = xs[i];
+    }
+    attend_body(h, li, true);
 }

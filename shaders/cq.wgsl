@@ -508,3 +508,79 @@ fn gather(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     }
 }
 
+
+// ---------------------------------------------------------------- gather_many
+// gather_many  bindings 16..20  dispatch (Σ groups of the entries, 1, 1),
+//   workgroup 256: the lean program's head, every `gather` of the step (the
+//   embedding and the engram tables) in one dispatch. Workgroup w runs group
+//   w − gm.start[i] of entry i (gm.start ascending); an entry is a GatherParams
+//   whose _pad0 names its arena binding (bit 0: 17 or 18) and its output
+//   binding (bit 1: 20 or 21). Same arithmetic as gather.
+struct GatherMany {
+    n: u32,
+    _p0: u32,
+    _p1: u32,
+    _p2: u32,
+    start: array<vec4<u32>, 3>, // start[i] at start[i / 4][i % 4]; start[n] = total
+    e: array<GatherParams, 8>,
+}
+@group(0) @binding(16) var<uniform> gm: GatherMany;
+@group(0) @binding(17) var<storage, read> gm_arena_a: array<u32>;
+@group(0) @binding(18) var<storage, read> gm_arena_b: array<u32>;
+@group(0) @binding(19) var<storage, read> gm_idx: array<u32>;
+@group(0) @binding(20) var<storage, read_write> gm_out: array<f32>;
+@group(0) @binding(21) var<storage, read_write> gm_out_b: array<f32>;
+
+fn gm_start(i: u32) -> u32 {
+    return gm.start[i / 4u][i % 4u];
+}
+
+fn gm_word(sel: u32, i: u32) -> u32 {
+    if (sel == 0u) {
+        return gm_arena_a[i];
+    }
+    return gm_arena_b[i];
+}
+
+@compute @workgroup_size(256)
+fn gather_many(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    var i = 0u;
+    for (var q = 1u; q < gm.n; q++) {
+        if (wid.x >= gm_start(q)) {
+            i = q;
+        }
+    }
+    let p = gm.e[i];
+    let k = wid.x - gm_start(i);
+    let want = gm_idx[p.idx_at];
+    let mine = want >= p.row_first && want - p.row_first < p.rows;
+    let row = select(0u, want - p.row_first, mine);
+    let ni = p.norms_off + row * p.groups + k;
+    let sel = p._pad0 & 1u;
+    let to_b = (p._pad0 & 2u) != 0u;
+    let nw = unpack2x16float(gm_word(sel, ni >> 1u));
+    let norm = select(nw.x, nw.y, (ni & 1u) == 1u);
+    let mask = (1u << p.bits) - 1u;
+    for (var c = li; c < p.group; c += WG) {
+        let bit = (k * p.group + c) * p.bits;
+        let word = gm_word(sel, p.packed_off + row * p.row_words + bit / 32u);
+        let idx = (word >> (bit % 32u)) & mask;
+        xw[c] = norm * bitcast<f32>(gm_word(sel, p.cb_off + idx));
+    }
+    workgroupBarrier();
+    fwht_groups(p.group, p.group, li, WG);
+    let s = 1.0 / sqrt(f32(p.group));
+    for (var c = li; c < p.group; c += WG) {
+        let col = k * p.group + c;
+        if (mine && col < p.cols) {
+            let v = xw[c] * s * p.scale;
+            for (var q = 0u; q < p.copies; q++) {
+                if (to_b) {
+                    gm_out_b[p.out_off + q * p.copy_stride + col] = v;
+                } else {
+                    gm_out[p.out_off + q * p.copy_stride + col] = v;
+                }
+            }
+        }
+    }
+}

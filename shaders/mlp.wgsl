@@ -165,6 +165,12 @@ fn z_init(i: u32, r: f32) -> f32 {
 @compute @workgroup_size(256)
 fn mlp(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     ta = wid.y * mp.tstride;
+    mlp_body(li);
+}
+
+// The MLP of the token slot at `ta` by the 256 invocations of one workgroup (also
+// layer.wgsl's, which is compiled after this file). Uniform control flow.
+fn mlp_body(li: u32) {
     let h = mp.hidden;
     let hd = mp.hd;
     // after = b + s·zcrms(attn, post_norm).

@@ -20,7 +20,7 @@ use super::recorder::{self, Observer, Op, Queries};
 use super::state::DeviceState;
 use super::step_input::StepInput;
 use super::upload::GpuWeights;
-use super::{GpuContext, GpuOptions};
+use super::{GpuContext, GpuOptions, ProgramKind};
 use crate::config::Config;
 use crate::engine::{Engine, HostTime, Readout, StepOut};
 use crate::error::{Error, Result};
@@ -75,7 +75,26 @@ impl GpuEngine {
     /// # Errors
     /// As [`GpuEngine::new`].
     pub fn with_context(model: Arc<Model>, ctx: Arc<GpuContext>) -> Result<GpuEngine> {
-        Self::build(model, ctx, None)
+        Self::build(model, ctx, None, None)
+    }
+
+    /// [`GpuEngine::with_context`] running `program` whatever the adapter and
+    /// `CQLM_GPU_PROGRAM` say (the lean program falls back to the standard one for
+    /// a model it does not fit: see [`GpuEngine::program`]).
+    ///
+    /// # Errors
+    /// As [`GpuEngine::new`].
+    pub fn with_program(
+        model: Arc<Model>,
+        ctx: Arc<GpuContext>,
+        program: ProgramKind,
+    ) -> Result<GpuEngine> {
+        Self::build(model, ctx, None, Some(program))
+    }
+
+    /// The decode program this engine runs.
+    pub fn program(&self) -> ProgramKind {
+        self.program.kind
     }
 
     /// [`GpuEngine::with_context`] with a deliberate bug (for testing parity tools).
@@ -84,14 +103,19 @@ impl GpuEngine {
     /// As [`GpuEngine::new`].
     #[doc(hidden)]
     pub fn with_fault(model: Arc<Model>, ctx: Arc<GpuContext>, fault: Fault) -> Result<GpuEngine> {
-        Self::build(model, ctx, Some(fault))
+        Self::build(model, ctx, Some(fault), None)
     }
 
-    fn build(model: Arc<Model>, ctx: Arc<GpuContext>, fault: Option<Fault>) -> Result<GpuEngine> {
+    fn build(
+        model: Arc<Model>,
+        ctx: Arc<GpuContext>,
+        fault: Option<Fault>,
+        program: Option<ProgramKind>,
+    ) -> Result<GpuEngine> {
         let c = &model.config;
         let kernels = Kernels::new(&ctx);
         let weights = GpuWeights::upload(&ctx, &model)?;
-        let act = ActLayout::new(c, weights.sites.len());
+        let act = ActLayout::new(c, weights.sites.len(), weights.embed.padded());
         let table_rows = model
             .weights
             .engram
@@ -110,6 +134,7 @@ impl GpuEngine {
             state: &state,
             step: &input.layout,
             fault,
+            program,
         })?;
         let readback = Readback::new(&ctx, c.vocab, &state.logits)?;
         // A device lost or out of memory while uploading is reported here, not later.
@@ -289,8 +314,13 @@ impl GpuEngine {
         };
         let mut segments = vec![(&p.head, &p.head_caps[..])];
         segments.extend(p.layers.iter().zip(p.layer_caps.iter().map(Vec::as_slice)));
-        let tail_caps = [logits_point];
+        // The tail runs when logits are asked for, or when it computes named
+        // tensors of the last layer (the lean program's last layer_step).
+        let mut tail_caps = p.tail_caps.clone();
         if want_logits {
+            tail_caps.push(logits_point);
+        }
+        if want_logits || !p.tail_caps.is_empty() {
             segments.push((&p.tail, &tail_caps[..]));
         }
         let points: Vec<_> = segments.iter().flat_map(|(_, c)| c.iter()).collect();
@@ -493,7 +523,11 @@ impl Engine for GpuEngine {
     }
 
     fn describe(&self) -> String {
-        format!("gpu: {}", self.ctx.describe())
+        let program = match self.program.kind {
+            ProgramKind::Standard => "standard",
+            ProgramKind::Lean => "lean",
+        };
+        format!("gpu: {}, {program} program", self.ctx.describe())
     }
 
     fn dispatches_per_token(&self) -> Option<usize> {

@@ -54,6 +54,10 @@ pub(crate) struct ActLayout {
     pub g: usize,
     /// Gated head outputs.
     pub o: usize,
+    /// The lean program's normalised keys (its `k` capture; `k` keeps the raw ones).
+    pub kn: usize,
+    /// The lean program's prepared input of the vocabulary projection.
+    pub lprep: usize,
     /// The output projection.
     pub attn: usize,
     /// After the post-attention norm and residual.
@@ -77,8 +81,9 @@ pub(crate) struct ActLayout {
 }
 
 impl ActLayout {
-    /// The layout for `c` with `sites` engram sites.
-    pub(crate) fn new(c: &Config, sites: usize) -> ActLayout {
+    /// The layout for `c` with `sites` engram sites, the embedding's prepared
+    /// input `embed_padded` long.
+    pub(crate) fn new(c: &Config, sites: usize, embed_padded: usize) -> ActLayout {
         let h = c.hidden;
         let mut r = Regions::default();
         let p = r.take(24);
@@ -89,6 +94,8 @@ impl ActLayout {
         let v = r.take(c.kv_dim());
         let g = r.take(c.q_dim());
         let o = r.take(c.q_dim());
+        let kn = r.take(c.kv_dim());
+        let lprep = r.take(embed_padded);
         let attn = r.take(h);
         let after = r.take(h);
         let update = r.take(h);
@@ -113,6 +120,8 @@ impl ActLayout {
             v,
             g,
             o,
+            kn,
+            lprep,
             attn,
             after,
             update,

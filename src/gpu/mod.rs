@@ -3,7 +3,8 @@
 //! The engine ([`GpuEngine`], `engine.rs`) composes parts that own their data
 //! and never import it: `upload` (weights), `layout` (activation offsets and
 //! token slots), `state` (device buffers), `program` (the step's dispatch lists
-//! and capture points), `readback`, `prefill` (chunked prompts), `capture`, and
+//! and capture points), `lean` (the 3-dispatch-per-layer program for hardware
+//! GPUs), `readback`, `prefill` (chunked prompts), `capture`, and
 //! `recorder`, the one recorder every way of running the step goes through.
 
 pub mod arena;
@@ -12,6 +13,7 @@ mod context;
 mod engine;
 pub mod kernels;
 mod layout;
+mod lean;
 mod prefill;
 pub mod profile;
 mod program;
@@ -30,5 +32,6 @@ pub use context::{
 };
 pub use engine::GpuEngine;
 pub use layout::PREFILL_SLOTS;
+pub use lean::ProgramKind;
 pub use program::Fault;
 pub use util::{grid, run_dispatches, Dispatch, Kernel, Window, STORAGE};

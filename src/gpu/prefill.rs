@@ -5,10 +5,12 @@
 //! (built per chunk length, cached). The per-token kernels run in token order,
 //! so each token's attention sees exactly the cache rows its own step would,
 //! across the window wrap too, and the logits are bit-identical to one step per
-//! token.
+//! token. The lean program ([`super::lean`]) runs a chunk as its decode steps,
+//! one after another in one submit, each rebound to its token's slot.
 
 use super::kernels::mlp::MlpKernels;
 use super::layout::Slots;
+use super::lean::ProgramKind;
 use super::program::{Kernels, MatvecPlan, StepProgram};
 use super::recorder::Op;
 use super::state::DeviceState;
@@ -17,6 +19,10 @@ use super::{Dispatch, GpuContext, Window};
 
 /// The per-slot dispatches, built on the first prefill.
 struct PerSlot {
+    /// The lean program: each slot's whole decode step (head and layers) and
+    /// tail, rebound to it; a chunk runs them token after token in one submit,
+    /// so its logits are those of one step per token, bit for bit.
+    lean: Option<Vec<(Vec<Dispatch>, Vec<Dispatch>)>>,
     /// Head dispatches per slot.
     head: Vec<Vec<Dispatch>>,
     /// Per layer, per slot: premix, qk_store, attend, route.
@@ -56,7 +62,9 @@ impl PrefillPlan {
     ) {
         if self.per_slot.is_none() {
             let count = self.slots.count;
+            let lean = program.kind == ProgramKind::Lean;
             let mut p = PerSlot {
+                lean: lean.then(|| Vec::with_capacity(count)),
                 head: Vec::with_capacity(count),
                 per_token: vec![Vec::with_capacity(count); program.plan.len()],
                 tail: Vec::with_capacity(count),
@@ -66,8 +74,18 @@ impl PrefillPlan {
                 let re = |ds: &[Dispatch]| -> Vec<Dispatch> {
                     ds.iter().map(|d| d.rebound(ctx, &w)).collect()
                 };
-                p.head.push(re(&program.head));
-                p.tail.push(re(&program.tail));
+                if let Some(steps) = &mut p.lean {
+                    let step: Vec<Dispatch> = program
+                        .head
+                        .iter()
+                        .chain(program.layers.iter().flatten())
+                        .cloned()
+                        .collect();
+                    steps.push((re(&step), re(&program.tail)));
+                    continue;
+                }
+                p.head.push(re(&program.prefill_head));
+                p.tail.push(re(&program.prefill_tail));
                 for (l, lp) in program.plan.iter().enumerate() {
                     let r = |d: &Dispatch| d.rebound(ctx, &w);
                     p.per_token[l].push([
@@ -80,7 +98,8 @@ impl PrefillPlan {
             }
             self.per_slot = Some(p);
         }
-        if !self.batched.iter().any(|(k, _)| *k == n) {
+        let lean = self.per_slot.as_ref().is_some_and(|p| p.lean.is_some());
+        if !lean && !self.batched.iter().any(|(k, _)| *k == n) {
             let mlp: &MlpKernels = &kernels.mlp;
             let b = program
                 .plan
@@ -114,11 +133,20 @@ impl PrefillPlan {
     /// the chunk was not prepared.
     pub(crate) fn ops(&self, n: usize, tail: bool) -> Option<Vec<Op<'_>>> {
         let p = self.per_slot.as_ref()?;
-        let (_, batched) = self.batched.iter().find(|(k, _)| *k == n)?;
         let mut ops = Vec::new();
         fn run<'a>(ops: &mut Vec<Op<'a>>, ds: &'a [Dispatch]) {
             ops.extend(ds.iter().map(Op::Run));
         }
+        if let Some(steps) = &p.lean {
+            for (step, _) in &steps[..n] {
+                run(&mut ops, step);
+            }
+            if tail {
+                run(&mut ops, &steps[n - 1].1);
+            }
+            return Some(ops);
+        }
+        let (_, batched) = self.batched.iter().find(|(k, _)| *k == n)?;
         for head in &p.head[..n] {
             run(&mut ops, head);
         }

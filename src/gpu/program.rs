@@ -7,9 +7,11 @@ use super::capture::{CapturePoint, Source};
 use super::kernels::attention::{AttentionKernels, AttnParams};
 use super::kernels::cq::{Batch, CqKernels, MatvecInput, PrepareMode};
 use super::kernels::engram::{EngramConvParams, EngramKernels};
+use super::kernels::layer::LayerKernels;
 use super::kernels::mhc::{MhcKernels, PremixParams, RouteParams};
 use super::kernels::mlp::{MlpKernels, MlpParams};
 use super::layout::{ActLayout, Slots};
+use super::lean::{self, ProgramKind};
 use super::state::DeviceState;
 use super::step_input::StepLayout;
 use super::upload::GpuWeights;
@@ -37,6 +39,7 @@ pub(crate) struct Kernels {
     pub mhc: MhcKernels,
     pub mlp: MlpKernels,
     pub engram: EngramKernels,
+    pub layer: LayerKernels,
 }
 
 impl Kernels {
@@ -48,6 +51,7 @@ impl Kernels {
             mhc: MhcKernels::new(ctx),
             mlp: MlpKernels::new(ctx),
             engram: EngramKernels::new(ctx),
+            layer: LayerKernels::new(ctx),
         }
     }
 }
@@ -114,15 +118,25 @@ pub(crate) struct LayerPlan {
 
 /// The decode step's dispatches, capture points and prefill plan.
 pub(crate) struct StepProgram {
+    /// Which program the lists hold ([`ProgramKind`]).
+    pub kind: ProgramKind,
     /// Embedding gather and the engram head.
     pub head: Vec<Dispatch>,
-    /// Per layer: phi, premix, qkvg, qk_store, attend, wo, mlp, route.
+    /// The engram convolutions within the standard head.
+    pub head_conv: std::ops::Range<usize>,
+    /// Per layer; standard: phi, premix, qkvg, qk_store, attend, wo, mlp, route;
+    /// lean: layer_step, qkvg, qk_attend.
     pub layers: Vec<Vec<Dispatch>>,
-    /// The vocabulary projection.
+    /// The vocabulary projection (lean: after the last layer_step).
     pub tail: Vec<Dispatch>,
-    /// Capture points of the head and of each layer.
+    /// Capture points of the head, of each layer and of the tail (lean: the last
+    /// layer's tensors after its layer_step; the logits are added by the caller).
     pub head_caps: Vec<CapturePoint>,
     pub layer_caps: Vec<Vec<CapturePoint>>,
+    pub tail_caps: Vec<CapturePoint>,
+    /// The standard program's head and tail, which the prefill rebinds per slot.
+    pub prefill_head: Vec<Dispatch>,
+    pub prefill_tail: Vec<Dispatch>,
     /// Per layer, what a prefill chunk batches.
     pub plan: Vec<LayerPlan>,
 }
@@ -138,6 +152,8 @@ pub(crate) struct Parts<'a> {
     pub state: &'a DeviceState,
     pub step: &'a StepLayout,
     pub fault: Option<Fault>,
+    /// The program asked for (`None`: [`ProgramKind::choose`]).
+    pub program: Option<ProgramKind>,
 }
 
 impl StepProgram {
@@ -168,6 +184,7 @@ impl StepProgram {
             len,
         };
         let mut head_caps = vec![cap(head.len(), "x0".into(), None, Source::Lanes, 0, h)];
+        let (mut conv_from, mut conv_to) = (head.len(), head.len());
         if let Some(e) = &c.engram {
             let e_dim = e.e_dim();
             for (t, table) in w.tables.iter().enumerate() {
@@ -199,6 +216,7 @@ impl StepProgram {
                 ));
             }
             let ring = e.ring();
+            conv_from = head.len();
             for (i, (site, at)) in w.sites.iter().zip(&a.sites).enumerate() {
                 let cp = EngramConvParams {
                     hidden: h as u32,
@@ -215,6 +233,7 @@ impl StepProgram {
                         .conv(ctx, &cp, &s.act, &w.vectors, &s.step, &s.rings),
                 );
             }
+            conv_to = head.len();
             let after = head.len();
             head_caps.push(cap(after, "engram.e".into(), None, Source::Act, a.e, e_dim));
             for (at, &layer) in a.sites.iter().zip(&e.sites) {
@@ -258,14 +277,24 @@ impl StepProgram {
             &s.logits,
             Batch::single(),
         );
-        Ok(StepProgram {
+        let mut program = StepProgram {
+            kind: ProgramKind::Standard,
+            prefill_head: head.clone(),
+            prefill_tail: tail.clone(),
             head,
+            head_conv: conv_from..conv_to,
             layers,
             tail,
             head_caps,
             layer_caps,
+            tail_caps: Vec::new(),
             plan,
-        })
+        };
+        let kind = p.program.unwrap_or_else(|| ProgramKind::choose(ctx));
+        if kind == ProgramKind::Lean && !lean::apply(p, &mut program) {
+            log::info!("the lean GPU program does not fit this model: using the standard one");
+        }
+        Ok(program)
     }
 
     /// Layer `l`: its prefill plan, its decode dispatches and capture points.
@@ -382,7 +411,8 @@ impl StepProgram {
             k_norm_off: lv.k_norm as u32,
             cos_at: p.step.cos_at() as u32,
             sin_at: p.step.sin_at() as u32,
-            _pad: [0; 3],
+            kn_off: 0,
+            _pad: [0; 2],
         };
         let att = &k.attention;
         let qk_store = att.qk_store(ctx, &ap, &s.act, &w.vectors, &s.step, &s.cache);

@@ -80,20 +80,33 @@ pub fn wgsl_struct_size(module: &naga::Module, name: &str) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::workgroup_bytes;
-    use crate::gpu::kernels::{attention, cq, engram, mhc, mlp, sample};
+    use crate::gpu::kernels::{attention, cq, engram, layer, mhc, mlp, sample};
 
     #[test]
     fn workgroup_bytes_of_each_entry_point_match_a_hand_count() {
         // Hand counts from the `var<workgroup>` declarations (f32/u32/atomic = 4 bytes,
         // each variable rounded up to 16 bytes).
-        let cases: [(&str, &str, u32); 9] = [
+        let cases: [(&str, &str, u32); 12] = [
             // best_v, best_i, bad: 3 × 256 × 4 (topk's variables don't count).
             (sample::SOURCE, "argmax", 3 * 1024),
             // hist 1024, taken 4 → 16, flag 4 → 16, sel 16, scratch 256 × 4.
             (sample::SOURCE, "topk", 1024 + 16 + 16 + 16 + 1024),
-            // xs 1024 × 4 + scratch 64 × 4; attend adds w_sh and row_sh (64 × 4 each).
+            // xs 1024 × 4 + scratch 64 × 4; attend adds w_sh and row_sh (64 × 4
+            // each) and, through attend_body (which qk_attend shares), cur_codes
+            // (512 × 4) and cur_scale (2 × 4 → 16).
             (attention::SOURCE, "qk_store", 4096 + 256),
-            (attention::SOURCE, "attend", 4096 + 256 + 256 + 256),
+            (
+                attention::SOURCE,
+                "attend",
+                4096 + 256 + 256 + 256 + 2048 + 16,
+            ),
+            (
+                attention::SOURCE,
+                "qk_attend",
+                4096 + 256 + 256 + 256 + 2048 + 16,
+            ),
+            // mlp.wgsl's scratch only: within WebGPU's default 16 KiB.
+            (layer::SOURCE, "layer_step", 16384),
             // scratch 256 × 4; route uses only gates (20 × 4).
             (mhc::SOURCE, "premix", 1024),
             (mhc::SOURCE, "route", 80),
@@ -102,6 +115,8 @@ mod tests {
             (engram::SOURCE, "conv", 0),
             // xw 4096 × 4, lut 1024 × 4, red 64 × 4.
             (cq::SOURCE, "matvec", 16384 + 4096 + 256),
+            // xw 4096 × 4.
+            (cq::SOURCE, "gather_many", 16384),
         ];
         for (src, entry, want) in cases {
             assert_eq!(workgroup_bytes(src, entry), Ok(want), "{entry}");

@@ -67,6 +67,8 @@ struct ActLayout {
     v: usize,
     g: usize,
     o: usize,
+    /// Where `qk_attend` writes the normalised keys.
+    kn: usize,
     len: usize,
 }
 
@@ -76,13 +78,15 @@ fn act_layout(heads: usize, kv_heads: usize, hd: usize) -> ActLayout {
     let v = k + kv_heads * hd + 1;
     let g = v + kv_heads * hd + 2;
     let o = g + heads * hd + 1;
+    let kn = o + heads * hd + 2;
     ActLayout {
         q,
         k,
         v,
         g,
         o,
-        len: o + heads * hd + 4,
+        kn,
+        len: kn + kv_heads * hd + 4,
     }
 }
 
@@ -115,7 +119,8 @@ fn params(
         k_norm_off: 3 + hd as u32 + 2,
         cos_at: COS_AT as u32,
         sin_at: sin_at as u32,
-        _pad: [0; 3],
+        kn_off: a.kn as u32,
+        _pad: [0; 2],
     }
 }
 
@@ -604,6 +609,17 @@ fn qk_store_crafted_ties_are_within_one_code_on_any_adapter() {
 /// its own cache (the current token is read back from the cache, wrap included).
 #[test]
 fn store_then_attend_over_steps_matches_cpu() {
+    store_then_attend_over_steps(false);
+}
+
+#[test]
+fn qk_attend_over_steps_matches_cpu() {
+    // The lean program's fused kernel: the same cache, q, o (and the normalised
+    // keys at kn_off) as the CPU's qk_store then attend, across the window wrap.
+    store_then_attend_over_steps(true);
+}
+
+fn store_then_attend_over_steps(fused: bool) {
     let Some(ctx) = gpu() else { return };
     let kern = AttentionKernels::new(&ctx);
     let mut rng = ChaCha8Rng::seed_from_u64(43);
@@ -635,10 +651,14 @@ fn store_then_attend_over_steps_matches_cpu() {
             .write_buffer(&act_b, 0, bytemuck::cast_slice(&act));
         ctx.queue
             .write_buffer(&step_b, 0, bytemuck::cast_slice(&sw));
-        let ds = [
-            kern.qk_store(&ctx, &p, &act_b, &vec_b, &step_b, &cache),
-            kern.attend(&ctx, &p, &act_b, &step_b, &cache, &scores),
-        ];
+        let ds = if fused {
+            vec![kern.qk_attend(&ctx, &p, &act_b, &vec_b, &step_b, &cache, &scores)]
+        } else {
+            vec![
+                kern.qk_store(&ctx, &p, &act_b, &vec_b, &step_b, &cache),
+                kern.attend(&ctx, &p, &act_b, &step_b, &cache, &scores),
+            ]
+        };
         run_dispatches(&ctx, &ds).unwrap();
         let got = ctx.read_f32(&act_b, 0, a.len).unwrap();
         let gpu_cache = download(&ctx, &cache);
@@ -709,5 +729,17 @@ fn store_then_attend_over_steps_matches_cpu() {
         assert!(eq <= 1e-5, "t {t}: q {eq}");
         let e = rel_l2(&got[a.o..a.o + heads * hd], &want);
         assert!(e <= 1e-5, "t {t}: o {e}");
+        // The two-kernel pair normalises k in place; the fused one writes it at
+        // kn and leaves the raw keys for the other heads of the group.
+        let (k_at, k_raw) = if fused { (a.kn, a.k) } else { (a.k, a.kn) };
+        let ek = rel_l2(&got[k_at..k_at + kv_heads * hd], &k_all);
+        assert!(ek <= 1e-5, "t {t}: normalised k {ek}");
+        let raw = &got[k_raw..k_raw + kv_heads * hd];
+        assert!(
+            raw.iter()
+                .zip(&act[k_raw..])
+                .all(|(g, w)| g.to_bits() == w.to_bits()),
+            "t {t}: the buffer that should be untouched changed"
+        );
     }
 }

@@ -12,6 +12,7 @@ mod block;
 mod cq;
 mod cq_aliasing;
 mod engine;
+mod lean;
 mod parity;
 mod portability;
 mod sample;

@@ -128,8 +128,11 @@ pub struct AttnParams {
     pub cos_at: u32,
     /// Word offset of the first RoPE sine in `step`.
     pub sin_at: u32,
+    /// `qk_attend`: first element of the normalised keys in `act` (what the
+    /// `k` capture reads; the raw keys at `k_off` stay for the other heads).
+    pub kn_off: u32,
     /// Padding to a multiple of 16 bytes.
-    pub _pad: [u32; 3],
+    pub _pad: [u32; 2],
 }
 
 /// The compiled pipelines of the family.
@@ -137,6 +140,7 @@ pub struct AttnParams {
 pub struct AttentionKernels {
     qk_store: Kernel,
     attend: Kernel,
+    qk_attend: Kernel,
 }
 
 impl AttentionKernels {
@@ -145,6 +149,7 @@ impl AttentionKernels {
         AttentionKernels {
             qk_store: Kernel::new(ctx, SOURCE, "qk_store", "qk_store", 0, &[]),
             attend: Kernel::new(ctx, SOURCE, "attend", "attend", 8, &[]),
+            qk_attend: Kernel::new(ctx, SOURCE, "qk_attend", "qk_attend", 8, &[]),
         }
     }
 
@@ -227,6 +232,51 @@ impl AttentionKernels {
             p.head_dim as usize,
             p.rows as usize,
         ))
+    }
+}
+
+impl AttentionKernels {
+    /// Dispatch `(heads, 1, 1)`: [`AttentionKernels::qk_store`] and
+    /// [`AttentionKernels::attend`] in one (the lean program). Every workgroup of a
+    /// KV head's group normalises and quantizes that head's key and value itself;
+    /// the group's first stores them in the cache and writes the normalised key at
+    /// `kn_off`; each normalises its query head in place and attends, reading the
+    /// current position from its own codes. `q`, `kn_off`, `v`, `o` then hold what
+    /// the two dispatches leave; the raw keys at `k_off` are left as they were.
+    #[allow(clippy::too_many_arguments)]
+    pub fn qk_attend(
+        &self,
+        ctx: &GpuContext,
+        p: &AttnParams,
+        act: &wgpu::Buffer,
+        vectors: &wgpu::Buffer,
+        step: &wgpu::Buffer,
+        cache: &KvCache,
+        scores: &wgpu::Buffer,
+    ) -> Dispatch {
+        debug_check(p, cache);
+        debug_assert!(scores.size() >= u64::from(p.heads) * u64::from(p.rows) * 4);
+        let ub = ctx.uniform_init("qk_attend params", bytemuck::bytes_of(p));
+        Dispatch::new(
+            ctx,
+            &self.qk_attend,
+            &[
+                &ub,
+                act,
+                step,
+                &cache.k_codes,
+                &cache.v_codes,
+                &cache.k_scale,
+                &cache.v_scale,
+                scores,
+                vectors,
+            ],
+            [p.heads, 1, 1],
+        )
+        .with_bytes(
+            bytes::qk_store(p.heads as usize, p.kv_heads as usize, p.head_dim as usize)
+                + bytes::attend(p.heads as usize, p.head_dim as usize, p.rows as usize),
+        )
     }
 }
 

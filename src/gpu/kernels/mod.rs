@@ -3,6 +3,7 @@
 pub mod attention;
 pub mod cq;
 pub mod engram;
+pub mod layer;
 pub mod mhc;
 pub mod mlp;
 pub mod sample;

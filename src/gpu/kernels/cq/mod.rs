@@ -12,7 +12,7 @@ pub mod plan;
 
 use crate::gpu::{Dispatch, GpuContext, Kernel};
 use crate::profile::bytes;
-pub use params::{GatherParams, MatvecParams, PREPARED};
+pub use params::{GatherMany, GatherParams, MatvecParams, GATHER_ENTRIES, PREPARED};
 pub use plan::{plan_matvec, Launch, MatvecItem, PlanCaps};
 
 /// The WGSL source of the family.
@@ -109,6 +109,7 @@ pub struct CqKernels {
     /// on subgroups of at least 8): batches share each decoded word.
     batched: Option<[Kernel; 2]>,
     gather: Kernel,
+    gather_many: Kernel,
 }
 
 fn bits_slot(bits: u32) -> usize {
@@ -180,6 +181,7 @@ impl CqKernels {
                 mv(8, "matvec8"),
             ],
             gather: Kernel::new(ctx, SOURCE, "gather", "gather", 12, &[]),
+            gather_many: Kernel::new(ctx, SOURCE, "gather_many", "gather_many", 16, &[]),
         }
     }
 

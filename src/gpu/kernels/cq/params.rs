@@ -89,6 +89,25 @@ pub struct GatherParams {
     pub _pad: u32,
 }
 
+/// Entries of one [`GatherMany`] dispatch at most.
+pub const GATHER_ENTRIES: usize = 8;
+
+/// Mirror of WGSL `GatherMany`: several gathers in one dispatch (the lean
+/// program's head). Entry `i` runs workgroups `start[i] .. start[i + 1]`; its
+/// `_pad` names its arena binding (0 or 1).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable, PartialEq)]
+pub struct GatherMany {
+    /// Entries used.
+    pub n: u32,
+    /// Padding.
+    pub _p: [u32; 3],
+    /// First workgroup of each entry, then the total (`GATHER_ENTRIES + 1` used of 12).
+    pub start: [u32; 12],
+    /// The gathers.
+    pub e: [GatherParams; GATHER_ENTRIES],
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -102,6 +121,7 @@ mod tests {
         for (name, size) in [
             ("MatvecParams", std::mem::size_of::<MatvecParams>()),
             ("GatherParams", std::mem::size_of::<GatherParams>()),
+            ("GatherMany", std::mem::size_of::<GatherMany>()),
         ] {
             assert_eq!(wgsl_struct_size(&m, name), Some(size as u32), "{name}");
         }

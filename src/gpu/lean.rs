@@ -1,0 +1,440 @@
+//! The lean program: the decode step in 3 dispatches per layer for hardware GPUs,
+//! where a step is bound by the number of dependent dispatches, not by memory.
+//!
+//! Layer `l` is `layer_step` (one workgroup: layer `l − 1`'s output projection,
+//! MLP and routing, then layer `l`'s Φ projections and pre-mix;
+//! [`crate::gpu::kernels::layer`]), the q/k/v/g matvec, and `qk_attend` (the
+//! KV store and attention of every head in one dispatch). The tail is a last
+//! `layer_step` (the last layer's output projection, MLP and routing, and the
+//! logits' input prepared once) and the vocabulary matvec reading it prepared.
+//! The engram convolutions run in layer 0's `layer_step`.
+//!
+//! The prefill keeps the standard program's kernels (its matvecs batch a chunk;
+//! [`super::prefill`]); both leave the same cache and rings. Which program a
+//! step runs: [`ProgramKind::choose`].
+
+use super::capture::{CapturePoint, Source};
+use super::kernels::attention::AttnParams;
+use super::kernels::cq::{Batch, MatvecInput, PrepareMode};
+use super::kernels::layer::{flags, CqRef, LayerBuffers, LayerParams, MAX_STAGED};
+use super::kernels::mlp::MlpParams;
+use super::program::{Parts, StepProgram};
+use super::step_input::StepLayout;
+use super::{Dispatch, GpuContext};
+use crate::profile::bytes;
+
+/// Which dispatch lists a decode step records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProgramKind {
+    /// 8 dispatches per layer, each kernel on its own (what suits lavapipe, whose
+    /// threads run a workgroup as a loop: a single-workgroup kernel there is one
+    /// CPU thread).
+    Standard,
+    /// 3 dispatches per layer (this module's doc).
+    Lean,
+}
+
+impl ProgramKind {
+    /// `CQLM_GPU_PROGRAM=lean|standard` when set (an unknown value is ignored
+    /// with a warning), else lean on a hardware GPU and standard on a software
+    /// adapter (wgpu's `DeviceType::Cpu`).
+    pub fn choose(ctx: &GpuContext) -> ProgramKind {
+        match std::env::var("CQLM_GPU_PROGRAM").as_deref() {
+            Ok("lean") => return ProgramKind::Lean,
+            Ok("standard") => return ProgramKind::Standard,
+            Ok(other) => log::warn!("CQLM_GPU_PROGRAM={other}: expected lean or standard"),
+            Err(_) => {}
+        }
+        if ctx.info.device_type == wgpu::DeviceType::Cpu {
+            ProgramKind::Standard
+        } else {
+            ProgramKind::Lean
+        }
+    }
+}
+
+/// Replace `prog`'s decode lists by the lean program's, when the model fits it;
+/// `false` (and `prog` untouched) when it does not: a matrix the kernel reads
+/// (wo, the Φ rows of a layer) split over arena parts or spread over more than
+/// two arenas, Φ matrices of different groups, or a prepared input over
+/// [`MAX_STAGED`] values.
+pub(crate) fn apply(p: &Parts<'_>, prog: &mut StepProgram) -> bool {
+    let Some(layers) = layer_lists(p) else {
+        return false;
+    };
+    let (lists, mut caps, tail, tail_caps) = layers;
+    let c = p.config;
+    let (head, head_caps, values) = head(p, prog);
+    caps[0].splice(0..0, values);
+    debug_assert_eq!(lists.len(), c.layers);
+    prog.head = head;
+    prog.head_caps = head_caps;
+    prog.layers = lists;
+    prog.layer_caps = caps;
+    prog.tail = tail;
+    prog.tail_caps = tail_caps;
+    prog.kind = ProgramKind::Lean;
+    true
+}
+
+/// The lean head: every gather in one dispatch (when they fit it) and the engram
+/// projections of every site in one matvec; the convolutions run in layer 0's
+/// layer_step, so the engram values are captured there (the third list).
+fn head(
+    p: &Parts<'_>,
+    prog: &StepProgram,
+) -> (Vec<Dispatch>, Vec<CapturePoint>, Vec<CapturePoint>) {
+    let (ctx, c, k, w, a, s) = (p.ctx, p.config, p.kernels, p.weights, p.act, p.state);
+    let h = c.hidden;
+    let mut items = vec![(&w.embed, StepLayout::TOKEN, (h as f32).sqrt(), 0, 0, 4, h)];
+    if let Some(e) = &c.engram {
+        for (t, table) in w.tables.iter().enumerate() {
+            items.push((table, p.step.rows_at() + t, 1.0, 1, a.e + t * e.dim, 1, 0));
+        }
+    }
+    let Some(gather) =
+        k.cq.gather_many(ctx, &w.arenas, &items, &s.step, [&s.lanes, &s.act])
+    else {
+        // The standard head without its convolutions.
+        let mut head = prog.head.clone();
+        head.drain(prog.head_conv.clone());
+        let (mut caps, mut values) = (Vec::new(), Vec::new());
+        for cp in &prog.head_caps {
+            let mut cp = cp.clone();
+            if cp.name.starts_with("engram.value.") {
+                cp.after = 1;
+                values.push(cp);
+            } else {
+                cp.after = cp.after.min(head.len());
+                caps.push(cp);
+            }
+        }
+        return (head, caps, values);
+    };
+    let point = |after: usize, name: String, source, offset, len| CapturePoint {
+        after,
+        name,
+        layer: None,
+        source,
+        offset,
+        len,
+    };
+    let mut head = vec![gather];
+    let mut caps = vec![point(1, "x0".into(), Source::Lanes, 0, h)];
+    let mut values = Vec::new();
+    if let Some(e) = &c.engram {
+        let mut mats = Vec::new();
+        for (site, at) in w.sites.iter().zip(&a.sites) {
+            mats.push((&site.wv, 0, h, at.v));
+            mats.push((&site.wk, 0, h, at.key));
+        }
+        head.extend(k.cq.matvec(
+            ctx,
+            &w.arenas,
+            &mats,
+            MatvecInput::Raw {
+                mode: PrepareMode::Copy,
+                n: e.e_dim(),
+                src: (&s.act, a.e),
+                lane_stride: h,
+                gains: (&w.vectors, 0),
+            },
+            &s.act,
+            Batch::single(),
+        ));
+        let after = head.len();
+        caps.push(point(after, "engram.e".into(), Source::Act, a.e, e.e_dim()));
+        for (at, &layer) in a.sites.iter().zip(&e.sites) {
+            let key = format!("engram.key.{layer}");
+            caps.push(point(after, key, Source::Act, at.key, h));
+            let value = format!("engram.value.{layer}");
+            values.push(point(1, value, Source::Act, at.value, h));
+        }
+    }
+    if p.fault == Some(super::program::Fault::InvalidDispatch) {
+        let mut bad = head[0].clone();
+        bad.groups = [ctx.caps.max_workgroups_per_dim.saturating_add(1), 1, 1];
+        head.push(bad);
+    }
+    (head, caps, values)
+}
+
+type Lists = (
+    Vec<Vec<Dispatch>>,
+    Vec<Vec<CapturePoint>>,
+    Vec<Dispatch>,
+    Vec<CapturePoint>,
+);
+
+/// The layer lists with their capture points, and the tail with its own.
+fn layer_lists(p: &Parts<'_>) -> Option<Lists> {
+    let (ctx, c, k, w, a, s) = (p.ctx, p.config, p.kernels, p.weights, p.act, p.state);
+    let h = c.hidden;
+    let n_layers = c.layers;
+    if 4 * h > MAX_STAGED || w.sites.len() > 4 || n_layers == 0 {
+        return None;
+    }
+    // Arena bindings: the arenas of every wo and Φ, at most two.
+    let mut arenas: Vec<usize> = Vec::new();
+    let mut binding = |m: &super::arena::GpuCq, first: usize, rows: usize| -> Option<CqRef> {
+        let part = m.parts_for(first, rows).first()?.0;
+        let b = match arenas.iter().position(|&x| x == part.arena) {
+            Some(i) => i,
+            None if arenas.len() < 2 => {
+                arenas.push(part.arena);
+                arenas.len() - 1
+            }
+            None => return None,
+        };
+        CqRef::of(m, first, rows, b as u32)
+    };
+    let mut wo = Vec::with_capacity(n_layers);
+    let mut phi = Vec::with_capacity(n_layers);
+    for l in 0..n_layers {
+        let lw = &w.layers[l].wo;
+        if lw.padded() > MAX_STAGED {
+            return None;
+        }
+        wo.push(binding(lw, 0, h)?);
+        phi.push([
+            binding(&w.phi_pre, 4 * l, 4)?,
+            binding(&w.phi_post, 4 * l, 4)?,
+            binding(&w.phi_res, 16 * l, 16)?,
+        ]);
+    }
+    let pm = [&w.phi_pre, &w.phi_post, &w.phi_res];
+    if pm
+        .iter()
+        .any(|m| m.group != pm[0].group || m.padded() != pm[0].padded())
+        || pm[0].padded() > MAX_STAGED
+        || w.embed.padded() > MAX_STAGED
+    {
+        return None;
+    }
+    let bufs = LayerBuffers {
+        act: &s.act,
+        vectors: &w.vectors,
+        lanes: &s.lanes,
+        arenas: [
+            &w.arenas[arenas[0]],
+            &w.arenas[*arenas.get(1).unwrap_or(&arenas[0])],
+        ],
+        rings: &s.rings,
+        step: &s.step,
+    };
+    let m = &w.mhc;
+    let base = LayerParams {
+        hidden: h as u32,
+        o: a.o as u32,
+        q_dim: c.q_dim() as u32,
+        iters: c.sinkhorn_iters as u32,
+        route_out: a.route as u32,
+        p_prev: a.p as u32,
+        p_next: a.p as u32,
+        u: a.u as u32,
+        b: a.b as u32,
+        final_norm: w.final_norm as u32,
+        lprep: a.lprep as u32,
+        lgroup: w.embed.group as u32,
+        lpadded: w.embed.padded() as u32,
+        ..LayerParams::default()
+    };
+    // Layer `prev`'s output projection, MLP and routing.
+    let with_prev = |lp: &mut LayerParams, prev: usize| {
+        lp.flags |= flags::PREV;
+        lp.prev = prev as u32;
+        lp.a_post = (m.a_post + prev) as u32;
+        lp.b_post = (m.b_post + 4 * prev) as u32;
+        lp.a_res = (m.a_res + prev) as u32;
+        lp.b_res = (m.b_res + 16 * prev) as u32;
+        lp.wo = wo[prev];
+    };
+    let mlp_params = |prev: usize| -> MlpParams {
+        let lv = &w.layer_vecs[prev];
+        let skip_u = p.fault == Some(super::program::Fault::SkipMinusU);
+        MlpParams {
+            hidden: h as u32,
+            hd: c.hadamard_dim as u32,
+            b: a.b as u32,
+            u: if skip_u { a.zero } else { a.u } as u32,
+            attn: a.attn as u32,
+            after: a.after as u32,
+            update: a.update as u32,
+            z: a.z as u32,
+            post_norm: lv.post_norm as u32,
+            mlp_norm: lv.mlp_norm as u32,
+            d1: lv.d[0] as u32,
+            d2: lv.d[1] as u32,
+            d3: lv.d[2] as u32,
+            out_scale: lv.scale as u32,
+            out: a.out as u32,
+            tstride: p.slots.act as u32,
+        }
+    };
+    let step_bytes = |lp: &LayerParams| -> u64 {
+        let mut b = 0;
+        let mv = |r: &CqRef, rows: usize| {
+            let (row_words, gw, bits) = (r.b[0] as usize, r.b[1] as usize, r.b[3]);
+            let input = (row_words * 32 / bits as usize) as u64 * 4;
+            bytes::matvec_dispatch(rows, row_words * 4, row_words / gw, bits, 1, 1, input)
+        };
+        if lp.flags & flags::PREV != 0 {
+            b += mv(&lp.wo, h) + bytes::mlp(h, c.hadamard_dim) + bytes::route(h);
+        }
+        if lp.flags & flags::NEXT != 0 {
+            b += mv(&lp.phi[0], 4) + mv(&lp.phi[1], 4) + mv(&lp.phi[2], 16);
+            b += bytes::premix(h, lp.site != 0);
+        }
+        if lp.flags & flags::CONV != 0 {
+            let taps = c.engram.as_ref().map_or(0, |e| e.taps);
+            b += lp.n_sites as u64 * bytes::engram_conv(h, taps);
+        }
+        b
+    };
+    let zero_mlp: MlpParams = bytemuck::Zeroable::zeroed();
+    let mut lists = Vec::with_capacity(n_layers);
+    let mut caps: Vec<Vec<CapturePoint>> = Vec::with_capacity(n_layers);
+    let tail_point = |after: usize, name: &str, layer: usize, source, offset, len| CapturePoint {
+        after,
+        name: name.into(),
+        layer: Some(layer),
+        source,
+        offset,
+        len,
+    };
+    // Layer `prev`'s points after its routing (captured after the layer_step that
+    // ran it).
+    let prev_points = |after: usize, prev: usize| -> Vec<CapturePoint> {
+        vec![
+            tail_point(after, "after_attn", prev, Source::Act, a.after, h),
+            tail_point(after, "mlp_out", prev, Source::Act, a.out, h),
+            tail_point(after, "update", prev, Source::Act, a.update, h),
+            tail_point(after, "route", prev, Source::Act, a.route, 16),
+            tail_point(after, "lanes", prev, Source::Lanes, 0, 4 * h),
+        ]
+    };
+    for (l, &phi_l) in phi.iter().enumerate() {
+        let mut lp = base;
+        lp.flags = flags::NEXT;
+        lp.next = l as u32;
+        lp.a_pre = (m.a_pre + l) as u32;
+        lp.b_pre = (m.b_pre + 4 * l) as u32;
+        lp.phi = phi_l;
+        let site = c
+            .engram
+            .as_ref()
+            .and_then(|e| e.sites.iter().position(|&layer| layer == l));
+        if let Some(i) = site {
+            lp.site = 1;
+            lp.key = a.sites[i].key as u32;
+            lp.value = a.sites[i].value as u32;
+            lp.norm_u = w.sites[i].norm_u as u32;
+            lp.norm_k = w.sites[i].norm_k as u32;
+        }
+        let mut mp = zero_mlp;
+        if l == 0 {
+            if let Some(e) = &c.engram {
+                lp.flags |= flags::CONV;
+                lp.n_sites = w.sites.len() as u32;
+                lp.taps = e.taps as u32;
+                lp.dilation = e.dilation as u32;
+                lp.ring = e.ring() as u32;
+                for (i, (sw, at)) in w.sites.iter().zip(&a.sites).enumerate() {
+                    let ring_off = i * e.ring() * h;
+                    lp.sites[i] = [
+                        at.v as u32,
+                        at.value as u32,
+                        ring_off as u32,
+                        sw.conv as u32,
+                    ];
+                }
+            }
+        } else {
+            with_prev(&mut lp, l - 1);
+            mp = mlp_params(l - 1);
+        }
+        let mut d = vec![k
+            .layer
+            .layer_step(ctx, &lp, &mp, &bufs)
+            .with_bytes(step_bytes(&lp))];
+        let mut cp = if l == 0 {
+            Vec::new()
+        } else {
+            prev_points(1, l - 1)
+        };
+        cp.push(tail_point(1, "u", l, Source::Act, a.u, h));
+        cp.push(tail_point(1, "block_in", l, Source::Act, a.b, h));
+        let lv = &w.layer_vecs[l];
+        let lw = &w.layers[l];
+        d.extend(k.cq.matvec(
+            ctx,
+            &w.arenas,
+            &[
+                (&lw.wq, 0, c.q_dim(), a.q),
+                (&lw.wk, 0, c.kv_dim(), a.k),
+                (&lw.wv, 0, c.kv_dim(), a.v),
+                (&lw.wg, 0, c.q_dim(), a.g),
+            ],
+            MatvecInput::Raw {
+                mode: PrepareMode::Zcrms,
+                n: h,
+                src: (&s.act, a.b),
+                lane_stride: h,
+                gains: (&w.vectors, lv.attn_norm),
+            },
+            &s.act,
+            Batch::single(),
+        ));
+        let ap = AttnParams {
+            layer: l as u32,
+            heads: c.heads as u32,
+            kv_heads: c.kv_heads as u32,
+            head_dim: c.head_dim as u32,
+            sink: c.sink as u32,
+            window: c.window as u32,
+            rows: c.cache_rows() as u32,
+            words: c.head_dim.div_ceil(4) as u32,
+            q_off: a.q as u32,
+            k_off: a.k as u32,
+            v_off: a.v as u32,
+            g_off: a.g as u32,
+            o_off: a.o as u32,
+            q_norm_off: lv.q_norm as u32,
+            k_norm_off: lv.k_norm as u32,
+            cos_at: p.step.cos_at() as u32,
+            sin_at: p.step.sin_at() as u32,
+            kn_off: a.kn as u32,
+            _pad: [0; 2],
+        };
+        d.push(
+            k.attention
+                .qk_attend(ctx, &ap, &s.act, &w.vectors, &s.step, &s.cache, &s.scores),
+        );
+        let after = d.len();
+        cp.push(tail_point(after, "q", l, Source::Act, a.q, c.q_dim()));
+        cp.push(tail_point(after, "k", l, Source::Act, a.kn, c.kv_dim()));
+        cp.push(tail_point(after, "v", l, Source::Act, a.v, c.kv_dim()));
+        cp.push(tail_point(after, "attn_o", l, Source::Act, a.o, c.q_dim()));
+        lists.push(d);
+        caps.push(cp);
+    }
+    // Tail: the last layer's output projection, MLP and routing, the logits' input.
+    let last = n_layers - 1;
+    let mut lp = base;
+    with_prev(&mut lp, last);
+    lp.flags |= flags::LOGITS;
+    let mut tail = vec![k
+        .layer
+        .layer_step(ctx, &lp, &mlp_params(last), &bufs)
+        .with_bytes(step_bytes(&lp))];
+    let tail_caps = prev_points(1, last);
+    tail.extend(k.cq.matvec(
+        ctx,
+        &w.arenas,
+        &[(&w.embed, 0, c.vocab, 0)],
+        MatvecInput::Prepared(&s.act, a.lprep),
+        &s.logits,
+        Batch::single(),
+    ));
+    Some((lists, caps, tail, tail_caps))
+}
