@@ -6,6 +6,7 @@ use crate::cpu::CpuEngine;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::gpu::{list_adapters, GpuEngine, GpuOptions};
+use crate::precision::Precision;
 use crate::weights::Model;
 use std::sync::Arc;
 
@@ -66,6 +67,9 @@ pub struct EngineBuilder {
     model: Arc<Model>,
     backend: Backend,
     prefill_chunk: Option<usize>,
+    /// The precision asked for, and the one a CPU engine gets when none is.
+    precision: Option<Precision>,
+    default_precision: Precision,
 }
 
 impl EngineBuilder {
@@ -75,6 +79,8 @@ impl EngineBuilder {
             model,
             backend: Backend::Auto(GpuOptions::default()),
             prefill_chunk: None,
+            precision: None,
+            default_precision: Precision::Exact,
         }
     }
 
@@ -97,6 +103,21 @@ impl EngineBuilder {
         self
     }
 
+    /// Run the CQ matvecs in `precision` (SPEC §6.1). The GPU engine is exact:
+    /// asking it for [`Precision::Fast`] builds it exact with a notice saying so.
+    pub fn precision(mut self, precision: Precision) -> EngineBuilder {
+        self.precision = Some(precision);
+        self
+    }
+
+    /// The precision of a CPU engine when [`EngineBuilder::precision`] was not
+    /// called (default exact; the CLI's `generate` and `bench` use fast). A GPU
+    /// engine stays exact without a notice.
+    pub fn default_precision(mut self, precision: Precision) -> EngineBuilder {
+        self.default_precision = precision;
+        self
+    }
+
     /// Build the engine behind the [`Engine`] trait, with the auto notice.
     ///
     /// # Errors
@@ -113,11 +134,14 @@ impl EngineBuilder {
     /// [`Backend::Auto`] with a named adapter that fails); allocation errors.
     pub fn build_any(self) -> Result<BuiltEngine> {
         let chunk = self.prefill_chunk;
+        let precision = self.precision.unwrap_or(self.default_precision);
+        let fast_asked = self.precision == Some(Precision::Fast);
         let cpu = |model: Arc<Model>, notice: Option<String>| -> Result<BuiltEngine> {
             let mut e = CpuEngine::new(model)?;
             if let Some(n) = chunk {
                 e.set_prefill_chunk(n);
             }
+            e.set_precision(precision);
             Ok(BuiltEngine {
                 engine: AnyEngine::Cpu(Box::new(e)),
                 notice,
@@ -128,9 +152,14 @@ impl EngineBuilder {
             if let Some(n) = chunk {
                 e.set_prefill_chunk(n);
             }
+            let notice = fast_asked.then(|| {
+                "the gpu engine computes exact arithmetic: fast precision (SPEC §6.1) is \
+                 the cpu engine's"
+                    .to_string()
+            });
             Ok(BuiltEngine {
                 engine: AnyEngine::Gpu(Box::new(e)),
-                notice: None,
+                notice,
             })
         };
         match &self.backend {

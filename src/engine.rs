@@ -3,6 +3,7 @@
 
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::precision::Precision;
 
 /// Candidates a [`Readout::Nucleus`] step hands over. The GPU selects them on the
 /// device, so this is at most its top-k limit (`gpu::kernels::sample::MAX_K`,
@@ -210,6 +211,11 @@ pub trait Engine: Send {
     /// Prompt tokens per prefill chunk of [`Engine::step_many`] (1: one step per token).
     fn prefill_chunk(&self) -> usize {
         1
+    }
+
+    /// The arithmetic of the CQ matvecs ([`Precision`]; the GPU engine's is exact).
+    fn precision(&self) -> Precision {
+        Precision::Exact
     }
 
     /// Bytes of device buffers held by this engine (0 for the CPU).

@@ -49,7 +49,7 @@ pub fn run(a: Args) -> Result<()> {
     let model = a.model.load()?;
     let vocab = model.config.vocab as u32;
     let bytes_per_step = model.weight_bytes_per_step();
-    let mut engine = make_engine(model, &a.backend, true)?;
+    let mut engine = make_engine(model, &a.backend, cqlm::Precision::Fast, true)?;
     // A fixed pseudo-random prompt.
     let prompt: Vec<u32> = (0..a.prompt_len as u64)
         .map(|i| ((i.wrapping_mul(2654435761) >> 7) % vocab as u64) as u32)
@@ -122,6 +122,7 @@ pub fn run(a: Args) -> Result<()> {
     if a.json {
         let v = serde_json::json!({
             "backend": engine.describe(),
+            "precision": engine.precision().as_str(),
             "prompt_len": a.prompt_len,
             "tokens": a.tokens,
             "reps": a.reps,

@@ -48,7 +48,7 @@ pub fn run(a: Args) -> Result<()> {
     if ids.len() < 2 {
         bail!("{} holds no tokens to score", a.text.display());
     }
-    let mut engine = make_engine(model, &a.backend, !a.json)?;
+    let mut engine = make_engine(model, &a.backend, cqlm::Precision::Exact, !a.json)?;
     let describe = engine.describe();
     let pb =
         ProgressBar::with_draw_target(Some(ids.len() as u64 - 1), ProgressDrawTarget::stderr());

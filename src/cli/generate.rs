@@ -153,7 +153,8 @@ pub fn run(a: Args) -> Result<()> {
     let load = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
     load.set_message("loading the model onto the device");
     load.enable_steady_tick(std::time::Duration::from_millis(120));
-    let mut session = Session::from_builder(a.backend.builder(Arc::clone(&model)))?;
+    let mut session =
+        Session::from_builder(a.backend.builder(Arc::clone(&model), cqlm::Precision::Fast))?;
     load.finish_and_clear();
     super::report_notice(session.fallback_reason(), true);
 

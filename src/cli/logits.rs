@@ -30,7 +30,7 @@ pub fn run(a: Args) -> Result<()> {
     a.backend.check()?;
     let model = Arc::new(Model::load(&a.model)?);
     let vocab = model.config.vocab;
-    let mut engine = make_engine(model, &a.backend, false)?;
+    let mut engine = make_engine(model, &a.backend, cqlm::Precision::Exact, false)?;
     let n = a.ids.0.len();
     let mut rows: Vec<f32> = Vec::with_capacity(if a.all_positions { n * vocab } else { vocab });
     if a.all_positions {

@@ -133,12 +133,36 @@ pub struct BackendArgs {
     /// logits are the same for every value). The GPU takes at most 32 (its token slots).
     #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub prefill_chunk: u32,
+    /// Arithmetic of the CQ matvecs (SPEC §6.1): fast (int8 activations, the CPU
+    /// engine's) or exact (the reference). Default: fast for generate, bench and
+    /// profile, exact for logits and eval. The GPU engine is always exact.
+    #[arg(long, value_enum)]
+    pub precision: Option<PrecisionArg>,
+}
+
+/// `--precision`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PrecisionArg {
+    /// SPEC §6: f32 throughout (the reference).
+    Exact,
+    /// SPEC §6.1: int8 activations inside the CQ matvecs (CPU).
+    Fast,
+}
+
+impl From<PrecisionArg> for cqlm::Precision {
+    fn from(p: PrecisionArg) -> Self {
+        match p {
+            PrecisionArg::Exact => cqlm::Precision::Exact,
+            PrecisionArg::Fast => cqlm::Precision::Fast,
+        }
+    }
 }
 
 impl BackendArgs {
     /// The engine builder these flags describe (`--backend` absent: auto, which
-    /// takes a hardware GPU when there is one, else the CPU).
-    pub fn builder(&self, model: Arc<Model>) -> EngineBuilder {
+    /// takes a hardware GPU when there is one, else the CPU), with `default` the
+    /// precision when `--precision` is absent.
+    pub fn builder(&self, model: Arc<Model>, default: cqlm::Precision) -> EngineBuilder {
         let opts = cqlm::gpu::GpuOptions {
             adapter: self.adapter.clone(),
             ..Default::default()
@@ -148,9 +172,14 @@ impl BackendArgs {
             Some(Backend::Gpu) => cqlm::Backend::Gpu(opts),
             None => cqlm::Backend::Auto(opts),
         };
-        EngineBuilder::new(model)
+        let b = EngineBuilder::new(model)
             .backend(backend)
             .prefill_chunk(Some(self.prefill_chunk as usize))
+            .default_precision(default);
+        match self.precision {
+            Some(p) => b.precision(p.into()),
+            None => b,
+        }
     }
 
     /// Reject flags that the chosen backend would ignore.
@@ -177,11 +206,16 @@ pub fn report_notice(notice: Option<&str>, to_stderr: bool) {
     }
 }
 
-/// Build the engine the flags describe, saying on stderr when auto runs on the CPU
-/// if `notice`.
-pub fn make_engine(model: Arc<Model>, b: &BackendArgs, notice: bool) -> Result<Box<dyn Engine>> {
+/// Build the engine the flags describe (`default` the precision without
+/// `--precision`), saying on stderr when auto runs on the CPU if `notice`.
+pub fn make_engine(
+    model: Arc<Model>,
+    b: &BackendArgs,
+    default: cqlm::Precision,
+    notice: bool,
+) -> Result<Box<dyn Engine>> {
     b.check()?;
-    let (engine, why) = b.builder(model).build()?;
+    let (engine, why) = b.builder(model, default).build()?;
     report_notice(why.as_deref(), notice);
     Ok(engine)
 }

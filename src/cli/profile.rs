@@ -38,7 +38,10 @@ pub fn run(a: Args) -> Result<()> {
     }
     let model = a.model.load()?;
     let vocab = model.config.vocab as u64;
-    let built = a.backend.builder(model).build_any()?;
+    let built = a
+        .backend
+        .builder(model, cqlm::Precision::Fast)
+        .build_any()?;
     super::report_notice(built.notice.as_deref(), true);
     let mut p = built.engine;
     // A fixed pseudo-random sequence: the prompt, then the profiled tokens.
@@ -96,6 +99,7 @@ pub fn run(a: Args) -> Result<()> {
             .collect();
         let v = serde_json::json!({
             "backend": backend,
+            "precision": p.as_dyn().precision().as_str(),
             "method": profile.method,
             "prompt_len": a.prompt_len,
             "tokens": profile.tokens,

@@ -9,6 +9,7 @@ use super::state::{alloc, State};
 use crate::config::Config;
 use crate::engine::{host_readout, Engine, Readout, StepOut};
 use crate::error::{Error, Result};
+use crate::precision::Precision;
 use crate::profile::{KernelProfile, KernelTimer};
 use crate::weights::Model;
 use std::sync::Arc;
@@ -53,6 +54,12 @@ impl CpuEngine {
     /// The model this engine runs.
     pub fn model(&self) -> &Arc<Model> {
         &self.model
+    }
+
+    /// Run the CQ matvecs in `precision` from the next step on (SPEC §6.1 fast:
+    /// int8 activations inside the 1, 2 and 4-bit matvecs; default exact).
+    pub fn set_precision(&mut self, precision: Precision) {
+        self.scratch.prep.precision = precision;
     }
 
     /// Tokens per chunk of the batched prefill ([`crate::Engine::step_many`]):
@@ -202,6 +209,10 @@ impl Engine for CpuEngine {
         self.prefill_chunk
     }
 
+    fn precision(&self) -> Precision {
+        self.scratch.prep.precision
+    }
+
     fn reset(&mut self) {
         self.logits_valid = false;
         self.state.reset();
@@ -212,6 +223,10 @@ impl Engine for CpuEngine {
     }
 
     fn describe(&self) -> String {
-        format!("cpu ({} threads)", crate::pool::Pool::global().threads())
+        format!(
+            "cpu ({} threads, {} precision)",
+            crate::pool::Pool::global().threads(),
+            self.scratch.prep.precision
+        )
     }
 }

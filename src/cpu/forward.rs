@@ -15,7 +15,7 @@
 
 use super::hooks::StepHooks;
 use super::par::{per_rows, row};
-use super::prep::{matmul, BatchPrep};
+use super::prep::BatchPrep;
 use super::scratch::Scratch;
 use super::state::State;
 use crate::engram::table_rows_for;
@@ -138,9 +138,9 @@ fn engram(
     for (i, site) in ew.sites.iter().enumerate() {
         let (keys, values) = (&mut s.site_key[i][..n * h], &mut s.site_value[i][..n * h]);
         let site_v = &mut s.site_v[..n * h];
-        matmul(&site.wv, s.prep.get(e, n, &site.wv)?, n, 0, h, site_v);
+        s.prep.matmul(&site.wv, e, n, 0, h, site_v)?;
         hooks.clock.lap_matvec(&site.wv, h, n);
-        matmul(&site.wk, s.prep.get(e, n, &site.wk)?, n, 0, h, keys);
+        s.prep.matmul(&site.wk, e, n, 0, h, keys)?;
         hooks.clock.lap_matvec(&site.wk, h, n);
         for t in 0..n {
             let (v, value) = (&site_v[t * h..][..h], &mut values[t * h..][..h]);
@@ -190,8 +190,8 @@ fn layer(
         (&m.phi_post, &mut s.p_post, 4),
         (&m.phi_res, &mut s.p_res, 16),
     ] {
-        let px = s.prep.get(xhat, n, phi)?;
-        matmul(phi, px, n, width * l, width, &mut p[..n * width]);
+        s.prep
+            .matmul(phi, xhat, n, width * l, width, &mut p[..n * width])?;
         hooks.clock.lap_matvec(phi, width, n);
     }
 
@@ -227,14 +227,7 @@ fn layer(
     hooks
         .clock
         .prepare(&mut s.prep, (o, n), &[&lw.wo], (qd, 1, false))?;
-    matmul(
-        &lw.wo,
-        s.prep.get(o, n, &lw.wo)?,
-        n,
-        0,
-        h,
-        &mut s.attn[..n * h],
-    );
+    s.prep.matmul(&lw.wo, o, n, 0, h, &mut s.attn[..n * h])?;
     hooks.clock.lap_matvec(&lw.wo, h, n);
 
     // 5 (end)–7: residual, Hadamard MLP, update = out − u.
@@ -315,14 +308,7 @@ fn attention(
         (&lw.wv, &mut s.v, kvd),
         (&lw.wg, &mut s.g, qd),
     ] {
-        matmul(
-            mat,
-            s.prep.get(a, n, mat)?,
-            n,
-            0,
-            rows,
-            &mut out[..n * rows],
-        );
+        s.prep.matmul(mat, a, n, 0, rows, &mut out[..n * rows])?;
         hooks.clock.lap_matvec(mat, rows, n);
     }
 
@@ -375,7 +361,7 @@ fn logits_into(
         .clock
         .prepare(prep, (a, 1), &[&w.embed], (h, 4, true))?;
     let vocab = model.config.vocab;
-    matmul(&w.embed, prep.get(a, 1, &w.embed)?, 1, 0, vocab, logits);
+    prep.matmul(&w.embed, a, 1, 0, vocab, logits)?;
     hooks.clock.lap_matvec(&w.embed, vocab, 1);
     Ok(())
 }

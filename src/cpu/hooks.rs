@@ -157,7 +157,7 @@ impl<'a> Clock<'a> {
             return Ok(());
         }
         for m in mats {
-            prep.get(xs, n, m)?;
+            prep.prime(xs, n, m)?;
         }
         self.lap("prepare", || {
             let mut seen: Vec<(usize, usize)> = Vec::new();

@@ -1,23 +1,36 @@
 //! [`BatchPrep`], the prepared-input cache of a forward pass: its tokens'
 //! activation prepared for each distinct CQ group width (and laid out for the
 //! batched kernels when they run), so matrices that share an input and a group
-//! (e.g. `wq wk wv wg`) prepare it once; and [`matmul`], which runs them.
+//! (e.g. `wq wk wv wg`) prepare it once; and [`BatchPrep::matmul`], which runs
+//! them in the engine's precision (SPEC §6.1 fast: the input quantized once too).
 
 use super::par::{per_token, row};
-use crate::cq::{prepare_into, BatchIn, BatchLayout, CqMatrix};
+use crate::cq::{prepare_into, BatchIn, BatchLayout, CqMatrix, FastInput, FastKernel};
 use crate::error::Result;
 use crate::kernels::kv::grow;
 use crate::pool::{Pool, SharedSlice};
+use crate::precision::Precision;
 use crate::simd::CpuSimd;
 
 /// The forward's inputs prepared for each distinct (group, padded, batched-kernel
 /// layout), once per activation: `wq wk wv wg` (and the three Φ) share one.
 #[derive(Debug, Default)]
 pub(super) struct BatchPrep {
+    /// The arithmetic of [`BatchPrep::matmul`].
+    pub(super) precision: Precision,
     slots: Vec<PrepSlot>,
     used: usize,
+    /// Fast precision: per (group, padded, bits), every token's input quantized.
+    fast: Vec<FastSlot>,
+    fast_used: usize,
     /// One prepared input per pool part, before it is laid out.
     tmp: Vec<f32>,
+}
+
+#[derive(Debug, Default)]
+struct FastSlot {
+    key: (usize, usize, u32),
+    inputs: Vec<FastInput>,
 }
 
 #[derive(Debug, Default)]
@@ -33,6 +46,86 @@ impl BatchPrep {
     /// clear whenever the inputs change.
     pub(super) fn clear(&mut self) {
         self.used = 0;
+        self.fast_used = 0;
+    }
+
+    /// Whether `m`'s matvecs run in fast precision.
+    fn fast_for(&self, m: &CqMatrix) -> bool {
+        self.precision == Precision::Fast && m.has_fast()
+    }
+
+    /// Prepare (and for fast precision quantize) `xs` for `m` now, as
+    /// [`BatchPrep::matmul`] would (the kernel clock times it apart).
+    ///
+    /// # Errors
+    /// As [`BatchPrep::get`].
+    pub(super) fn prime(&mut self, xs: &[f32], n: usize, m: &CqMatrix) -> Result<()> {
+        if self.fast_for(m) {
+            self.fast_get(xs, n, m).map(|_| ())
+        } else {
+            self.get(xs, n, m).map(|_| ())
+        }
+    }
+
+    /// `m`'s rows `first .. first + count` for the `n` inputs `xs` (`[n,
+    /// m.cols()]`) into `out` (`[n, count]`), in this cache's precision (exact
+    /// for matrices without a fast form).
+    ///
+    /// # Errors
+    /// [`crate::Error::Alloc`] if a buffer can't grow.
+    pub(super) fn matmul(
+        &mut self,
+        m: &CqMatrix,
+        xs: &[f32],
+        n: usize,
+        first: usize,
+        count: usize,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let simd = CpuSimd::selected();
+        if self.fast_for(m) {
+            let kernel = FastKernel::for_simd(simd);
+            let inputs = self.fast_get(xs, n, m)?;
+            for (x, o) in inputs.iter().zip(out.chunks_exact_mut(count.max(1))) {
+                m.matvec_rows_fast(kernel, x, first, &mut o[..count]);
+            }
+            return Ok(());
+        }
+        let (input, lay) = self.get(xs, n, m)?;
+        m.matmul_rows_in(simd, input, lay, n, first, count, out);
+        Ok(())
+    }
+
+    /// Every token's input prepared for `m` and quantized for its bits (§6.1),
+    /// once per activation and (group, padded, bits).
+    fn fast_get(&mut self, xs: &[f32], n: usize, m: &CqMatrix) -> Result<&[FastInput]> {
+        let (group, padded, cols) = (m.group(), m.padded(), m.cols());
+        let key = (group, padded, m.bits());
+        let hit = self.fast[..self.fast_used]
+            .iter()
+            .position(|s| s.key == key);
+        let i = match hit {
+            Some(i) => i,
+            None => {
+                if self.fast_used == self.fast.len() {
+                    self.fast.push(FastSlot::default());
+                }
+                grow(&mut self.tmp, padded, "prepared inputs")?;
+                let slot = &mut self.fast[self.fast_used];
+                slot.key = key;
+                if slot.inputs.len() < n {
+                    slot.inputs.resize_with(n, FastInput::default);
+                }
+                let tmp = &mut self.tmp[..padded];
+                for (t, x) in slot.inputs[..n].iter_mut().enumerate() {
+                    prepare_into(&xs[t * cols..(t + 1) * cols], group, tmp);
+                    x.quantize(tmp, m.bits());
+                }
+                self.fast_used += 1;
+                self.fast_used - 1
+            }
+        };
+        Ok(&self.fast[i].inputs[..n])
     }
 
     /// `prepare(x_t)` for `m`, every token `t` of `xs` (`[n, m.cols()]`), as
@@ -83,17 +176,4 @@ impl BatchPrep {
             None => (BatchIn::Prepared(data), lay),
         })
     }
-}
-
-/// `m`'s rows `first .. first + count` for the `n` inputs of `input` (from
-/// [`BatchPrep::get`]) into `out` (`[n, count]`).
-pub(super) fn matmul(
-    m: &CqMatrix,
-    (input, lay): (BatchIn<'_>, Option<BatchLayout>),
-    n: usize,
-    first: usize,
-    count: usize,
-    out: &mut [f32],
-) {
-    m.matmul_rows_in(CpuSimd::selected(), input, lay, n, first, count, out);
 }

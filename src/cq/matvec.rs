@@ -266,7 +266,12 @@ impl CqMatrix {
 
     /// Run `rows(first_row, out_chunk)` over `out`, split across the CPU pool's
     /// threads when the rows hold at least [`PARALLEL_BYTES`].
-    fn split_rows(&self, first: usize, out: &mut [f32], rows: impl Fn(usize, &mut [f32]) + Sync) {
+    pub(super) fn split_rows(
+        &self,
+        first: usize,
+        out: &mut [f32],
+        rows: impl Fn(usize, &mut [f32]) + Sync,
+    ) {
         let pool = Pool::global();
         if out.len() * self.row_bytes() < PARALLEL_BYTES || pool.threads() == 1 {
             rows(first, out);

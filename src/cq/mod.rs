@@ -7,6 +7,7 @@
 //! `matvec.rs` the SIMD dispatch and threading (kernels in `simd.rs`). The
 //! SPEC-named free functions are below.
 
+mod fast;
 mod fwht;
 mod matrix;
 mod matvec;
@@ -16,6 +17,7 @@ pub mod quantize;
 mod scalar;
 mod simd;
 
+pub use fast::{FastInput, FastKernel, BLOCK};
 pub use fwht::{fwht, fwht_scalar, nfwht};
 pub use matrix::CqMatrix;
 pub(crate) use matvec::{BatchIn, BatchLayout};

@@ -25,10 +25,80 @@ pub fn physical_slot(t: u64, sink: usize, window: usize) -> usize {
 /// If `codes.len() != x.len()`.
 pub fn quantize_int8(x: &[f32], codes: &mut [i8]) -> f32 {
     assert_eq!(x.len(), codes.len());
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::CpuSimd::selected() != crate::simd::CpuSimd::Scalar {
+        // SAFETY: the selected level implies AVX2.
+        return unsafe { quantize_int8_avx2(x, codes) };
+    }
+    quantize_int8_scalar(x, codes)
+}
+
+/// [`quantize_int8`]'s scalar loop (the AVX2 one must equal it for every input).
+#[doc(hidden)]
+pub fn quantize_int8_scalar(x: &[f32], codes: &mut [i8]) -> f32 {
+    assert_eq!(x.len(), codes.len());
     let max = x.iter().fold(1e-12f32, |m, v| m.max(v.abs()));
     let scale = max / 127.0;
     for (c, v) in codes.iter_mut().zip(x) {
         *c = (v / scale).round_ties_even().clamp(-127.0, 127.0) as i8;
+    }
+    scale
+}
+
+/// [`quantize_int8`] eight values at a time: the same maximum (exact), the same
+/// division, `roundps` to nearest-even (what `round_ties_even` does) and the same
+/// clamp (a NaN stays NaN through it and converts to code 0, as `as i8` does).
+///
+/// # Safety
+/// The CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_int8_avx2(x: &[f32], codes: &mut [i8]) -> f32 {
+    use std::arch::x86_64::*;
+    let n = x.len();
+    let body = n / 8 * 8;
+    let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+    let mut m = _mm256_set1_ps(1e-12);
+    for c in x[..body].chunks_exact(8) {
+        // SAFETY: 8 values.
+        let v = unsafe { _mm256_loadu_ps(c.as_ptr()) };
+        // max(a, b) returns b when either is NaN: NaNs are skipped, as f32::max does.
+        m = _mm256_max_ps(_mm256_and_ps(v, abs), m);
+    }
+    let mut lanes = [0.0f32; 8];
+    // SAFETY: 8 values.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), m) };
+    let max = x[body..]
+        .iter()
+        .fold(lanes.iter().fold(1e-12f32, |a, &b| a.max(b)), |a, v| {
+            a.max(v.abs())
+        });
+    let scale = max / 127.0;
+    let (s, lo, hi) = (
+        _mm256_set1_ps(scale),
+        _mm256_set1_ps(-127.0),
+        _mm256_set1_ps(127.0),
+    );
+    let mut q = [0i32; 8];
+    for (c, o) in x[..body]
+        .chunks_exact(8)
+        .zip(codes[..body].chunks_exact_mut(8))
+    {
+        // SAFETY: 8 values in, 8 out.
+        unsafe {
+            let v = _mm256_div_ps(_mm256_loadu_ps(c.as_ptr()), s);
+            let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
+            // Operand order keeps a NaN: max/min return the second operand on NaN.
+            let r = _mm256_min_ps(hi, _mm256_max_ps(lo, r));
+            _mm256_storeu_si256(q.as_mut_ptr() as *mut __m256i, _mm256_cvtps_epi32(r));
+        }
+        for (o, &v) in o.iter_mut().zip(&q) {
+            // cvtps of NaN is i32::MIN, whose low byte is 0: code 0, as `as i8` gives.
+            *o = v as i8;
+        }
+    }
+    for (o, v) in codes[body..].iter_mut().zip(&x[body..]) {
+        *o = (v / scale).round_ties_even().clamp(-127.0, 127.0) as i8;
     }
     scale
 }

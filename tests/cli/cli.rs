@@ -751,3 +751,55 @@ fn bench_soak_reports_memory_and_every_window_of_a_long_run() {
         "RSS grew from {a} to {b}"
     );
 }
+
+#[test]
+fn fast_precision_costs_at_most_0_3_percent_of_held_out_bits_per_byte() {
+    // SPEC §6.1's bound for a trained model, on the built-in model and a
+    // held-out prefix; eval defaults to exact, bench to fast (on the CPU).
+    let dir = tempfile::tempdir().unwrap();
+    let heldout = concat!(env!("CARGO_MANIFEST_DIR"), "/tools/train/heldout.txt");
+    let eval = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec![
+            "eval",
+            "--text",
+            heldout,
+            "--max-tokens",
+            "1500",
+            "--json",
+            "--backend",
+            "cpu",
+        ];
+        args.extend_from_slice(extra);
+        let out = cqlm(dir.path(), &args);
+        assert_ok(&out, "eval");
+        serde_json::from_str(text(&out.stdout).trim()).expect("one JSON object")
+    };
+    let exact = eval(&[]);
+    let fast = eval(&["--precision", "fast"]);
+    assert!(
+        exact["backend"]
+            .as_str()
+            .unwrap()
+            .contains("exact precision"),
+        "{exact}"
+    );
+    assert!(
+        fast["backend"].as_str().unwrap().contains("fast precision"),
+        "{fast}"
+    );
+    let (e, f) = (
+        exact["bits_per_byte"].as_f64().unwrap(),
+        fast["bits_per_byte"].as_f64().unwrap(),
+    );
+    eprintln!(
+        "bits per byte: exact {e:.5}, fast {f:.5} ({:+.3}%)",
+        (f / e - 1.0) * 100.0
+    );
+    assert!(f <= e * 1.003, "fast {f} vs exact {e}");
+    assert_ne!(
+        f, e,
+        "fast and exact gave the same figure: is fast running?"
+    );
+    let b = bench_json(&["--prompt-len", "8", "--tokens", "4"]);
+    assert_eq!(b["precision"], "fast", "{b}");
+}

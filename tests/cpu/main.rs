@@ -9,6 +9,8 @@ mod common;
 
 mod archive_errors;
 mod cq_kernels;
+mod fast_engine;
+mod fast_kernels;
 mod fuzz_regressions;
 mod kernels;
 mod pack;

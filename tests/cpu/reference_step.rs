@@ -577,13 +577,14 @@ fn kernel_selection_follows_cqlm_cpu_kernels() {
 fn the_parity_tests_pass_with_the_scalar_kernels_too() {
     // This process runs the SIMD kernels where the CPU has them; rerun the naive
     // reference tests in a child with the scalar loops forced, so both paths are
-    // held to the same SPEC §6 bounds.
+    // held to the same SPEC §6 bounds; the fast-precision engine tests too
+    // (SPEC §6.1, its scalar integer kernel).
     if std::env::var_os("CQLM_CPU_KERNELS").is_some() {
         return; // already a child (or forced by the caller): no recursion
     }
     let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
         .env("CQLM_CPU_KERNELS", "scalar")
-        .args(["naive_reference", "kernel_selection", "prefill_"])
+        .args(["naive_reference", "kernel_selection", "prefill_", "fast_engine::"])
         .output()
         .expect("rerun the tests");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -593,7 +594,7 @@ fn the_parity_tests_pass_with_the_scalar_kernels_too() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        stdout.contains("test result: ok. 6 passed"),
-        "expected the 6 filtered tests to run: {stdout}"
+        stdout.contains("test result: ok. 8 passed"),
+        "expected the 8 filtered tests to run: {stdout}"
     );
 }

@@ -1,0 +1,189 @@
+//! SPEC §6.1 fast CQ kernels: each kernel (scalar reference, AVX2, VNNI) against
+//! a naive f64 loop that performs §6.1's quantization itself (the integer result
+//! must agree to float rounding), SIMD against scalar bit for bit, and fast
+//! against exact within §6.1's one-matvec bound.
+
+use cqlm::cq::{prepare, CqMatrix, FastInput, FastKernel};
+use cqlm::simd::CpuSimd;
+use half::f16;
+use rand::{Rng, RngCore, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+fn random_matrix(
+    rng: &mut ChaCha8Rng,
+    rows: usize,
+    cols: usize,
+    bits: u32,
+    group: usize,
+) -> CqMatrix {
+    let groups = cols.div_ceil(group);
+    let codebook: Vec<f32> = (0..1usize << bits)
+        .map(|_| rng.random_range(-2.0f32..2.0))
+        .collect();
+    let norms: Vec<f16> = (0..rows * groups)
+        .map(|_| f16::from_f32(rng.random_range(0.05f32..1.0)))
+        .collect();
+    let row_bytes = groups * group * bits as usize / 8;
+    let mut packed = vec![0u8; rows * row_bytes];
+    rng.fill_bytes(&mut packed);
+    CqMatrix::new(
+        cols,
+        codebook,
+        norms,
+        [rows, groups],
+        packed,
+        [rows, row_bytes],
+    )
+    .unwrap()
+}
+
+/// §6.1 by hand, in f64: int8 blocks of 32 (`absmax / 127`, half to even,
+/// clamped), int8 levels with one scale, `Σ_g norm · s_c · Σ_b a_b · Σ L·q`.
+fn naive_fast_row(m: &CqMatrix, r: usize, prep: &[f32]) -> f64 {
+    let bits = m.bits() as usize;
+    let cb = m.codebook();
+    let cmax = cb.iter().fold(1e-12f32, |a, c| a.max(c.abs()));
+    let s_c = cmax / 127.0;
+    let level = |i: usize| (cb[i] / s_c).round_ties_even().clamp(-127.0, 127.0) as i64;
+    let row_bytes = m.padded() * bits / 8;
+    let idx = |c: usize| {
+        let bit = c * bits;
+        (m.packed()[r * row_bytes + bit / 8] as usize >> (bit % 8)) & ((1 << bits) - 1)
+    };
+    let mut total = 0.0f64;
+    for (b, x) in prep.chunks_exact(32).enumerate() {
+        let amax = x.iter().fold(1e-12f32, |a, v| a.max(v.abs()));
+        let a = amax / 127.0;
+        let mut d = 0i64;
+        for (j, &v) in x.iter().enumerate() {
+            let q = (v / a).round_ties_even().clamp(-127.0, 127.0) as i64;
+            d += level(idx(b * 32 + j)) * q;
+        }
+        let norm = m.norms()[r * m.groups() + b * 32 / m.group()] as f64;
+        total += norm * s_c as f64 * a as f64 * d as f64;
+    }
+    total
+}
+
+fn kernels() -> Vec<FastKernel> {
+    let mut k = vec![FastKernel::Scalar];
+    for simd in CpuSimd::available() {
+        let f = FastKernel::for_simd(*simd);
+        if !k.contains(&f) {
+            k.push(f);
+        }
+    }
+    k
+}
+
+#[test]
+fn fast_kernels_match_a_naive_f64_loop_and_each_other() {
+    let mut rng = ChaCha8Rng::seed_from_u64(61);
+    let ks = kernels();
+    eprintln!("fast kernels on this CPU: {ks:?}");
+    for bits in [1u32, 2, 4] {
+        // Odd sizes: row counts that split unevenly, groups of 1 to many blocks,
+        // block counts that are not a multiple of 8, a ragged last group.
+        for (rows, cols, group) in [
+            (7, 96, 32),
+            (33, 200, 64),
+            (5, 512, 128),
+            (19, 1000, 256),
+            (3, 300, 512),
+        ] {
+            let m = random_matrix(&mut rng, rows, cols, bits, group);
+            assert!(m.has_fast());
+            let x: Vec<f32> = (0..cols).map(|_| rng.random_range(-3.0f32..3.0)).collect();
+            let prep = prepare(&m, &x).unwrap();
+            let mut q = FastInput::default();
+            q.quantize(&prep, bits);
+            let mut outs = Vec::new();
+            for &k in &ks {
+                let mut out = vec![f32::NAN; rows];
+                m.matvec_rows_fast(k, &q, 0, &mut out);
+                outs.push(out);
+            }
+            for (r, &got) in outs[0].iter().enumerate() {
+                let want = naive_fast_row(&m, r, &prep);
+                let tol = 1e-5 * want.abs().max(1e-3);
+                assert!(
+                    (got as f64 - want).abs() <= tol,
+                    "bits {bits} {rows}x{cols}/{group} row {r}: {got} vs {want}"
+                );
+                assert_eq!(m.row_dot_fast_scalar(r, &q).to_bits(), got.to_bits());
+            }
+            for (k, out) in ks.iter().zip(&outs).skip(1) {
+                let same = out
+                    .iter()
+                    .zip(&outs[0])
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "{k:?} differs from the scalar fast kernel: bits {bits} {rows}x{cols}/{group}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn one_fast_matvec_is_within_1e_2_of_exact() {
+    let mut rng = ChaCha8Rng::seed_from_u64(62);
+    for bits in [1u32, 2, 4] {
+        for group in [32usize, 128] {
+            let m = random_matrix(&mut rng, 64, 512, bits, group);
+            let x: Vec<f32> = (0..512).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+            let prep = prepare(&m, &x).unwrap();
+            let mut exact = vec![0.0; 64];
+            m.matvec_rows_prepared(&prep, 0, &mut exact);
+            let mut q = FastInput::default();
+            q.quantize(&prep, bits);
+            let mut fast = vec![f32::NAN; 64];
+            m.matvec_rows_fast(FastKernel::for_simd(CpuSimd::selected()), &q, 0, &mut fast);
+            let num: f64 = fast
+                .iter()
+                .zip(&exact)
+                .map(|(a, b)| ((a - b) as f64).powi(2))
+                .sum();
+            let den: f64 = exact.iter().map(|b| (*b as f64).powi(2)).sum();
+            let e = (num / den).sqrt();
+            assert!(e <= 1e-2, "bits {bits} group {group}: rel L2 {e:.2e}");
+        }
+    }
+}
+
+#[test]
+fn eight_bit_matrices_have_no_fast_form() {
+    let mut rng = ChaCha8Rng::seed_from_u64(63);
+    assert!(!random_matrix(&mut rng, 4, 64, 8, 32).has_fast());
+}
+
+#[test]
+fn int8_quantization_simd_equals_its_scalar_loop() {
+    // The KV store and the fast input both quantize with quantize_int8; its SIMD
+    // form must give the scalar loop's codes and scale for every input: random
+    // values, exact ties (k + 0.5 steps), zeros, NaN and infinities, ragged lengths.
+    use cqlm::kernels::kv::{quantize_int8, quantize_int8_scalar};
+    let mut rng = ChaCha8Rng::seed_from_u64(64);
+    let mut cases: Vec<Vec<f32>> = Vec::new();
+    for n in [1usize, 7, 8, 9, 31, 32, 33, 64, 100] {
+        cases.push((0..n).map(|_| rng.random_range(-5.0f32..5.0)).collect());
+        // Ties: max 127 so the step is 1, values at k + 0.5.
+        let mut t: Vec<f32> = (0..n).map(|i| (i as f32 % 20.0) - 9.5).collect();
+        t[0] = 127.0;
+        cases.push(t);
+        cases.push(vec![0.0; n]);
+    }
+    let mut odd: Vec<f32> = (0..20).map(|i| i as f32).collect();
+    odd[3] = f32::NAN;
+    cases.push(odd.clone());
+    odd[5] = f32::INFINITY;
+    cases.push(odd);
+    for x in cases {
+        let (mut a, mut b) = (vec![0i8; x.len()], vec![0i8; x.len()]);
+        let sa = quantize_int8(&x, &mut a);
+        let sb = quantize_int8_scalar(&x, &mut b);
+        assert_eq!(sa.to_bits(), sb.to_bits(), "scale of {x:?}");
+        assert_eq!(a, b, "codes of {x:?}");
+    }
+}
