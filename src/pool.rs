@@ -212,6 +212,20 @@ impl<'a, T> SharedSlice<'a, T> {
         // SAFETY: in bounds (checked); disjointness is the caller's promise.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(r.start), r.len()) }
     }
+
+    /// Write element `i`.
+    ///
+    /// # Safety
+    /// No live result of `range` covers `i`, and no other part writes or reads
+    /// `i` meanwhile.
+    ///
+    /// # Panics
+    /// If `i` is not inside the slice.
+    pub unsafe fn set(&self, i: usize, v: T) {
+        assert!(i < self.len, "SharedSlice::set out of bounds");
+        // SAFETY: in bounds (checked); exclusivity is the caller's promise.
+        unsafe { self.ptr.add(i).write(v) }
+    }
 }
 
 impl Drop for Pool {

@@ -86,8 +86,9 @@ impl BatchPrep {
         if self.fast_for(m) {
             let kernel = FastKernel::for_simd(simd);
             let inputs = self.fast_get(xs, n, m)?;
-            for (x, o) in inputs.iter().zip(out.chunks_exact_mut(count.max(1))) {
-                m.matvec_rows_fast(kernel, x, first, &mut o[..count]);
+            // Four inputs per pass over the rows: each row leaves memory once.
+            for (xs, o) in inputs.chunks(4).zip(out.chunks_mut(4 * count)) {
+                m.matmul_rows_fast(kernel, xs, first, count, o);
             }
             return Ok(());
         }

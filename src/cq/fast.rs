@@ -5,11 +5,13 @@
 //!
 //! One arithmetic, three implementations that give identical bits: the scalar
 //! reference [`CqMatrix::row_dot_fast_scalar`] and the AVX2 and VNNI kernels of
-//! `x86` below. The f32 part is fixed so all three agree: block `b`'s integer
-//! dot `d_b` is weighted by `w_b = a_b · nf[g(b)]` (`a_b` the block's scale,
-//! `nf` the row's norms times the codebook scale) into accumulator `b mod 8` by
-//! one fused multiply-add, and the 8 accumulators are summed as
-//! `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`.
+//! `x86` below. The f32 part is fixed so all three agree: a block's 32 products
+//! are summed exactly in int32 as 8 lane partials `p_k` (the products at the
+//! block's kernel-order positions `4k .. 4k + 4`); per lane, the group's blocks
+//! add `f32(p_k) · a_b` (`a_b` the block scale) by fused multiply-adds into
+//! `g_k`, each group then adds `g_k · nf_g` (the norm times the codebook scale)
+//! into `acc_k`, and the row is `((acc_0+acc_4)+(acc_2+acc_6)) +
+//! ((acc_1+acc_5)+(acc_3+acc_7))`.
 
 use super::matrix::CqMatrix;
 use crate::kernels::kv::quantize_int8;
@@ -48,8 +50,8 @@ impl FastRows {
 }
 
 /// A prepared input quantized per §6.1 for matrices of one bit width: the int8
-/// values in natural order and in the SIMD kernels' order for `bits`, and the
-/// block scales (zero-padded to a multiple of 8 blocks). Buffers are reused.
+/// values in natural order and in the SIMD kernels' order for `bits`, the
+/// block scales and the VNNI kernels' lane biases. Buffers are reused.
 #[derive(Debug, Default, Clone)]
 pub struct FastInput {
     bits: u32,
@@ -57,9 +59,10 @@ pub struct FastInput {
     q: Vec<i8>,
     qp: Vec<i8>,
     scales: Vec<f32>,
-    /// Σ of each block's values (zero-padded like `scales`), for the VNNI
-    /// kernels' `+128` level bias.
-    sums: Vec<i32>,
+    /// Per block, per lane k: −128 · Σ of the values at kernel-order positions
+    /// 4k .. 4k + 4 (the VNNI kernels start their sums there to take back their
+    /// `+128` level bias).
+    bias: Vec<i32>,
 }
 
 impl FastInput {
@@ -72,7 +75,6 @@ impl FastInput {
     pub fn quantize(&mut self, prep: &[f32], bits: u32) {
         assert!(prep.len().is_multiple_of(BLOCK), "fast input: whole blocks");
         assert!(matches!(bits, 1 | 2 | 4), "fast input: bits");
-        let blocks = prep.len() / BLOCK;
         self.bits = bits;
         self.len = prep.len();
         self.q.resize(prep.len(), 0);
@@ -81,14 +83,6 @@ impl FastInput {
         for (x, q) in prep.chunks_exact(BLOCK).zip(self.q.chunks_exact_mut(BLOCK)) {
             self.scales.push(quantize_int8(x, q));
         }
-        self.scales.resize(blocks.div_ceil(8) * 8, 0.0);
-        self.sums.clear();
-        self.sums.extend(
-            self.q
-                .chunks_exact(BLOCK)
-                .map(|q| q.iter().map(|&v| i32::from(v)).sum::<i32>()),
-        );
-        self.sums.resize(blocks.div_ceil(8) * 8, 0);
         // In a block, the kernels read byte j's index p (of per = 8/bits) at
         // position p·nb + j (nb = bytes per block): column j·per + p.
         let per = 8 / bits as usize;
@@ -104,6 +98,12 @@ impl FastInput {
                 }
             }
         }
+        self.bias.clear();
+        self.bias.extend(
+            self.qp
+                .chunks_exact(4)
+                .map(|v| -128 * v.iter().map(|&q| i32::from(q)).sum::<i32>()),
+        );
     }
 
     /// Values quantized.
@@ -126,7 +126,7 @@ impl FastInput {
         &self.q
     }
 
-    /// The block scales (then zeros up to a multiple of 8 blocks).
+    /// The block scales.
     pub fn scales(&self) -> &[f32] {
         &self.scales
     }
@@ -200,27 +200,81 @@ impl CqMatrix {
             "matvec_fast: rows out of range"
         );
         self.split_rows(first, out, |f, o| {
-            for (i, v) in o.iter_mut().enumerate() {
-                *v = self.row_dot_fast(kernel, f + i, x);
-            }
+            let k = o.len();
+            let cell = std::cell::Cell::from_mut(o).as_slice_of_cells();
+            self.rows_fast(kernel, f, std::slice::from_ref(x), k, &|_, i, v| {
+                cell[i].set(v)
+            })
         });
     }
 
-    fn row_dot_fast(&self, kernel: FastKernel, r: usize, x: &FastInput) -> f32 {
-        match kernel {
-            FastKernel::Scalar => self.row_dot_fast_scalar(r, x),
-            #[cfg(target_arch = "x86_64")]
-            FastKernel::Avx2 | FastKernel::Vnni => {
-                let f = self.fast.as_ref().expect("fast form");
-                let rb = self.row_bytes();
-                let row = &self.packed[r * rb..(r + 1) * rb];
-                let nf = &f.nf[r * self.groups..];
-                // SAFETY: for_simd chose these only where the CPU has the features;
-                // `nf` has 8 readable values past the row's last group.
-                unsafe { x86::row_dot(kernel, self.bits, self.group, row, nf, f, x) }
+    /// [`CqMatrix::matvec_rows_fast`] for several inputs at once (a prefill
+    /// chunk): rows `first .. first + count` for each of `xs` into `out`
+    /// (`[xs.len(), count]`). Each row is read from memory once for all inputs
+    /// (then from L1), and every value is bit-identical to the one-input call.
+    ///
+    /// # Panics
+    /// As [`CqMatrix::matvec_rows_fast`], or if `out.len() != xs.len() · count`.
+    pub fn matmul_rows_fast(
+        &self,
+        kernel: FastKernel,
+        xs: &[FastInput],
+        first: usize,
+        count: usize,
+        out: &mut [f32],
+    ) {
+        assert!(self.fast.is_some(), "matmul_fast: no fast form");
+        assert_eq!(out.len(), xs.len() * count, "matmul_fast: output length");
+        assert!(first + count <= self.rows, "matmul_fast: rows out of range");
+        for x in xs {
+            assert_eq!(
+                (x.bits, x.len),
+                (self.bits, self.padded()),
+                "matmul_fast: input"
+            );
+        }
+        if xs.len() == 1 {
+            return self.matvec_rows_fast(kernel, &xs[0], first, out);
+        }
+        // Rows are split over the pool; a part writes its rows of every input.
+        let shared = crate::pool::SharedSlice::new(out);
+        crate::pool::Pool::global().for_ranges(count, 4, &|r| {
+            let put = |t: usize, i: usize, v: f32| {
+                // SAFETY: the parts' row ranges are disjoint: only this part
+                // writes row r.start + i of any input.
+                unsafe { shared.set(t * count + r.start + i, v) }
+            };
+            self.rows_fast(kernel, first + r.start, xs, r.len(), &put);
+        });
+    }
+
+    /// Rows `first .. first + k` for each input `t` of `xs`, handed to
+    /// `put(t, i, value)` (`i < k`), with `kernel`, row by row, every input of a
+    /// row while it is in L1.
+    fn rows_fast(
+        &self,
+        kernel: FastKernel,
+        first: usize,
+        xs: &[FastInput],
+        k: usize,
+        put: &impl Fn(usize, usize, f32),
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if kernel != FastKernel::Scalar {
+            let f = self.fast.as_ref().expect("fast form");
+            let rb = self.row_bytes();
+            let rows = &self.packed[first * rb..(first + k) * rb];
+            let nf = &f.nf[first * self.groups..];
+            let g = (self.group, self.groups, k);
+            // SAFETY: for_simd chose these only where the CPU has the features;
+            // `nf` has 8 readable values past the last row's last group.
+            unsafe { x86::rows_dot(kernel, self.bits, g, rows, nf, f, xs, put) };
+            return;
+        }
+        for i in 0..k {
+            for (t, x) in xs.iter().enumerate() {
+                put(t, i, self.row_dot_fast_scalar(first + i, x));
             }
-            #[cfg(not(target_arch = "x86_64"))]
-            _ => self.row_dot_fast_scalar(r, x),
         }
     }
 
@@ -236,17 +290,29 @@ impl CqMatrix {
         let bits = self.bits as usize;
         let mask = (1u8 << bits) - 1;
         let per = 8 / bits;
+        let nb = BLOCK / per;
         let gpb = self.group / BLOCK;
         let mut acc = [0.0f32; 8];
-        for (b, q) in x.q.chunks_exact(BLOCK).enumerate() {
-            let mut d = 0i32;
-            for (c, &qc) in q.iter().enumerate() {
-                let col = b * BLOCK + c;
-                let idx = (row[col / per] >> ((col % per) * bits)) & mask;
-                d += i32::from(f.levels[idx as usize]) * i32::from(qc);
+        let mut g = [0.0f32; 8];
+        for (b, qp) in x.qp.chunks_exact(BLOCK).enumerate() {
+            for (k, gk) in g.iter_mut().enumerate() {
+                let mut p = 0i32;
+                for (i, &q) in qp[4 * k..4 * k + 4].iter().enumerate() {
+                    // Kernel-order position 4k + i is column (pos % nb)·per + pos / nb.
+                    let pos = 4 * k + i;
+                    let col = b * BLOCK + (pos % nb) * per + pos / nb;
+                    let idx = (row[col / per] >> ((col % per) * bits)) & mask;
+                    p += i32::from(f.levels[idx as usize]) * i32::from(q);
+                }
+                *gk = (p as f32).mul_add(x.scales[b], *gk);
             }
-            let w = x.scales[b] * f.nf[r * self.groups + b / gpb];
-            acc[b % 8] = (d as f32).mul_add(w, acc[b % 8]);
+            if (b + 1) % gpb == 0 {
+                let nf = f.nf[r * self.groups + b / gpb];
+                for (a, gk) in acc.iter_mut().zip(&mut g) {
+                    *a = gk.mul_add(nf, *a);
+                    *gk = 0.0;
+                }
+            }
         }
         sum8(acc)
     }
@@ -281,39 +347,69 @@ mod x86 {
         })
     }
 
-    /// One row's fast dot (module doc) with the AVX2 or a VNNI kernel.
+    /// Rows of `rows` (packed, consecutive) into `out`, one fast dot each (module
+    /// doc), with the AVX2 or a VNNI kernel.
     ///
     /// # Safety
     /// The CPU has AVX2 and FMA (and the VNNI variant for `Vnni`); `nf` holds the
-    /// row's norms and 8 more readable values.
-    pub(super) unsafe fn row_dot(
+    /// rows' norms and 8 more readable values.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn rows_dot(
         kernel: FastKernel,
         bits: u32,
-        group: usize,
-        row: &[u8],
+        (group, groups, k): (usize, usize, usize),
+        rows: &[u8],
         nf: &[f32],
         f: &FastRows,
-        x: &FastInput,
-    ) -> f32 {
+        xs: &[FastInput],
+        out: &impl Fn(usize, usize, f32),
+    ) {
         unsafe {
-            match (kernel, vnni()) {
-                (FastKernel::Vnni, Vnni::Avx) => row_vnni_avx(bits, group, row, nf, &f.biased, x),
-                (FastKernel::Vnni, Vnni::Avx512) => {
-                    row_vnni_512(bits, group, row, nf, &f.biased, x)
-                }
-                _ => row_avx2(bits, group, row, nf, &f.levels, x),
+            let g = Geometry {
+                group,
+                groups,
+                row_bytes: rows.len() / k.max(1),
+                rows: k,
+            };
+            macro_rules! go {
+                ($bits:literal) => {
+                    match (kernel, vnni()) {
+                        (FastKernel::Vnni, Vnni::Avx) => {
+                            rows_vnni_avx::<$bits>(g, rows, nf, &f.biased, xs, out)
+                        }
+                        (FastKernel::Vnni, Vnni::Avx512) => {
+                            rows_vnni_512::<$bits>(g, rows, nf, &f.biased, xs, out)
+                        }
+                        _ => rows_avx2::<$bits>(g, rows, nf, &f.levels, xs, out),
+                    }
+                };
+            }
+            match bits {
+                4 => go!(4),
+                2 => go!(2),
+                _ => go!(1),
             }
         }
+    }
+
+    /// A matrix's row geometry.
+    #[derive(Clone, Copy)]
+    struct Geometry {
+        group: usize,
+        groups: usize,
+        row_bytes: usize,
+        /// Rows (the outputs per input).
+        rows: usize,
     }
 
     /// Block `b`'s 32 indices as bytes, in the order FastInput::quantize lays
     /// out the activations: byte j's index p at p·nb + j.
     #[inline(always)]
-    unsafe fn indices(bits: u32, row: &[u8], b: usize) -> __m256i {
+    unsafe fn indices<const BITS: u32>(row: *const u8, b: usize) -> __m256i {
         unsafe {
-            let nb = BLOCK * bits as usize / 8;
-            let p = row.as_ptr().add(b * nb);
-            match bits {
+            let nb = BLOCK * BITS as usize / 8;
+            let p = row.add(b * nb);
+            match BITS {
                 4 => {
                     let v = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
                     let s = _mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
@@ -333,40 +429,6 @@ mod x86 {
         }
     }
 
-    /// [Σ v0, …, Σ v7] of eight i32x8 vectors (exact).
-    #[inline(always)]
-    unsafe fn reduce8(v: &[__m256i; 8]) -> __m256i {
-        let h01 = _mm256_hadd_epi32(v[0], v[1]);
-        let h23 = _mm256_hadd_epi32(v[2], v[3]);
-        let h45 = _mm256_hadd_epi32(v[4], v[5]);
-        let h67 = _mm256_hadd_epi32(v[6], v[7]);
-        let a = _mm256_hadd_epi32(h01, h23);
-        let b = _mm256_hadd_epi32(h45, h67);
-        let lo = _mm256_permute2x128_si256(a, b, 0x20);
-        let hi = _mm256_permute2x128_si256(a, b, 0x31);
-        _mm256_add_epi32(lo, hi)
-    }
-
-    /// The weights of blocks 8c .. 8c + 7: their scales times their groups' nf.
-    #[inline(always)]
-    unsafe fn weights(x: &FastInput, nf: &[f32], gpb: usize, c: usize) -> __m256 {
-        unsafe {
-            let a = _mm256_loadu_ps(x.scales.as_ptr().add(8 * c));
-            let n = if gpb >= 8 {
-                _mm256_set1_ps(nf[8 * c / gpb])
-            } else {
-                let v = _mm256_loadu_ps(nf.as_ptr().add(8 * c / gpb));
-                let k = gpb.trailing_zeros() as i32;
-                let idx = _mm256_srlv_epi32(
-                    _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                    _mm256_set1_epi32(k),
-                );
-                _mm256_permutevar8x32_ps(v, idx)
-            };
-            _mm256_mul_ps(a, n)
-        }
-    }
-
     #[inline(always)]
     unsafe fn hsum(acc: __m256) -> f32 {
         let mut l = [0.0f32; 8];
@@ -374,127 +436,115 @@ mod x86 {
         sum8(l)
     }
 
-    /// The row loop, generic over the block's integer dot `dot(levels, q)` from
-    /// the looked-up levels `l` and the activations `q`, and the per-8-block
-    /// correction `fix` of the summed dots.
+    /// The rows loop, generic over the block's lane partials `dot(l, q, b)`
+    /// from the looked-up levels `l`, the activations `q` and the block index.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn row_loop(
-        bits: u32,
-        group: usize,
-        row: &[u8],
+    unsafe fn rows_loop<const BITS: u32>(
+        g: Geometry,
+        rows: &[u8],
         nf: &[f32],
         table: &[u8; 16],
-        x: &FastInput,
-        dot: impl Fn(__m256i, __m256i) -> __m256i,
-        fix: impl Fn(__m256i, usize) -> __m256i,
-    ) -> f32 {
+        xs: &[FastInput],
+        out: &impl Fn(usize, usize, f32),
+        dot: impl Fn(__m256i, __m256i, &FastInput, usize) -> __m256i,
+    ) {
         unsafe {
             let table =
                 _mm256_broadcastsi128_si256(_mm_loadu_si128(table.as_ptr() as *const __m128i));
-            let blocks = x.len / BLOCK;
-            let gpb = group / BLOCK;
-            let mut acc = _mm256_setzero_ps();
-            let zero = _mm256_setzero_si256();
-            for c in 0..blocks.div_ceil(8) {
-                let mut v = [zero; 8];
-                for (k, vk) in v.iter_mut().enumerate() {
-                    let b = 8 * c + k;
-                    if b < blocks {
-                        let l = _mm256_shuffle_epi8(table, indices(bits, row, b));
-                        let q = _mm256_loadu_si256(x.qp.as_ptr().add(b * BLOCK) as *const __m256i);
-                        *vk = dot(l, q);
+            let gpb = g.group / BLOCK;
+            // R rows at a time: their fused multiply-add chains are independent,
+            // so the adds' latency overlaps (one row alone waits on each).
+            const R: usize = 4;
+            let mut r0 = 0;
+            while r0 < g.rows {
+                let n = (g.rows - r0).min(R);
+                for (t, x) in xs.iter().enumerate() {
+                    let blocks = x.len / BLOCK;
+                    let qp = x.qp.as_ptr();
+                    let sc = x.scales.as_ptr();
+                    let mut acc = [_mm256_setzero_ps(); R];
+                    for gi in 0..blocks / gpb {
+                        let mut gacc = [_mm256_setzero_ps(); R];
+                        for b in gi * gpb..(gi + 1) * gpb {
+                            let q = _mm256_loadu_si256(qp.add(b * BLOCK) as *const __m256i);
+                            let a = _mm256_broadcast_ss(&*sc.add(b));
+                            for (k, ga) in gacc.iter_mut().enumerate().take(n) {
+                                let row = rows.as_ptr().add((r0 + k) * g.row_bytes);
+                                let l = _mm256_shuffle_epi8(table, indices::<BITS>(row, b));
+                                let p = _mm256_cvtepi32_ps(dot(l, q, x, b));
+                                *ga = _mm256_fmadd_ps(p, a, *ga);
+                            }
+                        }
+                        for (k, (ac, ga)) in acc.iter_mut().zip(&gacc).enumerate().take(n) {
+                            let nf_r = nf.as_ptr().add((r0 + k) * g.groups + gi);
+                            *ac = _mm256_fmadd_ps(*ga, _mm256_broadcast_ss(&*nf_r), *ac);
+                        }
+                    }
+                    for (k, ac) in acc.iter().enumerate().take(n) {
+                        out(t, r0 + k, hsum(*ac));
                     }
                 }
-                let d = _mm256_cvtepi32_ps(fix(reduce8(&v), c));
-                acc = _mm256_fmadd_ps(d, weights(x, nf, gpb, c), acc);
+                r0 += n;
             }
-            hsum(acc)
         }
     }
 
-    /// Σ (L + 128)·q − 128·Σ q = Σ L·q for blocks 8c .. 8c + 7.
+    /// The block's bias-corrected start for `vpdpbusd` on levels + 128.
     #[inline(always)]
-    unsafe fn unbias(d: __m256i, x: &FastInput, c: usize) -> __m256i {
-        unsafe {
-            let s = _mm256_loadu_si256(x.sums.as_ptr().add(8 * c) as *const __m256i);
-            _mm256_sub_epi32(d, _mm256_slli_epi32(s, 7))
-        }
+    unsafe fn bias(x: &FastInput, b: usize) -> __m256i {
+        unsafe { _mm256_loadu_si256(x.bias.as_ptr().add(8 * b) as *const __m256i) }
     }
 
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn row_avx2(
-        bits: u32,
-        group: usize,
-        row: &[u8],
+    unsafe fn rows_avx2<const BITS: u32>(
+        g: Geometry,
+        rows: &[u8],
         nf: &[f32],
         levels: &[i8; 16],
-        x: &FastInput,
-    ) -> f32 {
+        xs: &[FastInput],
+        out: &impl Fn(usize, usize, f32),
+    ) {
         unsafe {
             let ones = _mm256_set1_epi16(1);
             // The sign trick: |L| (unsigned) times q·sign(L) (signed); a pair of
             // products is at most 2·127·127, so vpmaddubsw never saturates.
             let table: &[u8; 16] = &*(levels as *const [i8; 16] as *const [u8; 16]);
-            row_loop(
-                bits,
-                group,
-                row,
-                nf,
-                table,
-                x,
-                |l, q| {
-                    let p = _mm256_maddubs_epi16(_mm256_abs_epi8(l), _mm256_sign_epi8(q, l));
-                    _mm256_madd_epi16(p, ones)
-                },
-                |d, _| d,
-            )
+            let dot = |l, q, _: &FastInput, _| {
+                let p = _mm256_maddubs_epi16(_mm256_abs_epi8(l), _mm256_sign_epi8(q, l));
+                _mm256_madd_epi16(p, ones)
+            };
+            rows_loop::<BITS>(g, rows, nf, table, xs, out, dot)
         }
     }
 
     #[target_feature(enable = "avx2,fma,avxvnni")]
-    unsafe fn row_vnni_avx(
-        bits: u32,
-        group: usize,
-        row: &[u8],
+    unsafe fn rows_vnni_avx<const BITS: u32>(
+        g: Geometry,
+        rows: &[u8],
         nf: &[f32],
         biased: &[u8; 16],
-        x: &FastInput,
-    ) -> f32 {
+        xs: &[FastInput],
+        out: &impl Fn(usize, usize, f32),
+    ) {
         unsafe {
-            row_loop(
-                bits,
-                group,
-                row,
-                nf,
-                biased,
-                x,
-                |l, q| _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), l, q),
-                |d, c| unbias(d, x, c),
-            )
+            let dot = |l, q, x: &FastInput, b| _mm256_dpbusd_avx_epi32(bias(x, b), l, q);
+            rows_loop::<BITS>(g, rows, nf, biased, xs, out, dot)
         }
     }
 
     #[target_feature(enable = "avx2,fma,avx512vnni,avx512vl")]
-    unsafe fn row_vnni_512(
-        bits: u32,
-        group: usize,
-        row: &[u8],
+    unsafe fn rows_vnni_512<const BITS: u32>(
+        g: Geometry,
+        rows: &[u8],
         nf: &[f32],
         biased: &[u8; 16],
-        x: &FastInput,
-    ) -> f32 {
+        xs: &[FastInput],
+        out: &impl Fn(usize, usize, f32),
+    ) {
         unsafe {
-            row_loop(
-                bits,
-                group,
-                row,
-                nf,
-                biased,
-                x,
-                |l, q| _mm256_dpbusd_epi32(_mm256_setzero_si256(), l, q),
-                |d, c| unbias(d, x, c),
-            )
+            let dot = |l, q, x: &FastInput, b| _mm256_dpbusd_epi32(bias(x, b), l, q);
+            rows_loop::<BITS>(g, rows, nf, biased, xs, out, dot)
         }
     }
 }

@@ -584,7 +584,12 @@ fn the_parity_tests_pass_with_the_scalar_kernels_too() {
     }
     let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
         .env("CQLM_CPU_KERNELS", "scalar")
-        .args(["naive_reference", "kernel_selection", "prefill_", "fast_engine::"])
+        .args([
+            "naive_reference",
+            "kernel_selection",
+            "prefill_",
+            "fast_engine::",
+        ])
         .output()
         .expect("rerun the tests");
     let stdout = String::from_utf8_lossy(&out.stdout);
