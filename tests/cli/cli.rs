@@ -803,3 +803,36 @@ fn fast_precision_costs_at_most_0_3_percent_of_held_out_bits_per_byte() {
     let b = bench_json(&["--prompt-len", "8", "--tokens", "4"]);
     assert_eq!(b["precision"], "fast", "{b}");
 }
+
+#[test]
+fn fast_precision_on_the_gpu_says_the_gpu_is_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = [
+        "bench",
+        "--preset",
+        "tiny",
+        "--backend",
+        "gpu",
+        "--precision",
+        "fast",
+        "--reps",
+        "1",
+        "--tokens",
+        "2",
+        "--prompt-len",
+        "2",
+        "--json",
+    ];
+    let out = cqlm(dir.path(), &args);
+    if !out.status.success() && std::env::var_os("CQLM_REQUIRE_GPU").is_none() {
+        return; // no adapter here
+    }
+    assert_ok(&out, "bench --backend gpu --precision fast");
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("the gpu engine computes exact arithmetic"),
+        "{err}"
+    );
+    let v: serde_json::Value = serde_json::from_str(text(&out.stdout).trim()).unwrap();
+    assert_eq!(v["precision"], "exact", "{v}");
+}
