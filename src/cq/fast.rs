@@ -518,33 +518,32 @@ mod x86 {
         }
     }
 
-    #[target_feature(enable = "avx2,fma,avxvnni")]
-    unsafe fn rows_vnni_avx<const BITS: u32>(
-        g: Geometry,
-        rows: &[u8],
-        nf: &[f32],
-        biased: &[u8; 16],
-        xs: &[FastInput],
-        out: &impl Fn(usize, usize, f32),
-    ) {
-        unsafe {
-            let dot = |l, q, x: &FastInput, b| _mm256_dpbusd_avx_epi32(bias(x, b), l, q);
-            rows_loop::<BITS>(g, rows, nf, biased, xs, out, dot)
-        }
+    /// The two VNNI kernels: `vpdpbusd` on the levels + 128 (unsigned) and the
+    /// activations (signed), starting from the block's −128·Σq bias, so nothing
+    /// needs the sign trick; `$dp` is the VEX (AVX-VNNI) or EVEX (AVX-512 VNNI)
+    /// form of the same instruction.
+    macro_rules! vnni_rows {
+        ($name:ident, $features:literal, $dp:ident) => {
+            #[target_feature(enable = $features)]
+            unsafe fn $name<const BITS: u32>(
+                g: Geometry,
+                rows: &[u8],
+                nf: &[f32],
+                biased: &[u8; 16],
+                xs: &[FastInput],
+                out: &impl Fn(usize, usize, f32),
+            ) {
+                unsafe {
+                    let dot = |l, q, x: &FastInput, b| $dp(bias(x, b), l, q);
+                    rows_loop::<BITS>(g, rows, nf, biased, xs, out, dot)
+                }
+            }
+        };
     }
-
-    #[target_feature(enable = "avx2,fma,avx512vnni,avx512vl")]
-    unsafe fn rows_vnni_512<const BITS: u32>(
-        g: Geometry,
-        rows: &[u8],
-        nf: &[f32],
-        biased: &[u8; 16],
-        xs: &[FastInput],
-        out: &impl Fn(usize, usize, f32),
-    ) {
-        unsafe {
-            let dot = |l, q, x: &FastInput, b| _mm256_dpbusd_epi32(bias(x, b), l, q);
-            rows_loop::<BITS>(g, rows, nf, biased, xs, out, dot)
-        }
-    }
+    vnni_rows!(rows_vnni_avx, "avx2,fma,avxvnni", _mm256_dpbusd_avx_epi32);
+    vnni_rows!(
+        rows_vnni_512,
+        "avx2,fma,avx512vnni,avx512vl",
+        _mm256_dpbusd_epi32
+    );
 }

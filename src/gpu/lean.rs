@@ -249,28 +249,7 @@ fn layer_lists(p: &Parts<'_>) -> Option<Lists> {
         lp.b_res = (m.b_res + 16 * prev) as u32;
         lp.wo = wo[prev];
     };
-    let mlp_params = |prev: usize| -> MlpParams {
-        let lv = &w.layer_vecs[prev];
-        let skip_u = p.fault == Some(super::program::Fault::SkipMinusU);
-        MlpParams {
-            hidden: h as u32,
-            hd: c.hadamard_dim as u32,
-            b: a.b as u32,
-            u: if skip_u { a.zero } else { a.u } as u32,
-            attn: a.attn as u32,
-            after: a.after as u32,
-            update: a.update as u32,
-            z: a.z as u32,
-            post_norm: lv.post_norm as u32,
-            mlp_norm: lv.mlp_norm as u32,
-            d1: lv.d[0] as u32,
-            d2: lv.d[1] as u32,
-            d3: lv.d[2] as u32,
-            out_scale: lv.scale as u32,
-            out: a.out as u32,
-            tstride: p.slots.act as u32,
-        }
-    };
+    let mlp_params = |prev: usize| super::program::mlp_params(p, prev);
     let step_bytes = |lp: &LayerParams| -> u64 {
         let mut b = 0;
         let mv = |r: &CqRef, rows: usize| {
@@ -386,25 +365,8 @@ fn layer_lists(p: &Parts<'_>) -> Option<Lists> {
             Batch::single(),
         ));
         let ap = AttnParams {
-            layer: l as u32,
-            heads: c.heads as u32,
-            kv_heads: c.kv_heads as u32,
-            head_dim: c.head_dim as u32,
-            sink: c.sink as u32,
-            window: c.window as u32,
-            rows: c.cache_rows() as u32,
-            words: c.head_dim.div_ceil(4) as u32,
-            q_off: a.q as u32,
-            k_off: a.k as u32,
-            v_off: a.v as u32,
-            g_off: a.g as u32,
-            o_off: a.o as u32,
-            q_norm_off: lv.q_norm as u32,
-            k_norm_off: lv.k_norm as u32,
-            cos_at: p.step.cos_at() as u32,
-            sin_at: p.step.sin_at() as u32,
             kn_off: a.kn as u32,
-            _pad: [0; 2],
+            ..super::program::attn_params(p, l)
         };
         d.push(
             k.attention

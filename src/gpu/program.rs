@@ -156,6 +156,56 @@ pub(crate) struct Parts<'a> {
     pub program: Option<ProgramKind>,
 }
 
+/// Layer `l`'s MLP params (both programs).
+pub(crate) fn mlp_params(p: &Parts<'_>, l: usize) -> MlpParams {
+    let (c, a, lv) = (p.config, p.act, &p.weights.layer_vecs[l]);
+    let skip_u = p.fault == Some(Fault::SkipMinusU);
+    MlpParams {
+        hidden: c.hidden as u32,
+        hd: c.hadamard_dim as u32,
+        b: a.b as u32,
+        u: if skip_u { a.zero } else { a.u } as u32,
+        attn: a.attn as u32,
+        after: a.after as u32,
+        update: a.update as u32,
+        z: a.z as u32,
+        post_norm: lv.post_norm as u32,
+        mlp_norm: lv.mlp_norm as u32,
+        d1: lv.d[0] as u32,
+        d2: lv.d[1] as u32,
+        d3: lv.d[2] as u32,
+        out_scale: lv.scale as u32,
+        out: a.out as u32,
+        tstride: p.slots.act as u32,
+    }
+}
+
+/// Layer `l`'s attention params (both programs; the lean one adds `kn_off`).
+pub(crate) fn attn_params(p: &Parts<'_>, l: usize) -> AttnParams {
+    let (c, a, lv) = (p.config, p.act, &p.weights.layer_vecs[l]);
+    AttnParams {
+        layer: l as u32,
+        heads: c.heads as u32,
+        kv_heads: c.kv_heads as u32,
+        head_dim: c.head_dim as u32,
+        sink: c.sink as u32,
+        window: c.window as u32,
+        rows: c.cache_rows() as u32,
+        words: c.head_dim.div_ceil(4) as u32,
+        q_off: a.q as u32,
+        k_off: a.k as u32,
+        v_off: a.v as u32,
+        g_off: a.g as u32,
+        o_off: a.o as u32,
+        q_norm_off: lv.q_norm as u32,
+        k_norm_off: lv.k_norm as u32,
+        cos_at: p.step.cos_at() as u32,
+        sin_at: p.step.sin_at() as u32,
+        kn_off: 0,
+        _pad: [0; 2],
+    }
+}
+
 impl StepProgram {
     /// Build every dispatch of the step.
     ///
@@ -393,27 +443,7 @@ impl StepProgram {
             (&w.vectors, lv.attn_norm),
         );
         d.extend(qkvg.dispatches(&k.cq, ctx, &w.arenas, 1));
-        let ap = AttnParams {
-            layer: l as u32,
-            heads: c.heads as u32,
-            kv_heads: c.kv_heads as u32,
-            head_dim: c.head_dim as u32,
-            sink: c.sink as u32,
-            window: c.window as u32,
-            rows: c.cache_rows() as u32,
-            words: c.head_dim.div_ceil(4) as u32,
-            q_off: a.q as u32,
-            k_off: a.k as u32,
-            v_off: a.v as u32,
-            g_off: a.g as u32,
-            o_off: a.o as u32,
-            q_norm_off: lv.q_norm as u32,
-            k_norm_off: lv.k_norm as u32,
-            cos_at: p.step.cos_at() as u32,
-            sin_at: p.step.sin_at() as u32,
-            kn_off: 0,
-            _pad: [0; 2],
-        };
+        let ap = attn_params(p, l);
         let att = &k.attention;
         let qk_store = att.qk_store(ctx, &ap, &s.act, &w.vectors, &s.step, &s.cache);
         d.push(qk_store.clone());
@@ -431,25 +461,7 @@ impl StepProgram {
             (&w.vectors, 0),
         );
         d.extend(wo.dispatches(&k.cq, ctx, &w.arenas, 1));
-        let skip_u = p.fault == Some(Fault::SkipMinusU);
-        let mp = MlpParams {
-            hidden: h as u32,
-            hd: c.hadamard_dim as u32,
-            b: a.b as u32,
-            u: if skip_u { a.zero } else { a.u } as u32,
-            attn: a.attn as u32,
-            after: a.after as u32,
-            update: a.update as u32,
-            z: a.z as u32,
-            post_norm: lv.post_norm as u32,
-            mlp_norm: lv.mlp_norm as u32,
-            d1: lv.d[0] as u32,
-            d2: lv.d[1] as u32,
-            d3: lv.d[2] as u32,
-            out_scale: lv.scale as u32,
-            out: a.out as u32,
-            tstride: p.slots.act as u32,
-        };
+        let mp = mlp_params(p, l);
         d.push(k.mlp.mlp(ctx, &mp, &s.act, &w.vectors));
         cap(d.len(), "after_attn", Source::Act, a.after, h);
         cap(d.len(), "mlp_out", Source::Act, a.out, h);

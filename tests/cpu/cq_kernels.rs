@@ -47,7 +47,7 @@ fn rel_l2(a: &[f64], b: &[f64]) -> f64 {
 }
 
 /// A random CQ matrix built through the public validating constructor.
-fn random_matrix(
+pub(crate) fn random_matrix(
     rng: &mut ChaCha8Rng,
     rows: usize,
     cols: usize,

@@ -7,7 +7,7 @@ use crate::common::{token_ids, StepLogits};
 use cqlm::cq::BitsPlan;
 use cqlm::sample::argmax;
 use cqlm::synth::synth_model;
-use cqlm::{Config, CpuEngine, Engine, EngramConfig, Precision, Readout};
+use cqlm::{Config, CpuEngine, Engine, Precision, Readout};
 use std::sync::Arc;
 
 fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
@@ -20,26 +20,7 @@ fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
 /// ones stay exact), and a wider one whose matrices are 2 and 4-bit, group 128,
 /// with a ring that wraps inside the prompt.
 fn archives() -> Vec<(&'static str, Arc<cqlm::Model>)> {
-    let wide = Config {
-        vocab: 300,
-        hidden: 128,
-        layers: 3,
-        heads: 4,
-        kv_heads: 2,
-        head_dim: 32,
-        hadamard_dim: 256,
-        sink: 2,
-        window: 7,
-        engram: Some(EngramConfig {
-            sites: vec![1],
-            orders: vec![2, 3],
-            hash_heads: 2,
-            dim: 24,
-            taps: 3,
-            dilation: 2,
-        }),
-        ..Config::preset_tiny()
-    };
+    let wide = crate::reference_step::simd_config();
     vec![
         (
             "tiny",

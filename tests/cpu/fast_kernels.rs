@@ -3,39 +3,11 @@
 //! must agree to float rounding), SIMD against scalar bit for bit, and fast
 //! against exact within §6.1's one-matvec bound.
 
+use crate::cq_kernels::random_matrix;
 use cqlm::cq::{prepare, CqMatrix, FastInput, FastKernel};
 use cqlm::simd::CpuSimd;
-use half::f16;
-use rand::{Rng, RngCore, SeedableRng};
+use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-
-fn random_matrix(
-    rng: &mut ChaCha8Rng,
-    rows: usize,
-    cols: usize,
-    bits: u32,
-    group: usize,
-) -> CqMatrix {
-    let groups = cols.div_ceil(group);
-    let codebook: Vec<f32> = (0..1usize << bits)
-        .map(|_| rng.random_range(-2.0f32..2.0))
-        .collect();
-    let norms: Vec<f16> = (0..rows * groups)
-        .map(|_| f16::from_f32(rng.random_range(0.05f32..1.0)))
-        .collect();
-    let row_bytes = groups * group * bits as usize / 8;
-    let mut packed = vec![0u8; rows * row_bytes];
-    rng.fill_bytes(&mut packed);
-    CqMatrix::new(
-        cols,
-        codebook,
-        norms,
-        [rows, groups],
-        packed,
-        [rows, row_bytes],
-    )
-    .unwrap()
-}
 
 /// §6.1 by hand, in f64: int8 blocks of 32 (`absmax / 127`, half to even,
 /// clamped), int8 levels with one scale, `Σ_g norm · s_c · Σ_b a_b · Σ L·q`.

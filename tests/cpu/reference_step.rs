@@ -349,6 +349,13 @@ fn prefill_and_reset_are_bit_exact() {
 /// A small model whose CQ matrices take the 8-lane SIMD kernels (group 128 at 2
 /// and 4 bits), with a sink + window ring that wraps inside the prompt.
 fn simd_engine(seed: u64) -> CpuEngine {
+    let config = simd_config();
+    let model = synth_model(&config, &BitsPlan::standard(), seed).expect("synth");
+    CpuEngine::new(Arc::new(model)).expect("engine")
+}
+
+/// [`simd_engine`]'s config (also the fast-precision tests' wide archive).
+pub(crate) fn simd_config() -> Config {
     let config = Config {
         vocab: 300,
         hidden: 128,
@@ -370,8 +377,7 @@ fn simd_engine(seed: u64) -> CpuEngine {
         ..Config::preset_tiny()
     };
     config.validate().expect("valid config");
-    let model = synth_model(&config, &BitsPlan::standard(), seed).expect("synth");
-    CpuEngine::new(Arc::new(model)).expect("engine")
+    config
 }
 
 #[test]
