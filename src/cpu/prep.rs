@@ -112,15 +112,30 @@ impl BatchPrep {
                     self.fast.push(FastSlot::default());
                 }
                 grow(&mut self.tmp, padded, "prepared inputs")?;
-                let slot = &mut self.fast[self.fast_used];
+                // Another width's slot of the same input and group already holds
+                // the values and scales: only the kernel order differs.
+                let same = self.fast[..self.fast_used]
+                    .iter()
+                    .position(|s| (s.key.0, s.key.1) == (group, padded));
+                let (done, rest) = self.fast.split_at_mut(self.fast_used);
+                let slot = &mut rest[0];
                 slot.key = key;
                 if slot.inputs.len() < n {
                     slot.inputs.resize_with(n, FastInput::default);
                 }
-                let tmp = &mut self.tmp[..padded];
-                for (t, x) in slot.inputs[..n].iter_mut().enumerate() {
-                    prepare_into(&xs[t * cols..(t + 1) * cols], group, tmp);
-                    x.quantize(tmp, m.bits());
+                match same {
+                    Some(j) => {
+                        for (x, o) in slot.inputs[..n].iter_mut().zip(&done[j].inputs) {
+                            x.relay(o, m.bits());
+                        }
+                    }
+                    None => {
+                        let tmp = &mut self.tmp[..padded];
+                        for (t, x) in slot.inputs[..n].iter_mut().enumerate() {
+                            prepare_into(&xs[t * cols..(t + 1) * cols], group, tmp);
+                            x.quantize(tmp, m.bits());
+                        }
+                    }
                 }
                 self.fast_used += 1;
                 self.fast_used - 1

@@ -75,14 +75,34 @@ impl FastInput {
     pub fn quantize(&mut self, prep: &[f32], bits: u32) {
         assert!(prep.len().is_multiple_of(BLOCK), "fast input: whole blocks");
         assert!(matches!(bits, 1 | 2 | 4), "fast input: bits");
-        self.bits = bits;
         self.len = prep.len();
         self.q.resize(prep.len(), 0);
-        self.qp.resize(prep.len(), 0);
         self.scales.clear();
         for (x, q) in prep.chunks_exact(BLOCK).zip(self.q.chunks_exact_mut(BLOCK)) {
             self.scales.push(quantize_int8(x, q));
         }
+        self.lay_out(bits);
+    }
+
+    /// The same quantized input as `other` laid out for `bits`-bit matrices (the
+    /// values and scales do not depend on the width, only the kernel order).
+    ///
+    /// # Panics
+    /// If `bits` is not 1, 2 or 4.
+    pub fn relay(&mut self, other: &FastInput, bits: u32) {
+        assert!(matches!(bits, 1 | 2 | 4), "fast input: bits");
+        self.len = other.len;
+        self.q.clear();
+        self.q.extend_from_slice(&other.q);
+        self.scales.clear();
+        self.scales.extend_from_slice(&other.scales);
+        self.lay_out(bits);
+    }
+
+    /// The kernel order and the lane biases of `q` for `bits`.
+    fn lay_out(&mut self, bits: u32) {
+        self.bits = bits;
+        self.qp.resize(self.q.len(), 0);
         // In a block, the kernels read byte j's index p (of per = 8/bits) at
         // position p·nb + j (nb = bytes per block): column j·per + p.
         let per = 8 / bits as usize;

@@ -69,6 +69,17 @@ fn fast_kernels_match_a_naive_f64_loop_and_each_other() {
             let prep = prepare(&m, &x).unwrap();
             let mut q = FastInput::default();
             q.quantize(&prep, bits);
+            // The same input quantized for another width, then laid out for this
+            // one (what an input shared by matrices of two widths gets).
+            let mut other = FastInput::default();
+            other.quantize(&prep, if bits == 4 { 2 } else { 4 });
+            let mut relaid = FastInput::default();
+            relaid.relay(&other, bits);
+            let mut a = vec![f32::NAN; rows];
+            let mut b = vec![f32::NAN; rows];
+            m.matvec_rows_fast(FastKernel::Scalar, &q, 0, &mut a);
+            m.matvec_rows_fast(FastKernel::Scalar, &relaid, 0, &mut b);
+            assert_eq!(a, b, "relaid input, bits {bits}");
             let mut outs = Vec::new();
             for &k in &ks {
                 let mut out = vec![f32::NAN; rows];
