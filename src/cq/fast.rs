@@ -20,7 +20,7 @@ use crate::kernels::kv::quantize_int8;
 pub const BLOCK: usize = 32;
 
 /// A matrix's rows in fast form: int8 codebook levels and the norms times the
-/// codebook scale (padded by 8 so the SIMD kernels may read past a row).
+/// codebook scale.
 #[derive(Debug, Clone)]
 pub(crate) struct FastRows {
     /// Level `i` as int8 (`round_half_even(c_i / s_c)`, `s_c = max|c| / 127`);
@@ -28,7 +28,7 @@ pub(crate) struct FastRows {
     pub(crate) levels: [i8; 16],
     /// The levels plus 128 as unsigned bytes (the VNNI kernels' operand).
     pub(crate) biased: [u8; 16],
-    /// `norm[r, g] · s_c`, `[rows, groups]` then 8 zeros.
+    /// `norm[r, g] · s_c`, `[rows, groups]`.
     pub(crate) nf: Vec<f32>,
 }
 
@@ -42,8 +42,7 @@ impl FastRows {
         }
         let mut levels = [0i8; 16];
         let scale = quantize_int8(codebook, &mut levels[..codebook.len()]);
-        let mut nf: Vec<f32> = norms.iter().map(|n| n * scale).collect();
-        nf.extend([0.0; 8]);
+        let nf: Vec<f32> = norms.iter().map(|n| n * scale).collect();
         let biased = levels.map(|l| (i16::from(l) + 128) as u8);
         Some(FastRows { levels, biased, nf })
     }
@@ -134,21 +133,6 @@ impl FastInput {
     /// Whether nothing is quantized.
     pub fn is_empty(&self) -> bool {
         self.len == 0
-    }
-
-    /// The bit width the kernel order is for.
-    pub fn bits(&self) -> u32 {
-        self.bits
-    }
-
-    /// The int8 values in natural order.
-    pub fn values(&self) -> &[i8] {
-        &self.q
-    }
-
-    /// The block scales.
-    pub fn scales(&self) -> &[f32] {
-        &self.scales
     }
 }
 
@@ -287,7 +271,7 @@ impl CqMatrix {
             let nf = &f.nf[first * self.groups..];
             let g = (self.group, self.groups, k);
             // SAFETY: for_simd chose these only where the CPU has the features;
-            // `nf` has 8 readable values past the last row's last group.
+            // `nf` holds these rows' norms.
             unsafe { x86::rows_dot(kernel, self.bits, g, rows, nf, f, xs, put) };
             return;
         }
@@ -372,7 +356,7 @@ mod x86 {
     ///
     /// # Safety
     /// The CPU has AVX2 and FMA (and the VNNI variant for `Vnni`); `nf` holds the
-    /// rows' norms and 8 more readable values.
+    /// rows' norms.
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn rows_dot(
         kernel: FastKernel,

@@ -59,7 +59,7 @@ impl ProgramKind {
 /// two arenas, Φ matrices of different groups, or a prepared input over
 /// [`MAX_STAGED`] values.
 pub(crate) fn apply(p: &Parts<'_>, prog: &mut StepProgram) -> bool {
-    let Some(layers) = layer_lists(p) else {
+    let Some(layers) = layer_lists(p, prog) else {
         return false;
     };
     let (lists, mut caps, tail, tail_caps) = layers;
@@ -166,8 +166,9 @@ type Lists = (
     Vec<CapturePoint>,
 );
 
-/// The layer lists with their capture points, and the tail with its own.
-fn layer_lists(p: &Parts<'_>) -> Option<Lists> {
+/// The layer lists with their capture points, and the tail with its own; the
+/// q/k/v/g matvecs are the standard program's (`prog.plan`).
+fn layer_lists(p: &Parts<'_>, prog: &StepProgram) -> Option<Lists> {
     let (ctx, c, k, w, a, s) = (p.ctx, p.config, p.kernels, p.weights, p.act, p.state);
     let h = c.hidden;
     let n_layers = c.layers;
@@ -343,27 +344,7 @@ fn layer_lists(p: &Parts<'_>) -> Option<Lists> {
         };
         cp.push(tail_point(1, "u", l, Source::Act, a.u, h));
         cp.push(tail_point(1, "block_in", l, Source::Act, a.b, h));
-        let lv = &w.layer_vecs[l];
-        let lw = &w.layers[l];
-        d.extend(k.cq.matvec(
-            ctx,
-            &w.arenas,
-            &[
-                (&lw.wq, 0, c.q_dim(), a.q),
-                (&lw.wk, 0, c.kv_dim(), a.k),
-                (&lw.wv, 0, c.kv_dim(), a.v),
-                (&lw.wg, 0, c.q_dim(), a.g),
-            ],
-            MatvecInput::Raw {
-                mode: PrepareMode::Zcrms,
-                n: h,
-                src: (&s.act, a.b),
-                lane_stride: h,
-                gains: (&w.vectors, lv.attn_norm),
-            },
-            &s.act,
-            Batch::single(),
-        ));
+        d.extend(prog.plan[l].qkvg.dispatches(&k.cq, ctx, &w.arenas, 1));
         let ap = AttnParams {
             kn_off: a.kn as u32,
             ..super::program::attn_params(p, l)

@@ -84,8 +84,8 @@ impl PrefillPlan {
                     steps.push((re(&step), re(&program.tail)));
                     continue;
                 }
-                p.head.push(re(&program.prefill_head));
-                p.tail.push(re(&program.prefill_tail));
+                p.head.push(re(&program.head));
+                p.tail.push(re(&program.tail));
                 for (l, lp) in program.plan.iter().enumerate() {
                     let r = |d: &Dispatch| d.rebound(ctx, &w);
                     p.per_token[l].push([

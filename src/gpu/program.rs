@@ -134,9 +134,6 @@ pub(crate) struct StepProgram {
     pub head_caps: Vec<CapturePoint>,
     pub layer_caps: Vec<Vec<CapturePoint>>,
     pub tail_caps: Vec<CapturePoint>,
-    /// The standard program's head and tail, which the prefill rebinds per slot.
-    pub prefill_head: Vec<Dispatch>,
-    pub prefill_tail: Vec<Dispatch>,
     /// Per layer, what a prefill chunk batches.
     pub plan: Vec<LayerPlan>,
 }
@@ -329,8 +326,6 @@ impl StepProgram {
         );
         let mut program = StepProgram {
             kind: ProgramKind::Standard,
-            prefill_head: head.clone(),
-            prefill_tail: tail.clone(),
             head,
             head_conv: conv_from..conv_to,
             layers,
