@@ -4,9 +4,12 @@
 // CPU twins: sample::argmax and sample::top_k_into (src/sample.rs).
 //
 // Entry points and bindings (group 0), both dispatch (1, 1, 1), workgroup 256 (ONE
-// workgroup):
-//   argmax  bindings 0..2: params (uniform ArgmaxParams), logits (read),
-//           out (read_write, 2 u32).
+// workgroup). Both take a token mask (bit i & 31 of word i >> 5 set: id i allowed);
+// with `masked` != 0 in their params, disallowed ids are skipped everywhere (never
+// chosen, never candidates, not in the flag or the denominator), as the host's
+// masked readout (engine::host_readout_masked) does.
+//   argmax  bindings 0..3: params (uniform ArgmaxParams), logits (read),
+//           out (read_write, 2 u32), amask (read, ceil(n / 32) u32).
 //           out[0] = the lowest index of the largest finite-or-infinite logit
 //           (as sample::argmax: NaN never wins; 0 when nothing beats −∞),
 //           out[1] = 1 if any logit is NaN or ±∞, else 0 (the step then fails
@@ -14,8 +17,9 @@
 //           Each invocation scans a strided share (index li, li + 256, ...), keeping
 //           its first maximum; a shared-memory tree then keeps the larger value,
 //           or the lower index on ties.
-//   topk    bindings 3..5: params (uniform TopkParams), logits (read),
-//           tout (read_write, 3 + 2·MAX_K u32); the m = min(k, n, MAX_K) largest
+//   topk    bindings 4..7: params (uniform TopkParams), logits (read),
+//           tout (read_write, 3 + 2·MAX_K u32), tmask (read, ceil(n / 32) u32);
+//           the m = min(k, allowed ids, MAX_K) largest
 //           logits, the non-finite flag and, at temperature > 0, the softmax
 //           denominator (layout in the top-k section below).
 //
@@ -30,12 +34,17 @@ const SCRATCH_LEN: u32 = 256u;
 struct ArgmaxParams {
     n: u32,      // logits to scan
     off: u32,    // first logit in the buffer
-    _pad0: u32,
+    masked: u32, // != 0: only ids that amask allows
     _pad1: u32,
 }
 @group(0) @binding(0) var<uniform> ap: ArgmaxParams;
 @group(0) @binding(1) var<storage, read> logits: array<f32>;
 @group(0) @binding(2) var<storage, read_write> out: array<u32>;
+@group(0) @binding(3) var<storage, read> amask: array<u32>;
+
+fn allowed_a(i: u32) -> bool {
+    return ap.masked == 0u || ((amask[i >> 5u] >> (i & 31u)) & 1u) == 1u;
+}
 
 var<workgroup> best_v: array<f32, 256>;
 var<workgroup> best_i: array<u32, 256>;
@@ -47,6 +56,9 @@ fn argmax(@builtin(local_invocation_index) li: u32) {
     var bi = NONE;
     var nf = 0u;
     for (var i = li; i < ap.n; i += WG) {
+        if (!allowed_a(i)) {
+            continue;
+        }
         let x = logits[ap.off + i];
         if (!finite(x)) {
             nf = 1u;
@@ -83,12 +95,12 @@ fn argmax(@builtin(local_invocation_index) li: u32) {
 // ---------------------------------------------------------------- top-k
 //   topk's output tout (3 + 2·MAX_K u32; geometry and bindings in the header):
 //         tout[0] = 1 if any logit is NaN or ±∞ (then nothing else is meaningful),
-//         tout[1] = m = min(k, n), and tout[2 + i], bitcast<f32>(tout[2 + MAX_K + i])
+//         tout[1] = m = min(k, allowed ids, MAX_K), and tout[2 + i], bitcast<f32>(tout[2 + MAX_K + i])
 //         for i < m = the ids and logits of the m largest logits, in no particular
 //         order, ties at the cut resolved toward lower ids (as a stable sort by
 //         logit, best first, would keep them).
 //         tout[2 + 2·MAX_K] = bitcast<u32>(Σ_i exp((logit_i − max) / temperature))
-//         over all n logits when temperature > 0 (the softmax denominator a top-p
+//         over the allowed logits when temperature > 0 (the softmax denominator a top-p
 //         cut needs; f32, strided partial sums and a shared-memory tree), else 0.
 //         The m-th largest key is found by a 4-pass radix select over the logits'
 //         order-preserving u32 keys (shared-memory histograms), then everything
@@ -103,10 +115,19 @@ struct TopkParams {
     off: u32,
     k: u32,
     temperature: f32, // > 0: also the softmax denominator at this temperature
+    masked: u32,      // != 0: only ids that tmask allows
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
-@group(0) @binding(3) var<uniform> tp: TopkParams;
-@group(0) @binding(4) var<storage, read> tlogits: array<f32>;
-@group(0) @binding(5) var<storage, read_write> tout: array<u32>;
+@group(0) @binding(4) var<uniform> tp: TopkParams;
+@group(0) @binding(5) var<storage, read> tlogits: array<f32>;
+@group(0) @binding(6) var<storage, read_write> tout: array<u32>;
+@group(0) @binding(7) var<storage, read> tmask: array<u32>;
+
+fn allowed_t(i: u32) -> bool {
+    return tp.masked == 0u || ((tmask[i >> 5u] >> (i & 31u)) & 1u) == 1u;
+}
 
 var<workgroup> hist: array<atomic<u32>, 256>;
 var<workgroup> taken: atomic<u32>;
@@ -121,7 +142,22 @@ fn key_of(x: f32) -> u32 {
 
 @compute @workgroup_size(256)
 fn topk(@builtin(local_invocation_index) li: u32) {
-    let m = min(tp.k, min(tp.n, MAX_K));
+    var nf = 0u;
+    var vmax = -3.4028235e38;
+    var count = 0.0;
+    for (var i = li; i < tp.n; i += WG) {
+        if (!allowed_t(i)) {
+            continue;
+        }
+        count += 1.0;
+        let x = tlogits[tp.off + i];
+        if (!finite(x)) {
+            nf = 1u;
+        }
+        vmax = max(vmax, x);
+    }
+    // The allowed ids (an f32 count is exact to 2^24 ids).
+    let m = min(tp.k, min(u32(wg_sum(count, li)), MAX_K));
     if (li == 0u) {
         sel[0] = 0u;
         sel[1] = 0u;
@@ -130,15 +166,6 @@ fn topk(@builtin(local_invocation_index) li: u32) {
         atomicStore(&taken, 0u);
         atomicStore(&flag, 0u);
     }
-    var nf = 0u;
-    var vmax = -3.4028235e38;
-    for (var i = li; i < tp.n; i += WG) {
-        let x = tlogits[tp.off + i];
-        if (!finite(x)) {
-            nf = 1u;
-        }
-        vmax = max(vmax, x);
-    }
     // The softmax denominator at the temperature (finite logits only matter:
     // otherwise the flag makes the host refuse the step).
     var total = 0.0;
@@ -146,7 +173,9 @@ fn topk(@builtin(local_invocation_index) li: u32) {
         let top = wg_max(vmax, li);
         var part = 0.0;
         for (var i = li; i < tp.n; i += WG) {
-            part += exp((tlogits[tp.off + i] - top) / tp.temperature);
+            if (allowed_t(i)) {
+                part += exp((tlogits[tp.off + i] - top) / tp.temperature);
+            }
         }
         total = wg_sum(part, li);
     }
@@ -163,7 +192,7 @@ fn topk(@builtin(local_invocation_index) li: u32) {
         let mask = sel[1];
         for (var i = li; i < tp.n; i += WG) {
             let key = key_of(tlogits[tp.off + i]);
-            if ((key & mask) == prefix) {
+            if ((key & mask) == prefix && allowed_t(i)) {
                 atomicAdd(&hist[(key >> shift) & 255u], 1u);
             }
         }
@@ -194,7 +223,7 @@ fn topk(@builtin(local_invocation_index) li: u32) {
     for (var i = li; i < tp.n; i += WG) {
         let x = tlogits[tp.off + i];
         let key = key_of(x);
-        if (m > 0u && (key > cut || (key == cut && all_equal))) {
+        if (m > 0u && allowed_t(i) && (key > cut || (key == cut && all_equal))) {
             let slot = atomicAdd(&taken, 1u);
             if (slot < m) {
                 tout[2u + slot] = i;
@@ -210,7 +239,7 @@ fn topk(@builtin(local_invocation_index) li: u32) {
             var left = need;
             for (var i = 0u; i < tp.n && left > 0u; i++) {
                 let x = tlogits[tp.off + i];
-                if (key_of(x) == cut) {
+                if (key_of(x) == cut && allowed_t(i)) {
                     tout[2u + slot] = i;
                     tout[2u + MAX_K + slot] = bitcast<u32>(x);
                     slot += 1u;

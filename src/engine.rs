@@ -2,6 +2,7 @@
 //! step hands back ([`Readout`] asks, [`StepOut`] answers).
 
 use crate::config::Config;
+use crate::constrain::TokenMask;
 use crate::error::{Error, Result};
 use crate::precision::Precision;
 
@@ -22,12 +23,17 @@ pub struct Nucleus {
 
 /// What a step reads out of the logits it computes: the less a readout needs,
 /// the less the GPU copies back (nothing, 8 bytes, about 2 KiB, or `vocab` floats).
-/// Masked readouts (constrained generation) will join this enum.
+/// [`Engine::readout`] reads the same logits out again, optionally restricted to
+/// the tokens of a [`TokenMask`] (constrained generation).
 #[derive(Debug, Clone, Copy, PartialEq)]
 #[non_exhaustive]
 pub enum Readout {
     /// No logits: the step only appends the token (prefill).
     None,
+    /// Compute the logits and keep them for [`Engine::readout`]; nothing comes
+    /// back, and the GPU step returns without waiting for the device (so the host
+    /// can work meanwhile, e.g. on the next token mask).
+    Deferred,
     /// The `[vocab]` logits of the next token.
     Logits,
     /// The greedy choice of the next token: the lowest index of the largest logit,
@@ -142,7 +148,7 @@ pub fn host_readout<'a>(
 ) -> Result<StepOut<'a>> {
     readout.validate()?;
     Ok(match readout {
-        Readout::None => StepOut::None,
+        Readout::None | Readout::Deferred => StepOut::None,
         Readout::Logits => StepOut::Logits(logits),
         Readout::Argmax => StepOut::Token(crate::sample::argmax(logits)),
         Readout::TopK(k) => {
@@ -167,6 +173,29 @@ pub fn host_readout<'a>(
             }
         }
     })
+}
+
+/// [`host_readout`] restricted to the tokens `mask` allows (every one without a
+/// mask): the readout of `logits` with −∞ at the others (written into `masked`),
+/// which no readout then chooses or lists; a `Logits` readout hands back those
+/// masked logits.
+///
+/// # Errors
+/// As [`host_readout`]; [`Error::InvalidArgument`] for a mask of another
+/// vocabulary size or one that allows nothing.
+pub fn host_readout_masked<'a>(
+    logits: &'a [f32],
+    readout: Readout,
+    mask: Option<&TokenMask>,
+    masked: &'a mut Vec<f32>,
+    candidates: &'a mut Vec<(f32, u32)>,
+) -> Result<StepOut<'a>> {
+    let Some(mask) = mask else {
+        return host_readout(logits, readout, candidates);
+    };
+    mask.check(logits.len())?;
+    mask.apply_into(logits, masked);
+    host_readout(masked, readout, candidates)
 }
 
 /// A model instance with its incremental state (KV cache, engram rings, history).
@@ -229,6 +258,21 @@ pub trait Engine: Send {
     /// # Errors
     /// [`Error::Gpu`] if reading them back from the device fails.
     fn last_logits(&mut self) -> Result<Option<&[f32]>>;
+
+    /// Read the last step's logits out again as `readout` asks, restricted to the
+    /// tokens `mask` allows (every token without one): disallowed tokens are never
+    /// the argmax, never candidates and add nothing to a nucleus denominator; a
+    /// `Logits` readout gives the logits with −∞ at them. On the GPU the mask is
+    /// uploaded and applied on the device, so this copies back what `readout`
+    /// needs, not the logits. `Readout::None` and `Deferred` give
+    /// [`StepOut::None`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the last step computed no logits, for a bad
+    /// readout argument, or for a mask of another vocabulary size or that allows
+    /// nothing; [`Error::NonFinite`] when an allowed logit is NaN or infinite;
+    /// [`Error::Gpu`] if the device fails.
+    fn readout(&mut self, readout: Readout, mask: Option<&TokenMask>) -> Result<StepOut<'_>>;
 
     /// Append every id of `ids` in order, as one [`Engine::step`] per id would, and
     /// read out the logits after the last one as `readout` asks (earlier ids run

@@ -32,6 +32,7 @@ pub mod archive;
 pub mod builder;
 pub mod builtin;
 pub mod config;
+pub mod constrain;
 pub mod cpu;
 pub mod cq;
 pub mod engine;

@@ -34,7 +34,13 @@ fn main() -> ExitCode {
         Err(e) => {
             let msg = format!("{e:#}").replace('\n', " ");
             eprintln!("error: {msg}");
-            ExitCode::FAILURE
+            // A constrained output cut by --max-tokens: what was generated is on
+            // stdout, and the status says it is incomplete.
+            if e.downcast_ref::<cli::Incomplete>().is_some() {
+                ExitCode::from(3)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }

@@ -24,15 +24,16 @@ fn best_first(a: &(f32, u32), b: &(f32, u32)) -> std::cmp::Ordering {
     b.0.total_cmp(&a.0).then(a.1.cmp(&b.1))
 }
 
-/// The `k` largest non-NaN logits as `(logit, id)`, best first, ties toward lower
-/// ids (all of them when `k` is at least their number), into `out`.
+/// The `k` largest logits as `(logit, id)`, best first, ties toward lower ids (all
+/// of them when `k` is at least their number), into `out`. NaN and −∞ (a masked
+/// token) are never candidates.
 pub fn top_k_into(logits: &[f32], k: usize, out: &mut Vec<(f32, u32)>) {
     out.clear();
     out.extend(
         logits
             .iter()
             .enumerate()
-            .filter(|(_, v)| !v.is_nan())
+            .filter(|(_, &v)| v > f32::NEG_INFINITY)
             .map(|(i, &v)| (v, i as u32)),
     );
     if k == 0 {

@@ -2,7 +2,10 @@
 
 pub use crate::builder::Backend;
 use crate::builder::EngineBuilder;
+use crate::constrain::{Constraint, TokenMask};
 use crate::engine::{Engine, Nucleus, Readout, StepOut};
+use std::sync::mpsc;
+use std::time::Instant;
 use crate::error::{Error, Result};
 use crate::sample::Sampler;
 use crate::weights::Model;
@@ -26,7 +29,7 @@ enum Pending {
     Nucleus(Nucleus),
 }
 
-/// Why [`Session::generate`] stopped.
+/// Why [`Session::generate`] or [`Session::generate_constrained`] stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stop {
     /// It produced the requested number of tokens.
@@ -35,6 +38,51 @@ pub enum Stop {
     Eos,
     /// The callback asked to stop.
     Callback,
+    /// The constraint's output is complete: no token can follow, or the model
+    /// chose EOS where the output may end (EOS is not emitted).
+    Complete,
+}
+
+/// What a constrained generation spent on its constraint.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ConstraintStats {
+    /// Token masks computed.
+    pub masks: usize,
+    /// Seconds spent computing them (on the side thread, mostly while the engine
+    /// ran its steps).
+    pub mask_seconds: f64,
+    /// Seconds the generation waited for a mask after its step had finished.
+    pub mask_wait_seconds: f64,
+    /// Tokens the constraint forced (appended without a choice, in chunks).
+    pub forced: usize,
+    /// Tokens chosen under a mask.
+    pub chosen: usize,
+}
+
+impl ConstraintStats {
+    /// Mean mask time per mask, in µs (0 without masks).
+    pub fn mask_us(&self) -> f64 {
+        if self.masks == 0 {
+            0.0
+        } else {
+            self.mask_seconds * 1e6 / self.masks as f64
+        }
+    }
+}
+
+/// What the main thread asks the constraint's side thread.
+enum ToSide {
+    /// Commit this chosen token; answer with the forced tokens that follow and
+    /// whether the output is complete, then compute the next mask.
+    Commit(u32),
+}
+
+/// What the side thread answers.
+enum FromSide {
+    /// The forced tokens after a commit, and whether the output is complete.
+    Forced(Result<(Vec<u32>, bool)>),
+    /// The next mask and the seconds it took.
+    Mask(Result<TokenMask>, f64),
 }
 
 /// A running conversation with one model.
@@ -268,4 +316,164 @@ impl Session {
         }
         Ok(stop)
     }
+
+    /// Choose the next token from the engine's last logits under `mask`, as
+    /// `sampler` would from the logits with the disallowed tokens removed (the
+    /// engine's masked readouts: on the GPU the mask is applied on the device).
+    fn choose_masked(&mut self, sampler: &mut Sampler, mask: &TokenMask) -> Result<u32> {
+        let id = if sampler.is_greedy() {
+            self.engine.readout(Readout::Argmax, Some(mask))?.token()
+        } else if let Some(k) = sampler.top_k_only() {
+            let c = self.engine.readout(Readout::TopK(k), Some(mask))?;
+            c.candidates().map(|c| sampler.sample_top_k(c))
+        } else {
+            let drawn = match sampler.top_p_only() {
+                Some(temperature) => match self
+                    .engine
+                    .readout(Readout::Nucleus { temperature }, Some(mask))?
+                {
+                    StepOut::Nucleus {
+                        candidates,
+                        nucleus,
+                    } => sampler.sample_nucleus(candidates, nucleus.total, nucleus.rel_err),
+                    _ => None,
+                },
+                None => None,
+            };
+            match drawn {
+                Some(id) => Some(id),
+                None => {
+                    let l = self.engine.readout(Readout::Logits, Some(mask))?;
+                    l.logits().map(|l| sampler.sample(l, &self.tokens))
+                }
+            }
+        };
+        match id {
+            Some(id) if mask.is_allowed(id) => Ok(id),
+            other => Err(Error::InvalidArgument(format!(
+                "constrained generation: the readout chose {other:?}, which the mask does not allow"
+            ))),
+        }
+    }
+
+    /// Generate up to `n` tokens that satisfy `constraint`, with `sampler` over
+    /// the allowed tokens of each step, calling `on_token` with each (it returns
+    /// false to stop). Tokens the constraint forces are appended as one prefill
+    /// chunk each time, not sampled; EOS is allowed only where the output may end
+    /// and is not emitted; generation stops once the output is complete. The mask
+    /// of the next token is computed on a side thread while the engine runs the
+    /// step (it depends only on the tokens already chosen). Every emitted token is
+    /// also stepped, so the session can continue.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] before any prefill or when the constraint fails;
+    /// step errors.
+    pub fn generate_constrained(
+        &mut self,
+        sampler: &mut Sampler,
+        n: usize,
+        constraint: &mut Constraint,
+        mut on_token: impl FnMut(u32) -> bool,
+    ) -> Result<(Stop, ConstraintStats)> {
+        if self.logits.is_empty() {
+            return Err(Error::InvalidArgument(
+                "generate needs a prefilled prompt".into(),
+            ));
+        }
+        let vocab = self.model.config.vocab;
+        let eos = constraint.eos();
+        let mut stats = ConstraintStats::default();
+        let (to_side, side_in) = mpsc::channel::<ToSide>();
+        let (side_out, from_side) = mpsc::channel::<FromSide>();
+        let side_error = || Error::InvalidArgument("constrained generation: the constraint thread stopped".into());
+        let stop = std::thread::scope(|scope| -> Result<Stop> {
+            // Owned here, so returning closes the channel and ends the side thread
+            // (the scope waits for it).
+            let to_side = to_side;
+            scope.spawn(move || {
+                let mask_of = |c: &mut Constraint| {
+                    let t0 = Instant::now();
+                    let mut m = TokenMask::none(vocab);
+                    let r = c.mask_into(&mut m).map(|_| m);
+                    FromSide::Mask(r, t0.elapsed().as_secs_f64())
+                };
+                // Forced tokens at the start, then the first mask.
+                let first = constraint.take_forced();
+                let done = constraint.is_stopped();
+                if side_out.send(FromSide::Forced(Ok((first, done)))).is_err() {
+                    return;
+                }
+                if !done && side_out.send(mask_of(constraint)).is_err() {
+                    return;
+                }
+                while let Ok(ToSide::Commit(t)) = side_in.recv() {
+                    let r = constraint.commit(t).map(|_| {
+                        let ff = constraint.take_forced();
+                        (ff, constraint.is_stopped())
+                    });
+                    let go_on = matches!(r, Ok((_, false)));
+                    if side_out.send(FromSide::Forced(r)).is_err() || !go_on {
+                        return;
+                    }
+                    if side_out.send(mask_of(constraint)).is_err() {
+                        return;
+                    }
+                }
+            });
+            let mut emitted = 0usize;
+            let mut chosen: Option<u32> = None;
+            loop {
+                let Ok(FromSide::Forced(r)) = from_side.recv() else {
+                    return Err(side_error());
+                };
+                let (forced, done) = r?;
+                stats.forced += forced.len();
+                let mut chunk: Vec<u32> = chosen.take().into_iter().chain(forced).collect();
+                chunk.truncate(n - emitted);
+                // The engine steps the chunk (returning at once on the GPU) while
+                // the side thread computes the next mask.
+                if !chunk.is_empty() {
+                    self.engine.step_many(&chunk, Readout::Deferred)?;
+                    self.tokens.extend_from_slice(&chunk);
+                }
+                for &t in &chunk {
+                    emitted += 1;
+                    if !on_token(t) {
+                        return Ok(Stop::Callback);
+                    }
+                }
+                if done {
+                    return Ok(Stop::Complete);
+                }
+                if emitted >= n {
+                    return Ok(Stop::Length);
+                }
+                let waited = Instant::now();
+                let Ok(FromSide::Mask(mask, secs)) = from_side.recv() else {
+                    return Err(side_error());
+                };
+                stats.mask_wait_seconds += waited.elapsed().as_secs_f64();
+                stats.masks += 1;
+                stats.mask_seconds += secs;
+                let mask = mask?;
+                let next = self.choose_masked(sampler, &mask)?;
+                stats.chosen += 1;
+                if next == eos {
+                    return Ok(Stop::Complete);
+                }
+                chosen = Some(next);
+                if to_side.send(ToSide::Commit(next)).is_err() {
+                    return Err(side_error());
+                }
+            }
+        });
+        // The side thread ends when its channel closes (here, or on its own).
+        let stop = stop?;
+        self.logits.clear();
+        if let Some(l) = self.engine.last_logits()? {
+            self.logits.extend_from_slice(l);
+        }
+        Ok((stop, stats))
+    }
+
 }

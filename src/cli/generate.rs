@@ -1,7 +1,10 @@
 //! `cqlm generate`: text or ids in, tokens streamed out, a stats line on stderr.
 
 use super::{parse_ids, BackendArgs, Ids, ModelArgs};
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
+use cqlm::constrain::{ConstraintSpec, JsonWhitespace, TokenSpace, ToolSet};
+use cqlm::session::Stop;
+use std::path::{Path, PathBuf};
 use cqlm::sample::{Sampler, SamplerConfig};
 use cqlm::session::Session;
 use cqlm::tokenizer::TextTokenizer;
@@ -43,7 +46,95 @@ pub struct Args {
     #[arg(long, value_name = "STRING")]
     stop: Vec<String>,
     #[command(flatten)]
+    constraint: ConstraintArgs,
+    #[command(flatten)]
+    constraint_options: ConstraintOptions,
+    #[command(flatten)]
     backend: BackendArgs,
+}
+
+/// Structured output: at most one of a schema, a pattern, a grammar or a tool set.
+#[derive(Debug, clap::Args)]
+#[group(multiple = false, id = "constraint")]
+struct ConstraintArgs {
+    /// Output JSON valid against this JSON Schema file (compact unless --json-whitespace).
+    #[arg(long, value_name = "FILE", conflicts_with = "stop")]
+    json_schema: Option<PathBuf>,
+    /// Output text that matches this regular expression as a whole.
+    #[arg(long, value_name = "PATTERN", conflicts_with = "stop")]
+    regex: Option<String>,
+    /// Output text in the language of this Lark grammar file (llguidance's dialect).
+    #[arg(long, value_name = "FILE.lark", conflicts_with = "stop")]
+    grammar: Option<PathBuf>,
+    /// Output a tool call over these tools (an OpenAI `tools` array in a JSON file).
+    #[arg(long, value_name = "FILE.json", conflicts_with = "stop")]
+    tools: Option<PathBuf>,
+}
+
+/// Options of a constrained output (outside the group: they qualify one of it).
+#[derive(Debug, clap::Args)]
+struct ConstraintOptions {
+    /// With --tools: auto (text or a call between <tool_call> markers), required
+    /// (a call), none (text) or a tool's name (a call of it).
+    #[arg(long, value_name = "C", default_value = "auto", requires = "tools")]
+    tool_choice: String,
+    /// With --tools and a required or named choice: a JSON array of one or more calls.
+    #[arg(long, requires = "tools")]
+    parallel_tool_calls: bool,
+    /// With --json-schema: allow up to N whitespace characters wherever JSON allows
+    /// them (0: compact).
+    #[arg(long, value_name = "N", default_value_t = 0, requires = "json_schema")]
+    json_whitespace: usize,
+}
+
+/// A constrained output cut by `--max-tokens` before it was complete (exit 3).
+#[derive(Debug)]
+pub struct Incomplete(pub usize);
+
+impl std::fmt::Display for Incomplete {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "--max-tokens {} reached before the output was complete",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for Incomplete {}
+
+fn read(path: &Path, what: &str) -> Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("cannot read the {what} {}", path.display()))
+}
+
+fn read_json(path: &Path, what: &str) -> Result<serde_json::Value> {
+    let text = read(path, what)?;
+    serde_json::from_str(&text)
+        .with_context(|| format!("the {what} {} is not valid JSON", path.display()))
+}
+
+impl ConstraintArgs {
+    /// The constraint these flags ask for, if any.
+    fn spec(&self, o: &ConstraintOptions) -> Result<Option<ConstraintSpec>> {
+        Ok(Some(if let Some(p) = &self.json_schema {
+            ConstraintSpec::JsonSchema {
+                schema: read_json(p, "JSON schema")?,
+                whitespace: JsonWhitespace(o.json_whitespace),
+            }
+        } else if let Some(rx) = &self.regex {
+            ConstraintSpec::Regex(rx.clone())
+        } else if let Some(p) = &self.grammar {
+            ConstraintSpec::Lark(read(p, "grammar")?)
+        } else if let Some(p) = &self.tools {
+            ConstraintSpec::Tools {
+                tools: ToolSet::from_openai(&read_json(p, "tool set")?)?,
+                choice: o.tool_choice.parse()?,
+                parallel: o.parallel_tool_calls,
+            }
+        } else {
+            return Ok(None);
+        }))
+    }
 }
 
 /// Set by Ctrl-C; generation stops at the next token and still prints its stats.
@@ -133,6 +224,12 @@ pub fn run(a: Args) -> Result<()> {
     if !a.stop.is_empty() && tok.is_none() {
         bail!("--stop needs the archive's tokenizer to see text");
     }
+    // A constraint is compiled before anything runs: one that can't be is an
+    // error with nothing on stdout, never unconstrained output.
+    let mut constraint = match a.constraint.spec(&a.constraint_options)? {
+        Some(spec) => Some(TokenSpace::for_model(&model)?.compile(&spec)?),
+        None => None,
+    };
     let ids = match (&a.prompt, &a.ids) {
         (Some(text), _) => tok
             .as_ref()
@@ -182,15 +279,26 @@ pub fn run(a: Args) -> Result<()> {
     let t1 = Instant::now();
     let mut generated = 0usize;
     let mut error = None;
+    let mut on_token = |id| {
+        generated += 1;
+        if let Err(e) = streamer.push(id, &mut out) {
+            error = Some(e);
+            return false;
+        }
+        !streamer.hit_stop && !INTERRUPTED.load(Ordering::SeqCst)
+    };
+    let mut stop = Stop::Length;
+    let mut constrained = None;
     if done == ids.len() {
-        session.generate(&mut sampler, a.max_tokens, |id| {
-            generated += 1;
-            if let Err(e) = streamer.push(id, &mut out) {
-                error = Some(e);
-                return false;
+        match constraint.as_mut() {
+            Some(c) => {
+                let (s, stats) =
+                    session.generate_constrained(&mut sampler, a.max_tokens, c, &mut on_token)?;
+                stop = s;
+                constrained = Some(stats);
             }
-            !streamer.hit_stop && !INTERRUPTED.load(Ordering::SeqCst)
-        })?;
+            None => stop = session.generate(&mut sampler, a.max_tokens, &mut on_token)?,
+        }
     }
     if let Some(e) = error {
         return Err(e);
@@ -206,13 +314,30 @@ pub fn run(a: Args) -> Result<()> {
         ),
         None => String::new(),
     };
+    // Constrained: the mask time per masked token, and the forced share.
+    let masks = match constrained {
+        Some(c) => format!(
+            " | mask {:.1} µs/token ({:.1} µs waited), {} of {generated} tokens forced",
+            c.mask_us(),
+            c.mask_wait_seconds * 1e6 / c.masks.max(1) as f64,
+            c.forced.min(generated)
+        ),
+        None => String::new(),
+    };
+    let interrupted = INTERRUPTED.load(Ordering::SeqCst);
     eprintln!(
-        "{}prompt {} tokens, prefill {:.1} tok/s | generated {generated} tokens, decode {:.1} tok/s | {}{nucleus}",
-        if INTERRUPTED.load(Ordering::SeqCst) { "interrupted | " } else { "" },
+        "{}prompt {} tokens, prefill {:.1} tok/s | generated {generated} tokens, decode {:.1} tok/s | {}{nucleus}{masks}",
+        if interrupted { "interrupted | " } else { "" },
         done,
         done as f64 / prefill_s.max(1e-9),
         generated as f64 / decode_s.max(1e-9),
         session.engine().describe()
     );
+    if constrained.is_some() && stop != Stop::Complete {
+        if interrupted {
+            bail!("interrupted before the output was complete");
+        }
+        return Err(Incomplete(a.max_tokens).into());
+    }
     Ok(())
 }

@@ -4,6 +4,7 @@ mod bench;
 mod devices;
 mod eval;
 mod generate;
+pub use generate::Incomplete;
 mod inspect;
 mod logits;
 mod pack;

@@ -7,7 +7,8 @@ use super::hooks::{Probe, StepHooks};
 use super::scratch::{chunk_len, Scratch, DEFAULT_CHUNK};
 use super::state::{alloc, State};
 use crate::config::Config;
-use crate::engine::{host_readout, Engine, Readout, StepOut};
+use crate::constrain::TokenMask;
+use crate::engine::{host_readout, host_readout_masked, Engine, Readout, StepOut};
 use crate::error::{Error, Result};
 use crate::precision::Precision;
 use crate::profile::{KernelProfile, KernelTimer};
@@ -29,6 +30,8 @@ pub struct CpuEngine {
     prefill_chunk: usize,
     /// The candidates of the last top-k or nucleus readout.
     candidates: Vec<(f32, u32)>,
+    /// The logits of the last masked readout.
+    masked: Vec<f32>,
 }
 
 impl CpuEngine {
@@ -47,6 +50,7 @@ impl CpuEngine {
             logits_valid: false,
             prefill_chunk: DEFAULT_CHUNK,
             candidates: Vec::new(),
+            masked: Vec::new(),
             model,
         })
     }
@@ -156,7 +160,7 @@ impl CpuEngine {
     }
 
     /// The readout of the last step's logits (none for [`Readout::None`]).
-    fn readout(&mut self, readout: Readout) -> Result<StepOut<'_>> {
+    fn read_out(&mut self, readout: Readout) -> Result<StepOut<'_>> {
         if !(readout.needs_logits() && self.logits_valid) {
             return Ok(StepOut::None);
         }
@@ -172,11 +176,27 @@ impl Engine for CpuEngine {
     fn step(&mut self, token: u32, readout: Readout) -> Result<StepOut<'_>> {
         readout.validate()?;
         self.step_probed(token, readout.needs_logits(), None)?;
-        self.readout(readout)
+        self.read_out(readout)
     }
 
     fn last_logits(&mut self) -> Result<Option<&[f32]>> {
         Ok(self.logits_valid.then_some(&self.logits[..]))
+    }
+
+    fn readout(&mut self, readout: Readout, mask: Option<&TokenMask>) -> Result<StepOut<'_>> {
+        readout.validate()?;
+        if !self.logits_valid {
+            return Err(Error::InvalidArgument(
+                "readout: the last step computed no logits".into(),
+            ));
+        }
+        host_readout_masked(
+            &self.logits,
+            readout,
+            mask,
+            &mut self.masked,
+            &mut self.candidates,
+        )
     }
 
     /// The batched prefill (see [`CpuEngine::set_prefill_chunk`]): the same
@@ -202,7 +222,7 @@ impl Engine for CpuEngine {
         if ids.is_empty() {
             return Ok(StepOut::None);
         }
-        self.readout(readout)
+        self.read_out(readout)
     }
 
     fn prefill_chunk(&self) -> usize {

@@ -22,6 +22,7 @@ use super::step_input::StepInput;
 use super::upload::GpuWeights;
 use super::{GpuContext, GpuOptions, ProgramKind};
 use crate::config::Config;
+use crate::constrain::TokenMask;
 use crate::engine::{Engine, HostTime, Readout, StepOut};
 use crate::error::{Error, Result};
 use crate::profile::{bytes, KernelProfile, KernelTally, KernelTimer};
@@ -508,6 +509,12 @@ impl Engine for GpuEngine {
 
     fn last_logits(&mut self) -> Result<Option<&[f32]>> {
         self.readback.last_logits(&self.ctx, &self.state.logits)
+    }
+
+    fn readout(&mut self, readout: Readout, mask: Option<&TokenMask>) -> Result<StepOut<'_>> {
+        let t = self.pos.saturating_sub(1);
+        self.readback
+            .reread(&self.ctx, readout, mask, &self.state.logits, t)
     }
 
     fn reset(&mut self) {

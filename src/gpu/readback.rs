@@ -1,11 +1,16 @@
 //! [`Readback`]: what a step copies back, as its [`Readout`] asks — nothing, the
 //! logits (`vocab` floats), the device argmax (8 bytes) or the device top-k
-//! ([`TOPK_WORDS`] words) — with the staging buffers and their decoding.
+//! ([`TOPK_WORDS`] words) — with the staging buffers and their decoding; and the
+//! masked readouts of the last step's logits ([`Readback::reread`]: the token mask
+//! uploaded, the argmax or top-k run on the device over the allowed ids only).
+
+use super::recorder::{self, Observer, Op};
 
 use super::kernels::sample::{
     decode_topk, ArgmaxParams, SampleKernels, TopkParams, MAX_K, TOPK_WORDS,
 };
 use super::{Dispatch, GpuContext};
+use crate::constrain::TokenMask;
 use crate::engine::{Nucleus, Readout, StepOut, NUCLEUS_CANDIDATES};
 use crate::error::{Error, Result};
 
@@ -17,6 +22,8 @@ const _: () = assert!(NUCLEUS_CANDIDATES <= MAX_K);
 pub(crate) enum DeviceReadout {
     /// Nothing: no vocabulary projection either.
     None,
+    /// The vocabulary projection only: the logits stay on the device.
+    Keep,
     /// The logits to the staging buffer.
     Logits,
     /// The device argmax and its 8 bytes.
@@ -30,6 +37,7 @@ impl DeviceReadout {
     pub(crate) fn of(r: Readout) -> DeviceReadout {
         match r {
             Readout::None => DeviceReadout::None,
+            Readout::Deferred => DeviceReadout::Keep,
             Readout::Logits => DeviceReadout::Logits,
             Readout::Argmax => DeviceReadout::Argmax,
             Readout::TopK(k) if k == 0 || k > MAX_K => DeviceReadout::Logits,
@@ -69,9 +77,15 @@ pub(crate) struct Readback {
     argmax: Dispatch,
     argmax_out: wgpu::Buffer,
     argmax_staging: wgpu::Buffer,
+    /// The masked argmax (over the ids `mask` allows).
+    argmax_masked: Dispatch,
     sample: SampleKernels,
-    /// The top-k dispatch of the last `(k, temperature bits)` asked for.
-    topk: Option<((usize, u32), Dispatch)>,
+    /// The top-k dispatch of the last `(k, temperature bits, masked)` asked for.
+    topk: Option<((usize, u32, bool), Dispatch)>,
+    /// The token mask of masked readouts (`ceil(vocab / 32)` words).
+    mask: wgpu::Buffer,
+    /// The host's masked logits of a masked `Logits` readout.
+    masked_logits: Vec<f32>,
     topk_out: wgpu::Buffer,
     topk_staging: wgpu::Buffer,
     topk_words: Vec<u32>,
@@ -95,25 +109,29 @@ impl Readback {
     pub(crate) fn new(ctx: &GpuContext, vocab: usize, logits: &wgpu::Buffer) -> Result<Readback> {
         let sample = SampleKernels::new(ctx);
         let argmax_out = ctx.storage_zeroed("argmax", 8)?;
-        let argmax = sample.argmax(
-            ctx,
-            &ArgmaxParams {
+        let mask = ctx.storage_zeroed("token mask", vocab.div_ceil(32).max(1) as u64 * 4)?;
+        let argmax_with = |masked: u32| {
+            let p = ArgmaxParams {
                 n: vocab as u32,
                 off: 0,
-                _pad: [0; 2],
-            },
-            logits,
-            &argmax_out,
-        );
+                masked,
+                _pad: 0,
+            };
+            sample.argmax(ctx, &p, logits, &argmax_out, &mask)
+        };
+        let (argmax, argmax_masked) = (argmax_with(0), argmax_with(1));
         Ok(Readback {
             logits_staging: staging(ctx, "logits staging", vocab as u64 * 4),
             logits_host: vec![0.0; vocab],
             at: LogitsAt::Nowhere,
             argmax,
+            argmax_masked,
             argmax_out,
             argmax_staging: staging(ctx, "argmax staging", 8),
             sample,
             topk: None,
+            mask,
+            masked_logits: Vec::new(),
             topk_out: ctx.storage_zeroed("top-k", TOPK_WORDS as u64 * 4)?,
             topk_staging: staging(ctx, "top-k staging", TOPK_WORDS as u64 * 4),
             topk_words: vec![0; TOPK_WORDS],
@@ -129,26 +147,44 @@ impl Readback {
             &self.argmax_staging,
             &self.topk_out,
             &self.topk_staging,
+            &self.mask,
         ]
         .iter()
         .map(|b| b.size())
         .sum()
     }
 
-    /// Build what `r` records (the top-k dispatch, once per `(k, temperature)`).
-    pub(crate) fn prepare(&mut self, ctx: &GpuContext, r: DeviceReadout, logits: &wgpu::Buffer) {
+    /// Build what `r` records (the top-k dispatch, once per `(k, temperature)`);
+    /// `masked`: over the ids the uploaded mask allows.
+    pub(crate) fn prepare_masked(
+        &mut self,
+        ctx: &GpuContext,
+        r: DeviceReadout,
+        logits: &wgpu::Buffer,
+        masked: bool,
+    ) {
         if let DeviceReadout::TopK { k, temperature } = r {
-            let key = (k, temperature.to_bits());
+            let key = (k, temperature.to_bits(), masked);
             if self.topk.as_ref().is_none_or(|(have, _)| *have != key) {
                 let p = TopkParams {
                     n: self.logits_host.len() as u32,
                     off: 0,
                     k: k as u32,
                     temperature,
+                    masked: u32::from(masked),
+                    _pad: [0; 3],
                 };
-                self.topk = Some((key, self.sample.topk(ctx, &p, logits, &self.topk_out)));
+                let d = self
+                    .sample
+                    .topk(ctx, &p, logits, &self.topk_out, &self.mask);
+                self.topk = Some((key, d));
             }
         }
+    }
+
+    /// [`Readback::prepare_masked`] without a mask (a step's own readout).
+    pub(crate) fn prepare(&mut self, ctx: &GpuContext, r: DeviceReadout, logits: &wgpu::Buffer) {
+        self.prepare_masked(ctx, r, logits, false)
     }
 
     /// The dispatch `r` records after the vocabulary projection, if any (after
@@ -161,6 +197,70 @@ impl Readback {
         }
     }
 
+    /// The masked readout of the last step's logits (`t`: that step's position,
+    /// for errors): the mask uploaded, then `readout`'s dispatch over the allowed
+    /// ids and its copy in one submit; a `Logits` readout (or a top-k beyond the
+    /// device kernel) copies the logits back and masks them on the host.
+    ///
+    /// # Errors
+    /// As [`crate::Engine::readout`].
+    pub(crate) fn reread(
+        &mut self,
+        ctx: &GpuContext,
+        readout: Readout,
+        mask: Option<&TokenMask>,
+        logits: &wgpu::Buffer,
+        t: u64,
+    ) -> Result<StepOut<'_>> {
+        readout.validate()?;
+        if self.at == LogitsAt::Nowhere {
+            return Err(Error::InvalidArgument(
+                "readout: the last step computed no logits".into(),
+            ));
+        }
+        let vocab = self.logits_host.len();
+        if let Some(m) = mask {
+            m.check(vocab)?;
+        }
+        let r = DeviceReadout::of(readout);
+        match r {
+            DeviceReadout::None | DeviceReadout::Keep => return Ok(StepOut::None),
+            DeviceReadout::Logits => {
+                self.last_logits(ctx, logits)?;
+                let Some(m) = mask else {
+                    return self.decode_logits(readout, t);
+                };
+                m.apply_into(&self.logits_host, &mut self.masked_logits);
+                let host = &self.logits_host;
+                if (0..vocab as u32).any(|i| m.is_allowed(i) && !host[i as usize].is_finite()) {
+                    return Err(non_finite_logits(t));
+                }
+                return Ok(match readout {
+                    Readout::TopK(k) => {
+                        crate::sample::top_k_into(&self.masked_logits, k, &mut self.candidates);
+                        StepOut::Candidates(&self.candidates)
+                    }
+                    _ => StepOut::Logits(&self.masked_logits),
+                });
+            }
+            DeviceReadout::Argmax | DeviceReadout::TopK { .. } => {}
+        }
+        if let Some(m) = mask {
+            ctx.queue
+                .write_buffer(&self.mask, 0, bytemuck::cast_slice(m.words()));
+        }
+        self.prepare_masked(ctx, r, logits, mask.is_some());
+        let d = match (r, mask.is_some()) {
+            (DeviceReadout::Argmax, true) => Some(&self.argmax_masked),
+            _ => self.dispatch(r),
+        };
+        recorder::submit(ctx, d.map(Op::Run), Observer::Plain, |enc| {
+            self.encode_copy(enc, r, logits)
+        })?;
+        ctx.check_errors()?;
+        self.decode_device(ctx, r, t)
+    }
+
     /// Record the copy of what `r` reads back into its staging buffer.
     pub(crate) fn encode_copy(
         &self,
@@ -169,7 +269,7 @@ impl Readback {
         logits: &wgpu::Buffer,
     ) {
         match r {
-            DeviceReadout::None => {}
+            DeviceReadout::None | DeviceReadout::Keep => {}
             DeviceReadout::Logits => enc.copy_buffer_to_buffer(
                 logits,
                 0,
@@ -209,20 +309,33 @@ impl Readback {
             LogitsAt::Nowhere
         };
         match r {
-            DeviceReadout::None => Ok(StepOut::None),
+            DeviceReadout::None | DeviceReadout::Keep => Ok(StepOut::None),
             DeviceReadout::Logits => {
                 self.fetch_logits(ctx)?;
-                if !self.logits_host.iter().all(|v| v.is_finite()) {
-                    return Err(non_finite_logits(t));
-                }
-                match readout {
-                    Readout::TopK(k) => {
-                        crate::sample::top_k_into(&self.logits_host, k, &mut self.candidates);
-                        Ok(StepOut::Candidates(&self.candidates))
-                    }
-                    _ => Ok(StepOut::Logits(&self.logits_host)),
-                }
+                self.decode_logits(readout, t)
             }
+            DeviceReadout::Argmax | DeviceReadout::TopK { .. } => self.decode_device(ctx, r, t),
+        }
+    }
+
+    /// `readout` from the host copy of the logits (a `Logits` readout, or a top-k
+    /// beyond the device kernel).
+    fn decode_logits(&mut self, readout: Readout, t: u64) -> Result<StepOut<'_>> {
+        if !self.logits_host.iter().all(|v| v.is_finite()) {
+            return Err(non_finite_logits(t));
+        }
+        match readout {
+            Readout::TopK(k) => {
+                crate::sample::top_k_into(&self.logits_host, k, &mut self.candidates);
+                Ok(StepOut::Candidates(&self.candidates))
+            }
+            _ => Ok(StepOut::Logits(&self.logits_host)),
+        }
+    }
+
+    /// Map and decode what the device argmax or top-k `r` copied back.
+    fn decode_device(&mut self, ctx: &GpuContext, r: DeviceReadout, t: u64) -> Result<StepOut<'_>> {
+        match r {
             DeviceReadout::Argmax => {
                 let mut out = [0u32; 2];
                 ctx.map_read_into(&self.argmax_staging, bytemuck::cast_slice_mut(&mut out))?;
@@ -256,6 +369,7 @@ impl Readback {
                     },
                 })
             }
+            _ => Ok(StepOut::None),
         }
     }
 

@@ -16,16 +16,29 @@ use std::sync::Arc;
 
 /// (index, non-finite flag) from the kernel over `logits[off..off + n]`.
 fn device_argmax(ctx: &GpuContext, logits: &[f32], off: usize, n: usize) -> (u32, u32) {
+    device_argmax_masked(ctx, logits, off, n, None)
+}
+
+/// [`device_argmax`] over the ids `mask` allows (mask words), when given.
+pub(crate) fn device_argmax_masked(
+    ctx: &GpuContext,
+    logits: &[f32],
+    off: usize,
+    n: usize,
+    mask: Option<&[u32]>,
+) -> (u32, u32) {
     let buf = ctx.storage_init("logits", bytemuck::cast_slice(logits));
     // Poisoned output: an unwritten result shows as 0xdeadbeef.
     let out = ctx.storage_init("out", bytemuck::cast_slice(&[0xdead_beefu32; 2]));
+    let words = ctx.storage_init("mask", bytemuck::cast_slice(mask.unwrap_or(&[0])));
     let k = SampleKernels::new(ctx);
     let p = ArgmaxParams {
         n: n as u32,
         off: off as u32,
-        _pad: [0; 2],
+        masked: u32::from(mask.is_some()),
+        _pad: 0,
     };
-    run_dispatches(ctx, &[k.argmax(ctx, &p, &buf, &out)]).unwrap();
+    run_dispatches(ctx, &[k.argmax(ctx, &p, &buf, &out, &words)]).unwrap();
     let b = ctx.read_bytes(&out, 0, 8).unwrap();
     let w: &[u32] = bytemuck::cast_slice(&b);
     (w[0], w[1])
@@ -122,25 +135,42 @@ fn device_topk_at(
     k: usize,
     temperature: f32,
 ) -> Option<Vec<(f32, u32)>> {
+    device_topk_masked(ctx, logits, off, n, k, temperature, None).map(|(v, _)| v)
+}
+
+/// [`device_topk_at`] over the ids `mask` allows (mask words), when given, with
+/// the softmax denominator.
+pub(crate) fn device_topk_masked(
+    ctx: &GpuContext,
+    logits: &[f32],
+    off: usize,
+    n: usize,
+    k: usize,
+    temperature: f32,
+    mask: Option<&[u32]>,
+) -> Option<(Vec<(f32, u32)>, f32)> {
     use cqlm::gpu::kernels::sample::{decode_topk, TopkParams, TOPK_WORDS};
     let buf = ctx.storage_init("logits", bytemuck::cast_slice(logits));
     let out = ctx.storage_init(
         "out",
         bytemuck::cast_slice(&vec![0xdead_beefu32; TOPK_WORDS]),
     );
+    let words = ctx.storage_init("mask", bytemuck::cast_slice(mask.unwrap_or(&[0])));
     let p = TopkParams {
         n: n as u32,
         off: off as u32,
         k: k as u32,
         temperature,
+        masked: u32::from(mask.is_some()),
+        _pad: [0; 3],
     };
-    let d = SampleKernels::new(ctx).topk(ctx, &p, &buf, &out);
+    let d = SampleKernels::new(ctx).topk(ctx, &p, &buf, &out, &words);
     run_dispatches(ctx, &[d]).unwrap();
     let b = ctx.read_bytes(&out, 0, TOPK_WORDS as u64 * 4).unwrap();
     let mut v = Vec::new();
-    decode_topk(bytemuck::cast_slice(&b), &mut v)?;
+    let total = decode_topk(bytemuck::cast_slice(&b), &mut v)?;
     v.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-    Some(v)
+    Some((v, total))
 }
 
 #[test]
@@ -330,8 +360,11 @@ fn topk_kernel_softmax_denominator_is_within_its_stated_bound() {
             off: 0,
             k: 256,
             temperature: t,
+            masked: 0,
+            _pad: [0; 3],
         };
-        let d = SampleKernels::new(&ctx).topk(&ctx, &p, &buf, &out);
+        let words = ctx.storage_init("mask", &[0; 4]);
+        let d = SampleKernels::new(&ctx).topk(&ctx, &p, &buf, &out, &words);
         run_dispatches(&ctx, &[d]).unwrap();
         let b = ctx.read_bytes(&out, 0, TOPK_WORDS as u64 * 4).unwrap();
         let mut got = Vec::new();
@@ -406,4 +439,157 @@ fn top_p_generation_on_the_gpu_draws_what_the_full_logits_draw() {
         decided_all && missed,
         "decided_all {decided_all}, missed {missed}"
     );
+}
+
+/// A random mask of `n` ids (mask words), each id allowed with probability `p`,
+/// with at least one allowed.
+fn random_mask(rng: &mut ChaCha8Rng, n: usize, p: f64) -> cqlm::constrain::TokenMask {
+    let mut m = cqlm::constrain::TokenMask::none(n);
+    for t in 0..n as u32 {
+        if rng.random_bool(p) {
+            m.allow(t);
+        }
+    }
+    if m.count() == 0 {
+        m.allow(rng.random_range(0..n as u32));
+    }
+    m
+}
+
+#[test]
+fn masked_argmax_and_topk_kernels_match_the_host_masked_readout() {
+    // Random masks (dense, sparse, one id, only ids outside the unmasked top-k)
+    // over random logits: the device's choice, candidates and denominator equal
+    // the host twin's (engine::host_readout_masked) over the same values, with
+    // poisoned outputs.
+    use cqlm::engine::{host_readout_masked, StepOut};
+    let Some(ctx) = gpu() else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(79);
+    for (round, n) in [1usize, 33, 300, 4096, 4099, 32000].into_iter().enumerate() {
+        let logits: Vec<f32> = (0..n)
+            .map(|_| rng.random_range(-6i32..6) as f32 * 0.75)
+            .collect();
+        let mut top = Vec::new();
+        cqlm::sample::top_k_into(&logits, 40, &mut top);
+        let mut outside = cqlm::constrain::TokenMask::none(n);
+        for t in 0..n as u32 {
+            if !top.iter().any(|c| c.1 == t) {
+                outside.allow(t);
+            }
+        }
+        let masks = [
+            random_mask(&mut rng, n, 0.5),
+            random_mask(&mut rng, n, 0.01),
+            cqlm::constrain::TokenMask::of_ids(n, &[rng.random_range(0..n as u32)]),
+            outside,
+        ];
+        for (mi, mask) in masks.iter().enumerate() {
+            if mask.count() == 0 {
+                continue; // n = 1 with its only id in the top-k
+            }
+            let (mut masked, mut cands) = (Vec::new(), Vec::new());
+            let want = match host_readout_masked(
+                &logits,
+                Readout::Argmax,
+                Some(mask),
+                &mut masked,
+                &mut cands,
+            )
+            .unwrap()
+            {
+                StepOut::Token(t) => t,
+                o => panic!("{o:?}"),
+            };
+            let got = device_argmax_masked(&ctx, &logits, 0, n, Some(mask.words()));
+            assert_eq!(got, (want, 0), "argmax round {round} mask {mi}");
+            assert!(mask.is_allowed(got.0));
+            for (k, t) in [(5usize, 0.0f32), (40, 0.0), (256, 0.9)] {
+                let (got, total) =
+                    device_topk_masked(&ctx, &logits, 0, n, k, t, Some(mask.words()))
+                        .expect("finite");
+                let mut want = Vec::new();
+                mask.apply_into(&logits, &mut masked);
+                cqlm::sample::top_k_into(&masked, k, &mut want);
+                let ids = |x: &[(f32, u32)]| x.iter().map(|e| e.1).collect::<Vec<_>>();
+                assert_eq!(ids(&got), ids(&want), "top-{k} round {round} mask {mi}");
+                assert!(got.iter().all(|c| mask.is_allowed(c.1)));
+                if t > 0.0 {
+                    let m = want[0].0 as f64;
+                    let exact: f64 = (0..n)
+                        .filter(|&i| mask.is_allowed(i as u32))
+                        .map(|i| ((logits[i] as f64 - m) / t as f64).exp())
+                        .sum();
+                    let rel = (total as f64 - exact).abs() / exact;
+                    assert!(rel < 1e-4, "denominator round {round} mask {mi}: {rel:e}");
+                }
+            }
+        }
+    }
+    // A disallowed NaN is not looked at; an allowed one is flagged.
+    let mut v = vec![1.0f32; 100];
+    v[7] = f32::NAN;
+    v[9] = 2.0;
+    let mut m = cqlm::constrain::TokenMask::all(100);
+    let mut words = m.words().to_vec();
+    words[0] &= !(1 << 7);
+    assert_eq!(device_argmax_masked(&ctx, &v, 0, 100, Some(&words)), (9, 0));
+    m.allow(7);
+    assert_eq!(device_argmax_masked(&ctx, &v, 0, 100, Some(m.words())).1, 1);
+}
+
+#[test]
+fn masked_engine_readouts_choose_what_the_host_twin_chooses() {
+    // A GPU engine's masked readouts of its own last logits against the host twin
+    // over those logits (fetched back), after a deferred step.
+    use cqlm::engine::{host_readout_masked, StepOut};
+    let Some(ctx) = gpu() else { return };
+    let model = Arc::new(synth_model(&Config::preset_tiny(), &BitsPlan::mixed(), 5).unwrap());
+    let mut g = GpuEngine::with_context(Arc::clone(&model), ctx).unwrap();
+    let vocab = model.config.vocab;
+    let mut rng = ChaCha8Rng::seed_from_u64(80);
+    assert!(g.readout(Readout::Argmax, None).is_err(), "no step yet");
+    for (i, &t) in [3u32, 9, 1, 4].iter().enumerate() {
+        assert!(g.step(t, Readout::Deferred).unwrap().is_none());
+        let logits = g.last_logits().unwrap().unwrap().to_vec();
+        let mask = random_mask(&mut rng, vocab, [0.3, 0.02, 0.5, 0.001][i]);
+        for r in [
+            Readout::Argmax,
+            Readout::TopK(7),
+            Readout::Nucleus { temperature: 0.8 },
+            Readout::Logits,
+        ] {
+            let (mut masked, mut cands) = (Vec::new(), Vec::new());
+            let want =
+                host_readout_masked(&logits, r, Some(&mask), &mut masked, &mut cands).unwrap();
+            let got = g.readout(r, Some(&mask)).unwrap();
+            match (got, want) {
+                (StepOut::Token(a), StepOut::Token(b)) => assert_eq!(a, b, "{r:?}"),
+                (StepOut::Logits(a), StepOut::Logits(b)) => {
+                    assert_eq!(a.len(), b.len());
+                    assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()));
+                }
+                (a, b) => {
+                    let ids = |o: StepOut| {
+                        let mut v: Vec<u32> = o.candidates().unwrap().iter().map(|c| c.1).collect();
+                        v.sort_unstable();
+                        v
+                    };
+                    assert_eq!(ids(a), ids(b), "{r:?}");
+                }
+            }
+        }
+    }
+    // A mask of another size, or one that allows nothing, is refused.
+    assert!(g
+        .readout(
+            Readout::Argmax,
+            Some(&cqlm::constrain::TokenMask::all(vocab + 1))
+        )
+        .is_err());
+    assert!(g
+        .readout(
+            Readout::Argmax,
+            Some(&cqlm::constrain::TokenMask::none(vocab))
+        )
+        .is_err());
 }

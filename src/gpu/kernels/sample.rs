@@ -25,8 +25,10 @@ pub struct ArgmaxParams {
     pub n: u32,
     /// Element offset of the first logit.
     pub off: u32,
+    /// Non-zero: only the ids the mask allows.
+    pub masked: u32,
     /// Padding to 16 bytes.
-    pub _pad: [u32; 2],
+    pub _pad: u32,
 }
 
 /// Largest `k` [`SampleKernels::topk`] gathers (WGSL `MAX_K`).
@@ -49,6 +51,10 @@ pub struct TopkParams {
     /// `> 0`: also compute `Σ exp((logit − max) / temperature)` over all logits
     /// (the softmax denominator of a top-p cut); `0`: skip it.
     pub temperature: f32,
+    /// Non-zero: only the ids the mask allows.
+    pub masked: u32,
+    /// Padding to 32 bytes.
+    pub _pad: [u32; 3],
 }
 
 /// The compiled pipelines of the family.
@@ -63,21 +69,24 @@ impl SampleKernels {
     pub fn new(ctx: &GpuContext) -> SampleKernels {
         SampleKernels {
             argmax: Kernel::new(ctx, SOURCE, "sample", "argmax", 0, &[]),
-            topk: Kernel::new(ctx, SOURCE, "topk", "topk", 3, &[]),
+            topk: Kernel::new(ctx, SOURCE, "topk", "topk", 4, &[]),
         }
     }
 
     /// One workgroup: `out[0]` = argmax of `logits[off .. off + n]` (lowest index of
-    /// the maximum), `out[1]` = 1 if any of them is NaN or infinite. `out` holds 2 u32.
+    /// the maximum), `out[1]` = 1 if any of them is NaN or infinite. `out` holds 2
+    /// u32. With `p.masked`, only the ids `mask` allows (bit `i & 31` of word
+    /// `i >> 5`) count; `mask` is bound either way.
     pub fn argmax(
         &self,
         ctx: &GpuContext,
         p: &ArgmaxParams,
         logits: &wgpu::Buffer,
         out: &wgpu::Buffer,
+        mask: &wgpu::Buffer,
     ) -> Dispatch {
         let ub = ctx.uniform_init("argmax params", bytemuck::bytes_of(p));
-        Dispatch::new(ctx, &self.argmax, &[&ub, logits, out], [1, 1, 1])
+        Dispatch::new(ctx, &self.argmax, &[&ub, logits, out, mask], [1, 1, 1])
             .with_bytes(p.n as u64 * 4 + 8)
     }
 }
@@ -88,15 +97,18 @@ impl SampleKernels {
     /// count, ids, logit bits, softmax denominator), in no particular order; the
     /// flag is 1 when a logit is NaN or infinite. With `temperature > 0` the last
     /// word is `Σ exp((logit − max) / temperature)` over all `n` logits (f32).
+    /// With `p.masked`, only the ids `mask` allows count (as in
+    /// [`SampleKernels::argmax`]); `m` is then at most their number.
     pub fn topk(
         &self,
         ctx: &GpuContext,
         p: &TopkParams,
         logits: &wgpu::Buffer,
         out: &wgpu::Buffer,
+        mask: &wgpu::Buffer,
     ) -> Dispatch {
         let ub = ctx.uniform_init("topk params", bytemuck::bytes_of(p));
-        Dispatch::new(ctx, &self.topk, &[&ub, logits, out], [1, 1, 1]).with_bytes(
+        Dispatch::new(ctx, &self.topk, &[&ub, logits, out, mask], [1, 1, 1]).with_bytes(
             p.n as u64 * 4 * if p.temperature > 0.0 { 8 } else { 6 } + TOPK_WORDS as u64 * 4,
         )
     }

@@ -1,0 +1,129 @@
+//! [`TokenSpace`]: a model's tokens as llguidance sees them (a byte trie from the
+//! archive's `tokenizer.json`), and the parser factory that compiles constraints
+//! against it. Built once per model and shared.
+
+use super::spec::{Constraint, ConstraintSpec};
+use crate::error::{Error, Result};
+use crate::weights::Model;
+use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
+use llguidance::ParserFactory;
+use std::sync::Arc;
+
+/// The trie and the Hugging Face tokenizer that tokenizes forced text canonically.
+struct Env {
+    trie: TokTrie,
+    hf: tokenizers::Tokenizer,
+}
+
+impl TokenizerEnv for Env {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
+        self.trie.tokenize_with_greedy_fallback(s, |s| {
+            self.hf
+                .encode(s, false)
+                .map(|e| e.get_ids().to_vec())
+                .unwrap_or_default()
+        })
+    }
+}
+
+/// A model's tokens for constrained generation: compile a [`ConstraintSpec`]
+/// with [`TokenSpace::compile`].
+pub struct TokenSpace {
+    factory: ParserFactory,
+    vocab: usize,
+    eos: u32,
+}
+
+impl std::fmt::Debug for TokenSpace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenSpace")
+            .field("vocab", &self.vocab)
+            .field("eos", &self.eos)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TokenSpace {
+    /// The token space of `model`'s embedded tokenizer (`cqlm.tokenizer`), with
+    /// its BOS, EOS and vocabulary size. Ids the tokenizer does not name (a model
+    /// vocabulary larger than the tokenizer's) become special tokens no constraint
+    /// allows.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the archive has no tokenizer, it does not
+    /// parse, llguidance cannot read its tokens, or it names more tokens than the
+    /// model has.
+    pub fn for_model(model: &Model) -> Result<Arc<TokenSpace>> {
+        let text = model.tokenizer.as_deref().ok_or_else(|| {
+            Error::InvalidArgument(
+                "constrained generation needs the archive's tokenizer (cqlm.tokenizer), and this archive has none".into(),
+            )
+        })?;
+        let bad = |e: String| Error::InvalidArgument(format!("cqlm.tokenizer: {e}"));
+        let json: serde_json::Value = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+        let mut words = llguidance::token_bytes_from_tokenizer_json(&json)
+            .map_err(|e| bad(format!("llguidance cannot read its tokens: {e}")))?;
+        let c = &model.config;
+        if words.len() > c.vocab {
+            return Err(bad(format!(
+                "it names {} tokens, the model has {}",
+                words.len(),
+                c.vocab
+            )));
+        }
+        for id in words.len()..c.vocab {
+            // The special-token marker and a name: never produced by text.
+            let mut w = vec![TokTrie::SPECIAL_TOKEN_MARKER];
+            w.extend_from_slice(format!("<[{id}]>").as_bytes());
+            words.push(w);
+        }
+        let hf = text
+            .parse::<tokenizers::Tokenizer>()
+            .map_err(|e| bad(e.to_string()))?;
+        let mut info = TokRxInfo::new(c.vocab as u32, c.eos);
+        info.tok_bos = Some(c.bos);
+        let trie = TokTrie::from(&info, &words);
+        let env: TokEnv = Arc::new(Env { trie, hf });
+        let mut factory = ParserFactory::new_simple(&env)
+            .map_err(|e| bad(format!("llguidance: {e}")))?;
+        factory.quiet();
+        Ok(Arc::new(TokenSpace {
+            factory,
+            vocab: c.vocab,
+            eos: c.eos,
+        }))
+    }
+
+    /// Compile `spec` into a fresh [`Constraint`] (once per request).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming the cause when the schema, pattern,
+    /// grammar or tool set cannot be compiled (malformed, or a feature llguidance
+    /// does not support).
+    pub fn compile(&self, spec: &ConstraintSpec) -> Result<Constraint> {
+        let (grammar, kind) = spec.grammar()?;
+        let parser = self
+            .factory
+            .create_parser(grammar)
+            .map_err(|e| Error::InvalidArgument(format!("{}: {e}", spec.what())))?;
+        let matcher = llguidance::Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(Error::InvalidArgument(format!("{}: {e}", spec.what())));
+        }
+        Ok(Constraint::new(matcher, kind, self.vocab, self.eos))
+    }
+
+    /// The vocabulary size.
+    pub fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    /// The id that ends generation where the constraint accepts.
+    pub fn eos(&self) -> u32 {
+        self.eos
+    }
+}
