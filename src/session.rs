@@ -4,12 +4,12 @@ pub use crate::builder::Backend;
 use crate::builder::EngineBuilder;
 use crate::constrain::{Constraint, TokenMask};
 use crate::engine::{Engine, Nucleus, Readout, StepOut};
-use std::sync::mpsc;
-use std::time::Instant;
 use crate::error::{Error, Result};
 use crate::sample::Sampler;
 use crate::weights::Model;
+use std::sync::mpsc;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// Prompt tokens handed to the engine per [`Engine::step_many`] call by
 /// [`Session::prefill_with`] (one progress report each).
@@ -44,8 +44,10 @@ pub enum Stop {
 }
 
 /// What a constrained generation spent on its constraint.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct ConstraintStats {
+    /// Each mask's time in µs, in order.
+    pub mask_us_each: Vec<f32>,
     /// Token masks computed.
     pub masks: usize,
     /// Seconds spent computing them (on the side thread, mostly while the engine
@@ -385,7 +387,9 @@ impl Session {
         let mut stats = ConstraintStats::default();
         let (to_side, side_in) = mpsc::channel::<ToSide>();
         let (side_out, from_side) = mpsc::channel::<FromSide>();
-        let side_error = || Error::InvalidArgument("constrained generation: the constraint thread stopped".into());
+        let side_error = || {
+            Error::InvalidArgument("constrained generation: the constraint thread stopped".into())
+        };
         let stop = std::thread::scope(|scope| -> Result<Stop> {
             // Owned here, so returning closes the channel and ends the side thread
             // (the scope waits for it).
@@ -455,6 +459,7 @@ impl Session {
                 stats.mask_wait_seconds += waited.elapsed().as_secs_f64();
                 stats.masks += 1;
                 stats.mask_seconds += secs;
+                stats.mask_us_each.push((secs * 1e6) as f32);
                 let mask = mask?;
                 let next = self.choose_masked(sampler, &mask)?;
                 stats.chosen += 1;
@@ -475,5 +480,4 @@ impl Session {
         }
         Ok((stop, stats))
     }
-
 }

@@ -3,13 +3,13 @@
 use super::{parse_ids, BackendArgs, Ids, ModelArgs};
 use anyhow::{bail, Context, Result};
 use cqlm::constrain::{ConstraintSpec, JsonWhitespace, TokenSpace, ToolSet};
-use cqlm::session::Stop;
-use std::path::{Path, PathBuf};
 use cqlm::sample::{Sampler, SamplerConfig};
 use cqlm::session::Session;
+use cqlm::session::Stop;
 use cqlm::tokenizer::TextTokenizer;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -104,7 +104,8 @@ impl std::fmt::Display for Incomplete {
 impl std::error::Error for Incomplete {}
 
 fn read(path: &Path, what: &str) -> Result<String> {
-    std::fs::read_to_string(path).with_context(|| format!("cannot read the {what} {}", path.display()))
+    std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the {what} {}", path.display()))
 }
 
 fn read_json(path: &Path, what: &str) -> Result<serde_json::Value> {
@@ -315,7 +316,7 @@ pub fn run(a: Args) -> Result<()> {
         None => String::new(),
     };
     // Constrained: the mask time per masked token, and the forced share.
-    let masks = match constrained {
+    let masks = match &constrained {
         Some(c) => format!(
             " | mask {:.1} µs/token ({:.1} µs waited), {} of {generated} tokens forced",
             c.mask_us(),

@@ -88,8 +88,8 @@ impl TokenSpace {
         info.tok_bos = Some(c.bos);
         let trie = TokTrie::from(&info, &words);
         let env: TokEnv = Arc::new(Env { trie, hf });
-        let mut factory = ParserFactory::new_simple(&env)
-            .map_err(|e| bad(format!("llguidance: {e}")))?;
+        let mut factory =
+            ParserFactory::new_simple(&env).map_err(|e| bad(format!("llguidance: {e}")))?;
         factory.quiet();
         Ok(Arc::new(TokenSpace {
             factory,

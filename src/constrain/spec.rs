@@ -19,11 +19,12 @@ impl JsonWhitespace {
     /// llguidance's options for this whitespace, written into `schema` (an
     /// object) as its `x-guidance` key.
     pub(crate) fn apply(self, schema: &mut Value) {
-        let mut o = llguidance::JsonCompileOptions::default();
-        o.whitespace_flexible = false;
-        if self.0 > 0 {
-            o.whitespace_pattern = Some(format!(r"[\x20\x0A\x0D\x09]{{1,{}}}", self.0));
-        }
+        let o = llguidance::JsonCompileOptions {
+            whitespace_flexible: false,
+            whitespace_pattern: (self.0 > 0)
+                .then(|| format!(r"[\x20\x0A\x0D\x09]{{1,{}}}", self.0)),
+            ..Default::default()
+        };
         o.apply_to(schema);
     }
 }
@@ -101,9 +102,9 @@ impl ConstraintSpec {
             ConstraintSpec::Regex(rx) => {
                 // llguidance rewrites the pattern into its own syntax; check it with a
                 // full parser first, so a malformed one is reported as such.
-                regex_syntax::Parser::new().parse(rx).map_err(|e| {
-                    Error::InvalidArgument(format!("regular expression: {e}"))
-                })?;
+                regex_syntax::Parser::new()
+                    .parse(rx)
+                    .map_err(|e| Error::InvalidArgument(format!("regular expression: {e}")))?;
                 (TopLevelGrammar::from_regex(rx), Output::Text)
             }
             ConstraintSpec::Lark(g) => (TopLevelGrammar::from_lark(g.clone()), Output::Text),

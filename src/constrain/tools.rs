@@ -268,9 +268,10 @@ impl ToolSet {
                 let Some(rest) = text.strip_prefix(self.markers.start.as_str()) else {
                     return Ok(Vec::new());
                 };
-                rest.strip_suffix(self.markers.end.as_str()).ok_or_else(|| {
-                    Error::InvalidArgument("tool call: the end marker is missing".into())
-                })?
+                rest.strip_suffix(self.markers.end.as_str())
+                    .ok_or_else(|| {
+                        Error::InvalidArgument("tool call: the end marker is missing".into())
+                    })?
             }
             _ => text,
         };
