@@ -137,6 +137,24 @@ impl Session {
         })
     }
 
+    /// A session at `engine`'s position over `model` (the model the engine runs),
+    /// e.g. for an engine built with options the builder does not have.
+    ///
+    /// # Panics
+    /// If `engine` runs a model of another config.
+    pub fn from_engine(engine: Box<dyn Engine>, model: Arc<Model>) -> Session {
+        assert_eq!(engine.config(), &model.config, "from_engine: another model");
+        Session {
+            model,
+            engine,
+            tokens: Vec::new(),
+            logits: Vec::new(),
+            candidates: Vec::new(),
+            fallback: None,
+            nucleus_misses: 0,
+        }
+    }
+
     /// The engine (e.g. for [`Engine::describe`]).
     pub fn engine(&self) -> &dyn Engine {
         self.engine.as_ref()

@@ -9,6 +9,7 @@ mod common;
 
 mod builder;
 mod cli;
+mod constrained;
 mod generate;
 mod hardening;
 mod profile;
