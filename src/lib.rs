@@ -47,6 +47,7 @@ pub mod pool;
 pub mod precision;
 pub mod profile;
 pub mod sample;
+pub mod serve;
 pub mod session;
 pub mod simd;
 pub mod stats;

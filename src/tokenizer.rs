@@ -64,4 +64,10 @@ impl TextTokenizer {
             .decode(ids, true)
             .map_err(|e| Error::InvalidArgument(format!("cannot decode ids: {e}")))
     }
+
+    /// The text of token `id` as the vocabulary names it (special tokens too;
+    /// empty for an unknown id), e.g. the `bos_token` of a chat template.
+    pub fn decode_special(&self, id: u32) -> String {
+        self.inner.id_to_token(id).unwrap_or_default()
+    }
 }

@@ -113,6 +113,8 @@ pub struct Model {
     pub weights: Weights,
     /// The embedded Hugging Face `tokenizer.json`, if any.
     pub tokenizer: Option<String>,
+    /// The embedded chat template (`cqlm.chat_template`), if any.
+    pub chat_template: Option<String>,
 }
 
 struct Take<'a> {
@@ -167,6 +169,7 @@ impl Model {
         let RawArchive {
             config,
             tokenizer,
+            chat_template,
             mut tensors,
         } = raw;
         let mut t = Take { map: &mut tensors };
@@ -236,6 +239,7 @@ impl Model {
             config,
             weights,
             tokenizer,
+            chat_template,
         })
     }
 

@@ -35,3 +35,7 @@ pub enum Tensor {
 pub const CONFIG_KEY: &str = "cqlm.config";
 /// Metadata key of the optional Hugging Face `tokenizer.json` text.
 pub const TOKENIZER_KEY: &str = "cqlm.tokenizer";
+/// Metadata key of the optional chat template (Jinja, in the Hugging Face
+/// convention: `messages`, `tools`, `add_generation_prompt`, `bos_token`,
+/// `eos_token`), rendered by `cqlm serve`.
+pub const CHAT_TEMPLATE_KEY: &str = "cqlm.chat_template";

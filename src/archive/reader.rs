@@ -20,6 +20,8 @@ pub struct RawArchive {
     pub config: Config,
     /// The `cqlm.tokenizer` document, if present (not parsed here).
     pub tokenizer: Option<String>,
+    /// The `cqlm.chat_template` text, if present (not parsed here).
+    pub chat_template: Option<String>,
     /// Logical tensors by name (CQ matrices under their base name).
     pub tensors: BTreeMap<String, Tensor>,
 }
@@ -149,6 +151,7 @@ fn parse(bytes: &[u8]) -> std::result::Result<RawArchive, ArchiveError> {
     let config_text = meta.get(CONFIG_KEY).ok_or(ArchiveError::MissingConfig)?;
     let config = Config::from_json(config_text).map_err(ArchiveError::Config)?;
     let tokenizer = meta.get(TOKENIZER_KEY).cloned();
+    let chat_template = meta.get(super::CHAT_TEMPLATE_KEY).cloned();
 
     let specs = expected_tensors(&config);
     let mut known = HashSet::new();
@@ -195,6 +198,7 @@ fn parse(bytes: &[u8]) -> std::result::Result<RawArchive, ArchiveError> {
     Ok(RawArchive {
         config,
         tokenizer,
+        chat_template,
         tensors,
     })
 }

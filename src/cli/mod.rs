@@ -4,6 +4,7 @@ mod bench;
 mod devices;
 mod eval;
 mod generate;
+mod serve;
 pub use generate::Incomplete;
 mod inspect;
 mod logits;
@@ -50,6 +51,8 @@ enum Command {
     Devices,
     /// Check the GPU against the CPU reference rung by rung (the SEED's parity ladder).
     Parity(parity::Args),
+    /// Serve the OpenAI chat and completion API over HTTP.
+    Serve(serve::Args),
 }
 
 /// Dispatch a parsed command line.
@@ -65,6 +68,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Profile(a) => profile::run(a),
         Command::Devices => devices::run(),
         Command::Parity(a) => parity::run(a),
+        Command::Serve(a) => serve::run(a),
     }
 }
 
@@ -96,6 +100,17 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
+    /// The model id a server names: the archive's file stem, the preset's name,
+    /// or `cqlm-small` for the built-in model.
+    pub fn id(&self) -> String {
+        if let Some(p) = &self.model {
+            return p
+                .file_stem()
+                .map_or("model".into(), |s| s.to_string_lossy().into_owned());
+        }
+        self.preset.clone().unwrap_or_else(|| "cqlm-small".into())
+    }
+
     /// Load the archive, synthesize the preset (saying on stderr that its weights are
     /// random), or, when neither is given, parse the built-in trained model.
     pub fn load(&self) -> Result<Arc<Model>> {

@@ -13,3 +13,4 @@ mod constrained;
 mod generate;
 mod hardening;
 mod profile;
+mod serve;

@@ -1,0 +1,66 @@
+//! `cqlm serve`: the OpenAI-compatible server (`cqlm::serve`).
+
+use super::{BackendArgs, ModelArgs};
+use anyhow::Result;
+use cqlm::serve::ServeOptions;
+use cqlm::session::Session;
+use std::sync::Arc;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    backend: BackendArgs,
+    /// Address to bind (loopback by default; 0.0.0.0 serves every interface).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0: any free one; the address is printed when ready).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Sequences that generate at once, each with its own KV cache and sampler.
+    #[arg(long, default_value_t = 1)]
+    parallel: usize,
+    /// Require `Authorization: Bearer KEY` on the /v1 endpoints.
+    #[arg(long, value_name = "KEY")]
+    api_key: Option<String>,
+    /// Requests that may wait for a sequence; beyond them the server answers 503.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    max_queue: usize,
+    /// Longest prompt in tokens (a longer one is a 400).
+    #[arg(long, value_name = "N", default_value_t = 2048)]
+    ctx_tokens: usize,
+    /// Tokens generated when a request sets no max_tokens.
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    default_max_tokens: usize,
+    /// The model id clients name (default: the archive's file stem, or cqlm-small).
+    #[arg(long, value_name = "ID")]
+    model_id: Option<String>,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    a.backend.check()?;
+    let model = a.model.load()?;
+    let model_id = a.model_id.clone().unwrap_or_else(|| a.model.id());
+    let backend = a.backend.clone();
+    let m = Arc::clone(&model);
+    let make = Arc::new(move || {
+        Session::from_builder(backend.builder(Arc::clone(&m), cqlm::Precision::Fast))
+    });
+    let opts = ServeOptions {
+        host: a.host,
+        port: a.port,
+        parallel: a.parallel.max(1),
+        max_queue: a.max_queue,
+        api_key: a.api_key,
+        ctx_tokens: a.ctx_tokens,
+        default_max_tokens: a.default_max_tokens.max(1),
+        model_id,
+    };
+    let parallel = opts.parallel;
+    cqlm::serve::serve(model, make, opts, |addr| {
+        eprintln!("cqlm serve: listening on http://{addr}/v1 ({parallel} parallel)");
+    })?;
+    eprintln!("cqlm serve: stopped");
+    Ok(())
+}

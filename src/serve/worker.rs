@@ -1,0 +1,330 @@
+//! The engine side of the server: `--parallel` worker threads, each owning a
+//! [`Session`] (its own KV cache, engram rings and sampler over the weights every
+//! worker shares), taking jobs from one bounded queue and sending what they
+//! generate back as [`Event`]s. A client that hangs up closes its channel, and
+//! its job stops at the next token. A worker whose job panics sends an error for
+//! that job and rebuilds its session.
+
+use crate::constrain::{Constraint, ToolCall};
+use crate::error::Result;
+use crate::sample::{Sampler, SamplerConfig};
+use crate::session::{Session, Stop};
+use crate::tokenizer::TextTokenizer;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use tokio::sync::mpsc::UnboundedSender;
+
+/// Why a generation ended, as the API says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// EOS, a stop string, or a complete constrained output.
+    Stop,
+    /// `max_tokens`.
+    Length,
+    /// The output is tool calls.
+    ToolCalls,
+}
+
+impl Finish {
+    /// The API's `finish_reason`.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+            Finish::ToolCalls => "tool_calls",
+        }
+    }
+}
+
+/// What a job sends back.
+#[derive(Debug)]
+pub enum Event {
+    /// More text (never a partial character, never part of a stop string).
+    Text(String),
+    /// The end: why, the token counts, the whole text, the parsed tool calls.
+    Done {
+        /// Why it ended.
+        finish: Finish,
+        /// Generated tokens.
+        completion_tokens: usize,
+        /// The whole generated text (stop string excluded).
+        text: String,
+        /// The calls, for a tool constraint whose output called tools.
+        tool_calls: Vec<ToolCall>,
+    },
+    /// The engine failed on this request (the server keeps serving).
+    Failed(String),
+}
+
+/// One request for a worker.
+pub struct Job {
+    /// The prompt ids (BOS first).
+    pub ids: Vec<u32>,
+    /// Sampling settings.
+    pub sampler: SamplerConfig,
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Stop strings.
+    pub stops: Vec<String>,
+    /// A compiled constraint, if the request has one; `stream_text`: whether its
+    /// text may be streamed as it comes (not for tool calls, whose shape is known
+    /// only at the end).
+    pub constraint: Option<Constraint>,
+    /// Stream text events as tokens come (else only `Done`).
+    pub stream_text: bool,
+    /// Where the events go.
+    pub events: UnboundedSender<Event>,
+}
+
+/// The queue and the workers.
+pub struct Workers {
+    queue: Mutex<mpsc::Sender<Job>>,
+    /// Jobs queued or running.
+    inflight: Arc<AtomicUsize>,
+    limit: usize,
+    stopping: Arc<AtomicBool>,
+}
+
+/// A [`Session`] factory (one per worker, and again after a panic).
+pub type SessionFactory = Arc<dyn Fn() -> Result<Session> + Send + Sync>;
+
+impl Workers {
+    /// `parallel` workers over sessions from `make`, with room for `max_queue`
+    /// waiting jobs.
+    ///
+    /// # Errors
+    /// The first session that cannot be built.
+    pub fn start(
+        parallel: usize,
+        max_queue: usize,
+        make: SessionFactory,
+        tok: Arc<TextTokenizer>,
+    ) -> Result<Workers> {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let rx = Arc::new(Mutex::new(rx));
+        let inflight = Arc::new(AtomicUsize::new(0));
+        let stopping = Arc::new(AtomicBool::new(false));
+        for i in 0..parallel.max(1) {
+            let session = make()?;
+            let (rx, make, tok) = (Arc::clone(&rx), Arc::clone(&make), Arc::clone(&tok));
+            let (inflight, stopping) = (Arc::clone(&inflight), Arc::clone(&stopping));
+            std::thread::Builder::new()
+                .name(format!("cqlm-serve-{i}"))
+                .spawn(move || worker(session, &rx, &make, &tok, &inflight, &stopping))
+                .map_err(|e| {
+                    crate::Error::InvalidArgument(format!("cannot start a worker: {e}"))
+                })?;
+        }
+        Ok(Workers {
+            queue: Mutex::new(tx),
+            inflight,
+            limit: parallel.max(1) + max_queue,
+            stopping,
+        })
+    }
+
+    /// Queue `job`; false (the job dropped) when `parallel + max_queue` jobs are
+    /// already queued or running, or the workers are gone.
+    pub fn submit(&self, job: Job) -> bool {
+        if self.inflight.fetch_add(1, Ordering::SeqCst) >= self.limit {
+            self.inflight.fetch_sub(1, Ordering::SeqCst);
+            return false;
+        }
+        let q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let sent = q.send(job).is_ok();
+        if !sent {
+            self.inflight.fetch_sub(1, Ordering::SeqCst);
+        }
+        sent
+    }
+
+    /// Stop every running job at its next token (shutdown).
+    pub fn stop_all(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+    }
+}
+
+fn worker(
+    mut session: Session,
+    rx: &Mutex<mpsc::Receiver<Job>>,
+    make: &SessionFactory,
+    tok: &TextTokenizer,
+    inflight: &AtomicUsize,
+    stopping: &AtomicBool,
+) {
+    loop {
+        let job = {
+            let r = rx.lock().unwrap_or_else(|e| e.into_inner());
+            match r.recv() {
+                Ok(j) => j,
+                Err(_) => return,
+            }
+        };
+        let events = job.events.clone();
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            run_job(&mut session, job, tok, stopping)
+        }));
+        match run {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                let _ = events.send(Event::Failed(e.to_string()));
+            }
+            Err(_) => {
+                let _ = events.send(Event::Failed("the engine worker failed".into()));
+                match make() {
+                    Ok(s) => session = s,
+                    Err(e) => {
+                        log::error!("cannot rebuild a worker's session: {e}");
+                        inflight.fetch_sub(1, Ordering::SeqCst);
+                        return;
+                    }
+                }
+            }
+        }
+        inflight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Text generated so far, emitted without splitting a character and holding back
+/// what could still become a stop string.
+struct Text<'a> {
+    tok: &'a TextTokenizer,
+    stops: &'a [String],
+    ids: Vec<u32>,
+    sent: usize,
+    stopped_at: Option<usize>,
+}
+
+impl Text<'_> {
+    /// Add `id`; the new text that may be sent.
+    fn push(&mut self, id: u32) -> Result<Option<String>> {
+        self.ids.push(id);
+        let text = self.tok.decode(&self.ids)?;
+        if text.ends_with('\u{FFFD}') {
+            return Ok(None);
+        }
+        if let Some(at) = self
+            .stops
+            .iter()
+            .filter_map(|s| text.find(s.as_str()))
+            .min()
+        {
+            self.stopped_at = Some(at);
+            return Ok(self.take(&text, at));
+        }
+        let hold = self
+            .stops
+            .iter()
+            .map(|s| s.len().saturating_sub(1))
+            .max()
+            .unwrap_or(0);
+        let mut end = text.len().saturating_sub(hold);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        Ok(self.take(&text, end))
+    }
+
+    fn take(&mut self, text: &str, end: usize) -> Option<String> {
+        (end > self.sent && text.is_char_boundary(self.sent)).then(|| {
+            let s = text[self.sent..end].to_string();
+            self.sent = end;
+            s
+        })
+    }
+
+    /// The whole text (up to a stop string).
+    fn full(&self) -> Result<String> {
+        let text = self.tok.decode(&self.ids)?;
+        Ok(match self.stopped_at {
+            Some(at) => text[..at].to_string(),
+            None => text,
+        })
+    }
+}
+
+fn run_job(
+    session: &mut Session,
+    job: Job,
+    tok: &TextTokenizer,
+    stopping: &AtomicBool,
+) -> Result<()> {
+    let Job {
+        ids,
+        sampler,
+        max_tokens,
+        stops,
+        mut constraint,
+        stream_text,
+        events,
+    } = job;
+    session.reset();
+    session.prefill(&ids)?;
+    let mut sampler = Sampler::new(sampler)?;
+    let mut text = Text {
+        tok,
+        stops: &stops,
+        ids: Vec::new(),
+        sent: 0,
+        stopped_at: None,
+    };
+    let mut failed = None;
+    let mut gone = false;
+    let mut on_token = |id: u32| {
+        if stopping.load(Ordering::Relaxed) {
+            return false;
+        }
+        match text.push(id) {
+            Ok(Some(delta)) if stream_text => {
+                if events.send(Event::Text(delta)).is_err() {
+                    gone = true;
+                    return false;
+                }
+            }
+            Ok(_) => {
+                if events.is_closed() {
+                    gone = true;
+                    return false;
+                }
+            }
+            Err(e) => {
+                failed = Some(e);
+                return false;
+            }
+        }
+        text.stopped_at.is_none()
+    };
+    let stop = match constraint.as_mut() {
+        Some(c) => {
+            session
+                .generate_constrained(&mut sampler, max_tokens, c, &mut on_token)?
+                .0
+        }
+        None => session.generate(&mut sampler, max_tokens, &mut on_token)?,
+    };
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    if gone {
+        return Ok(());
+    }
+    let full = text.full()?;
+    let mut finish = match stop {
+        Stop::Length => Finish::Length,
+        _ => Finish::Stop,
+    };
+    let mut tool_calls = Vec::new();
+    if let (Some(c), Finish::Stop) = (&constraint, finish) {
+        tool_calls = c.tool_calls(&full)?;
+        if !tool_calls.is_empty() {
+            finish = Finish::ToolCalls;
+        }
+    }
+    let _ = events.send(Event::Done {
+        finish,
+        completion_tokens: text.ids.len(),
+        text: full,
+        tool_calls,
+    });
+    Ok(())
+}

@@ -1,0 +1,386 @@
+//! `cqlm serve` from outside: a real server on loopback, raw HTTP/1.1 requests
+//! (errors, framing, disconnects, a queue that fills, a bounded load) and the
+//! official `openai` Python client (`tests/serve/openai_client.py`, in the
+//! virtual environment `.ci/run` creates).
+
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// A running server, killed on drop.
+struct Server {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[allow(clippy::zombie_processes)] // Server's drop kills and waits
+fn start(extra: &[&str]) -> Server {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cqlm"))
+        .args(["serve", "--backend", "cpu", "--port", "0"])
+        .args(extra)
+        .env("XDG_RUNTIME_DIR", "/tmp")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(err.read_line(&mut line).unwrap() > 0, "the server exited");
+        if let Some(rest) = line.split("http://").nth(1) {
+            let addr = rest.split('/').next().unwrap().to_string();
+            // Keep draining stderr so the server never blocks on it.
+            std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+            return Server { child, addr };
+        }
+    }
+}
+
+/// One request: (status, headers, body).
+fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, String, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n", body.len());
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    let _ = s.write_all(body);
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, head.to_string(), dechunk(body, head))
+}
+
+/// The body of a chunked transfer, joined.
+fn dechunk(body: &str, head: &str) -> String {
+    if !head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        return body.to_string();
+    }
+    let mut out = String::new();
+    let mut rest = body;
+    while let Some((size, tail)) = rest.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || tail.len() < n {
+            break;
+        }
+        out.push_str(&tail[..n]);
+        rest = tail[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+fn post(addr: &str, path: &str, body: &Value) -> (u16, Value) {
+    let (status, _, b) = http(addr, "POST", path, &[], body.to_string().as_bytes());
+    (status, serde_json::from_str(&b).unwrap_or(Value::Null))
+}
+
+/// The OpenAI error shape with a message.
+fn is_error(v: &Value) -> bool {
+    v["error"]["message"].is_string()
+        && v["error"]["type"].is_string()
+        && v["error"].get("param").is_some()
+}
+
+#[test]
+fn errors_come_back_in_the_openai_shape_and_the_server_keeps_serving() {
+    let s = start(&["--api-key", "k", "--ctx-tokens", "40"]);
+    let auth = [("Authorization", "Bearer k")];
+    let chat = json!({"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 3, "temperature": 0});
+    type Case<'a> = (Vec<u8>, Vec<(&'a str, &'a str)>, u16, Option<&'a str>);
+    let cases: Vec<Case> = vec![
+        (b"{\"messages\": [".to_vec(), auth.to_vec(), 400, None),
+        (br#"{"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}"#.to_vec(), auth.to_vec(), 400, Some("temperature")),
+        (br#"{"messages": "x"}"#.to_vec(), auth.to_vec(), 400, Some("messages")),
+        (br#"{"messages": [{"role": "user", "content": "x"}], "n": 2}"#.to_vec(), auth.to_vec(), 400, Some("n")),
+        (br#"{"messages": [{"role": "user", "content": "x"}], "model": "gpt-9"}"#.to_vec(), auth.to_vec(), 404, Some("model")),
+        (chat.to_string().into_bytes(), vec![], 401, None),
+        (chat.to_string().into_bytes(), vec![("Authorization", "Bearer nope")], 401, None),
+        (json!({"messages": [{"role": "user", "content": "word ".repeat(60)}]}).to_string().into_bytes(), auth.to_vec(), 400, Some("messages")),
+        (json!({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "nope"}}}}).to_string().into_bytes(), auth.to_vec(), 400, Some("response_format")),
+        (json!({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}], "tool_choice": "required"}).to_string().into_bytes(), auth.to_vec(), 400, Some("tools")),
+        (vec![b' '; (4 << 20) + 10], auth.to_vec(), 413, None),
+    ];
+    for (i, (body, headers, want, param)) in cases.into_iter().enumerate() {
+        let (status, _, b) = http(&s.addr, "POST", "/v1/chat/completions", &headers, &body);
+        assert_eq!(status, want, "case {i}: {b}");
+        let v: Value =
+            serde_json::from_str(&b).unwrap_or_else(|_| panic!("case {i}: not JSON: {b}"));
+        assert!(is_error(&v), "case {i}: {v}");
+        if let Some(p) = param {
+            assert_eq!(v["error"]["param"], p, "case {i}: {v}");
+        }
+    }
+    // Still serving: health without a key, a chat with one.
+    assert_eq!(http(&s.addr, "GET", "/health", &[], b"").0, 200);
+    let (status, _, b) = http(
+        &s.addr,
+        "POST",
+        "/v1/chat/completions",
+        &auth,
+        chat.to_string().as_bytes(),
+    );
+    assert_eq!(status, 200, "{b}");
+}
+
+#[test]
+fn greedy_output_through_the_server_equals_cqlm_generate() {
+    let prompt = "The king said to his daughter,";
+    let out = Command::new(env!("CARGO_BIN_EXE_cqlm"))
+        .args([
+            "generate",
+            "--backend",
+            "cpu",
+            "--prompt",
+            prompt,
+            "--max-tokens",
+            "24",
+        ])
+        .env("XDG_RUNTIME_DIR", "/tmp")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let want = String::from_utf8(out.stdout)
+        .unwrap()
+        .trim_end_matches('\n')
+        .to_string();
+    for parallel in ["1", "4"] {
+        let s = start(&["--parallel", parallel]);
+        // Other requests run meanwhile (sampled, other prompts).
+        let addr = s.addr.clone();
+        let others: Vec<_> = (0..3)
+            .map(|i| {
+                let addr = addr.clone();
+                std::thread::spawn(move || {
+                    post(&addr, "/v1/completions", &json!({"prompt": format!("Once {i}"), "max_tokens": 30, "temperature": 1.0, "seed": i}))
+                })
+            })
+            .collect();
+        let (status, v) = post(
+            &s.addr,
+            "/v1/completions",
+            &json!({"prompt": prompt, "max_tokens": 24, "temperature": 0}),
+        );
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["choices"][0]["text"], want, "--parallel {parallel}");
+        for o in others {
+            assert_eq!(o.join().unwrap().0, 200);
+        }
+    }
+}
+
+#[test]
+fn streams_are_framed_and_a_client_that_hangs_up_frees_its_sequence() {
+    let s = start(&["--parallel", "1", "--max-queue", "0"]);
+    let body = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6, "temperature": 0,
+        "stream": true, "stream_options": {"include_usage": true}});
+    let (status, head, b) = http(
+        &s.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        body.to_string().as_bytes(),
+    );
+    assert_eq!(status, 200);
+    assert!(
+        head.to_ascii_lowercase().contains("text/event-stream"),
+        "{head}"
+    );
+    let events: Vec<&str> = b.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+    assert_eq!(events.last(), Some(&"[DONE]"), "{b}");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let usage = chunks.last().unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"]["completion_tokens"], 6);
+    // A long stream dropped after its first event: the one sequence is free again
+    // soon (a queue of 0 would answer 503 while it is still taken).
+    let long = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4000, "stream": true});
+    let mut c = TcpStream::connect(&s.addr).unwrap();
+    let body = long.to_string();
+    write!(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let mut first = [0u8; 64];
+    c.read_exact(&mut first).unwrap();
+    drop(c);
+    let t0 = std::time::Instant::now();
+    loop {
+        let (status, v) = post(
+            &s.addr,
+            "/v1/completions",
+            &json!({"prompt": "x", "max_tokens": 2}),
+        );
+        if status == 200 {
+            break;
+        }
+        assert_eq!(status, 503, "{v}");
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the dropped stream still holds its sequence"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_full_queue_answers_503_with_retry_after() {
+    let s = start(&["--parallel", "1", "--max-queue", "0"]);
+    let addr = s.addr.clone();
+    let busy = std::thread::spawn(move || {
+        post(
+            &addr,
+            "/v1/completions",
+            &json!({"prompt": "x", "max_tokens": 400, "temperature": 1.0}),
+        )
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let (status, head, b) = http(
+        &s.addr,
+        "POST",
+        "/v1/completions",
+        &[],
+        json!({"prompt": "y", "max_tokens": 2})
+            .to_string()
+            .as_bytes(),
+    );
+    assert_eq!(status, 503, "{b}");
+    assert!(head.to_ascii_lowercase().contains("retry-after"), "{head}");
+    assert!(is_error(&serde_json::from_str(&b).unwrap()));
+    assert_eq!(busy.join().unwrap().0, 200);
+}
+
+fn rss_kb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmRSS:")).map(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .unwrap_or("0")
+                    .parse()
+                    .unwrap_or(0)
+            })
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_bounded_load_of_mixed_clients_gets_correct_answers_and_no_5xx() {
+    // 16 clients × 25 requests: streamed, plain, tool calls, malformed, and
+    // streams dropped midway; every well-formed request answered, every
+    // malformed one a 4xx, no 5xx, and the RSS settles.
+    let s = start(&["--parallel", "4", "--max-queue", "64"]);
+    let tools: Value = serde_json::from_str(include_str!("../../tools/train/tools.json")).unwrap();
+    let mut after_50 = 0;
+    let clients: Vec<_> = (0..16)
+        .map(|c| {
+            let addr = s.addr.clone();
+            let tools = tools.clone();
+            std::thread::spawn(move || {
+                let mut codes = Vec::new();
+                for r in 0..25 {
+                    let k = (c * 25 + r) % 5;
+                    let msg = json!([{"role": "user", "content": format!("Question {c} {r}")}]);
+                    let code = match k {
+                        0 => post(&addr, "/v1/chat/completions", &json!({"messages": msg, "max_tokens": 4, "temperature": 0})).0,
+                        1 => {
+                            let (st, _, b) = http(&addr, "POST", "/v1/chat/completions", &[], json!({"messages": msg, "max_tokens": 4, "stream": true}).to_string().as_bytes());
+                            assert!(b.contains("data: [DONE]"), "{b}");
+                            st
+                        }
+                        2 => {
+                            let (st, v) = post(&addr, "/v1/chat/completions", &json!({"messages": msg, "max_tokens": 48, "temperature": 0, "tools": tools, "tool_choice": "required"}));
+                            let fr = v["choices"][0]["finish_reason"].as_str().unwrap_or("");
+                            assert!(fr == "tool_calls" || fr == "length", "{v}");
+                            st
+                        }
+                        3 => {
+                            let (st, v) = post(&addr, "/v1/chat/completions", &json!({"messages": 5}));
+                            assert!((400..500).contains(&st), "{v}");
+                            0
+                        }
+                        _ => {
+                            let mut t = TcpStream::connect(&addr).unwrap();
+                            let body = json!({"messages": msg, "max_tokens": 200, "stream": true}).to_string();
+                            write!(t, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+                            let mut b = [0u8; 32];
+                            let _ = t.read_exact(&mut b);
+                            0
+                        }
+                    };
+                    if code != 0 {
+                        codes.push(code);
+                    }
+                }
+                codes
+            })
+        })
+        .collect();
+    // RSS after about the first 50 requests.
+    let pid = s.child.id();
+    std::thread::sleep(Duration::from_millis(1500));
+    after_50 = after_50.max(rss_kb(pid));
+    for c in clients {
+        for code in c.join().unwrap() {
+            assert_eq!(code, 200);
+        }
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let end = rss_kb(pid);
+    assert!(
+        after_50 > 0 && end as f64 <= after_50 as f64 * 1.10,
+        "RSS {after_50} kB -> {end} kB"
+    );
+}
+
+#[test]
+fn the_official_openai_client_works_unmodified() {
+    let Ok(python) = std::env::var("CQLM_OPENAI_PYTHON") else {
+        assert!(
+            std::env::var("CQLM_REQUIRE_OPENAI").is_err(),
+            "CQLM_REQUIRE_OPENAI is set but CQLM_OPENAI_PYTHON is not"
+        );
+        eprintln!("skipped: CQLM_OPENAI_PYTHON (a python with openai==3.51.0) is not set; .ci/run sets it");
+        return;
+    };
+    let s = start(&["--api-key", "sk-test", "--parallel", "2"]);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/serve/openai_client.py");
+    let out = Command::new(python)
+        .args([script, &format!("http://{}/v1", s.addr), "sk-test"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
