@@ -13,7 +13,9 @@ pub use float::{
 };
 pub use reader::{read_archive, read_archive_file, RawArchive};
 pub use spec::{cq_parts, engram_table_names, expected_tensors, TensorKind, TensorSpec};
-pub use writer::{set_file_mode, write_archive, write_archive_file};
+pub use writer::{
+    set_file_mode, write_archive, write_archive_file, write_archive_file_with_template,
+};
 
 use crate::cq::CqMatrix;
 

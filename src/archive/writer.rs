@@ -85,6 +85,24 @@ fn metadata(config: &Config, tokenizer: Option<&str>) -> HashMap<String, String>
     meta
 }
 
+/// [`write_archive_file`] with a chat template (`cqlm.chat_template`) too.
+///
+/// # Errors
+/// As [`write_archive_file`].
+pub fn write_archive_file_with_template(
+    path: &Path,
+    config: &Config,
+    tokenizer: Option<&str>,
+    chat_template: Option<&str>,
+    tensors: &BTreeMap<String, Tensor>,
+) -> Result<()> {
+    let mut meta = metadata(config, tokenizer);
+    if let Some(t) = chat_template {
+        meta.insert(super::CHAT_TEMPLATE_KEY.to_string(), t.to_string());
+    }
+    write_blobs_file(path, &blobs(tensors), meta)
+}
+
 /// Serialize an archive to bytes. The tensors are written as given (no check
 /// against the config), so tests can build deliberately broken archives.
 ///

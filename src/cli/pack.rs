@@ -2,7 +2,6 @@
 
 use anyhow::{bail, Context, Result};
 use cqlm::archive::read_float_checkpoint;
-use cqlm::archive::write_archive_file;
 use cqlm::pack::{bits_per_weight, pack, PackPlan, PackProgress};
 use cqlm::{ArchiveError, Config, Error};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -21,6 +20,10 @@ pub struct Args {
     /// Hugging Face tokenizer.json to embed (default: the checkpoint's `cqlm.tokenizer`, if any).
     #[arg(long, value_name = "FILE")]
     tokenizer: Option<PathBuf>,
+    /// Jinja chat template to embed as `cqlm.chat_template` (Hugging Face variables:
+    /// messages, tools, add_generation_prompt, bos_token, eos_token), for `cqlm serve`.
+    #[arg(long, value_name = "FILE")]
+    chat_template: Option<PathBuf>,
     /// Bits per class, CLASS=BITS,... with BITS in 1, 2, 4, 8 and CLASS in embed, attn
     /// (or attn_qg, attn_kv, attn_o), phi, engram (or engram_table, engram_proj), all.
     /// Classes not named keep the defaults embed=4,attn=2,phi=4,engram=4.
@@ -77,6 +80,16 @@ pub fn run(a: Args) -> Result<()> {
         }
         None => None,
     };
+    let chat_template = match &a.chat_template {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
+            if let Err(e) = cqlm::serve::chat::ChatTemplate::new(Some(&text), "", "") {
+                bail!("{}: {e}", path.display());
+            }
+            Some(text)
+        }
+        None => None,
+    };
     let ckpt = match read_float_checkpoint(&a.model, config) {
         Ok(c) => c,
         Err(Error::Archive {
@@ -120,7 +133,13 @@ pub fn run(a: Args) -> Result<()> {
     drop(ckpt.tensors);
 
     let tok = tokenizer.as_deref().or(ckpt.tokenizer.as_deref());
-    write_archive_file(tmp.path(), &ckpt.config, tok, &tensors)?;
+    cqlm::archive::write_archive_file_with_template(
+        tmp.path(),
+        &ckpt.config,
+        tok,
+        chat_template.as_deref(),
+        &tensors,
+    )?;
     tmp.persist(&a.out)
         .with_context(|| a.out.display().to_string())?;
     cqlm::archive::set_file_mode(&a.out).with_context(|| a.out.display().to_string())?;

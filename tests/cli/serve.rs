@@ -384,3 +384,34 @@ fn the_official_openai_client_works_unmodified() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn an_archive_chat_template_is_stored_and_rendered() {
+    // The built-in model with a custom template: the server's prompt is the
+    // template's text (so its token count is the tokenizer's count of it).
+    let b = cqlm::builtin::model().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.cqlm");
+    let template = "{% for m in messages %}<<{{ m.role }}>>{{ m.content }}{% endfor %}[answer]";
+    let tensors = cqlm::synth::synth_tensors(&b.config, &cqlm::cq::BitsPlan::uniform(4, 128), 1);
+    cqlm::archive::write_archive_file_with_template(
+        &path,
+        &b.config,
+        b.tokenizer.as_deref(),
+        Some(template),
+        &tensors,
+    )
+    .unwrap();
+    let m = cqlm::Model::load(&path).unwrap();
+    assert_eq!(m.chat_template.as_deref(), Some(template));
+    let s = start(&["--model", path.to_str().unwrap()]);
+    let (status, v) = post(
+        &s.addr,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 1, "temperature": 0}),
+    );
+    assert_eq!(status, 200, "{v}");
+    let tok = cqlm::tokenizer::TextTokenizer::for_model(&m).unwrap();
+    let want = tok.encode("<<user>>Hello there[answer]").unwrap().len();
+    assert_eq!(v["usage"]["prompt_tokens"], want, "{v}");
+}
