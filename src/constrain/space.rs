@@ -30,12 +30,18 @@ impl TokenizerEnv for Env {
     }
 }
 
+/// Compiled grammars kept for reuse (a server sees the same tool set or schema
+/// again and again); past this many, the cache starts over.
+const CACHED_GRAMMARS: usize = 64;
+
 /// A model's tokens for constrained generation: compile a [`ConstraintSpec`]
 /// with [`TokenSpace::compile`].
 pub struct TokenSpace {
     factory: ParserFactory,
     vocab: usize,
     eos: u32,
+    /// Fresh matchers of grammars compiled before, by the grammar's JSON.
+    cache: std::sync::Mutex<std::collections::HashMap<String, llguidance::Matcher>>,
 }
 
 impl std::fmt::Debug for TokenSpace {
@@ -95,10 +101,13 @@ impl TokenSpace {
             factory,
             vocab: c.vocab,
             eos: c.eos,
+            cache: Default::default(),
         }))
     }
 
-    /// Compile `spec` into a fresh [`Constraint`] (once per request).
+    /// Compile `spec` into a fresh [`Constraint`] (once per request). A grammar
+    /// compiled before (the same tool set or schema) is copied from the cache, not
+    /// compiled again.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] naming the cause when the schema, pattern,
@@ -106,6 +115,14 @@ impl TokenSpace {
     /// does not support).
     pub fn compile(&self, spec: &ConstraintSpec) -> Result<Constraint> {
         let (grammar, kind) = spec.grammar()?;
+        let key = serde_json::to_string(&grammar).ok();
+        let cache = || self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = key
+            .as_ref()
+            .and_then(|k| cache().get(k).map(|m| m.deep_clone()))
+        {
+            return Ok(Constraint::new(m, kind, self.vocab, self.eos));
+        }
         let parser = self
             .factory
             .create_parser(grammar)
@@ -113,6 +130,13 @@ impl TokenSpace {
         let matcher = llguidance::Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
             return Err(Error::InvalidArgument(format!("{}: {e}", spec.what())));
+        }
+        if let Some(k) = key {
+            let mut c = cache();
+            if c.len() >= CACHED_GRAMMARS {
+                c.clear();
+            }
+            c.insert(k, matcher.deep_clone());
         }
         Ok(Constraint::new(matcher, kind, self.vocab, self.eos))
     }
