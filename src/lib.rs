@@ -57,7 +57,7 @@ pub mod weights;
 
 pub use builder::{Backend, EngineBuilder};
 pub use config::{Config, EngramConfig};
-pub use cpu::CpuEngine;
+pub use cpu::{CpuBatch, CpuEngine};
 pub use engine::{Engine, HostTime, Readout, StepOut};
 pub use error::{ArchiveError, ConfigError, Error, Result};
 pub use gpu::GpuEngine;

@@ -31,6 +31,14 @@ use crate::pool::SharedSlice;
 use crate::profile::bytes;
 use crate::weights::{LayerWeights, Model};
 
+/// One sequence's part of a [`forward_many`] pass: its state and its ids.
+pub(super) struct Segment<'a> {
+    /// The sequence's state (positions, history, rings, KV cache).
+    pub(super) st: &'a mut State,
+    /// Its ids (at least one), appended at `st.pos ..`.
+    pub(super) ids: &'a [u32],
+}
+
 /// Append `ids` (`1 ≤ n`, all `< vocab`, which the caller has checked) at
 /// positions `st.pos ..`, advancing the state; with `logits`, the logits after
 /// the last id into it (`vocab` values).
@@ -47,15 +55,49 @@ pub(super) fn forward(
     hooks: &mut StepHooks,
     logits: Option<&mut [f32]>,
 ) -> Result<()> {
+    forward_many(model, &mut [Segment { st, ids }], s, hooks, logits)
+}
+
+/// [`forward`] for several sequences in one pass: every segment's ids appended
+/// to its own state, the CQ matvecs serving the tokens of all of them at once
+/// (one pass over each matrix), everything per sequence (engram history and
+/// rings, positions, KV cache, attention) on its own state. With `logits`, each
+/// segment's logits after its last id, `[segments, vocab]`. Each segment's
+/// values are bit-identical to [`forward`] of it alone (the batched matvec is
+/// bit-identical to the single one). Hooks see positions from the first
+/// segment's; probes are meant for one segment.
+///
+/// # Errors
+/// As [`forward`].
+pub(super) fn forward_many(
+    model: &Model,
+    segs: &mut [Segment<'_>],
+    s: &mut Scratch,
+    hooks: &mut StepHooks,
+    logits: Option<&mut [f32]>,
+) -> Result<()> {
     let c = &model.config;
     let w = &model.weights;
-    let (n, t0) = (ids.len(), st.pos);
+    let n: usize = segs.iter().map(|g| g.ids.len()).sum();
+    let t0 = segs[0].st.pos;
     let (h, half) = (c.hidden, c.head_dim / 2);
-    debug_assert!(n >= 1, "forward of no tokens");
+    debug_assert!(
+        segs.iter().all(|g| !g.ids.is_empty()),
+        "a segment of no tokens"
+    );
     s.grow(c, n)?;
+    s.seg_start.clear();
+    s.seg_pos.clear();
+    let mut at = 0;
+    for g in segs.iter() {
+        s.seg_start.push(at);
+        s.seg_pos.push(g.st.pos);
+        at += g.ids.len();
+    }
 
     // 4.1 Embedding.
-    for (t, &id) in ids.iter().enumerate() {
+    let ids = segs.iter().flat_map(|g| g.ids.iter());
+    for (t, &id) in ids.enumerate() {
         let lanes = &mut s.lanes[t * 4 * h..(t + 1) * 4 * h];
         gather(&w.embed, id as usize, (h as f32).sqrt(), 4, h, lanes);
     }
@@ -68,53 +110,88 @@ pub(super) fn forward(
         .lap("gather", || n as u64 * bytes::gather(&w.embed, 4));
 
     // 4.2 Engram (or just the history without it).
-    engram(model, st, s, ids, hooks)?;
+    engram(model, segs, s, n, hooks)?;
 
     // RoPE tables and attended cache rows of every position, shared by all layers.
-    for t in 0..n {
-        let (cos, sin) = (
-            &mut s.cos[t * half..][..half],
-            &mut s.sin[t * half..][..half],
-        );
-        rope_table(t0 + t as u64, c.rope_theta, c.head_dim, cos, sin);
+    if s.attention.len() < segs.len() {
+        s.attention.resize_with(segs.len(), Default::default);
     }
-    s.attention.plan(c, t0, n);
+    for (i, g) in segs.iter().enumerate() {
+        let (start, pos) = (s.seg_start[i], s.seg_pos[i]);
+        for j in 0..g.ids.len() {
+            let t = start + j;
+            let (cos, sin) = (
+                &mut s.cos[t * half..][..half],
+                &mut s.sin[t * half..][..half],
+            );
+            rope_table(pos + j as u64, c.rope_theta, c.head_dim, cos, sin);
+        }
+        s.attention[i].plan(c, pos, g.ids.len());
+    }
     hooks.clock.mark();
 
     for l in 0..w.layers.len() {
-        layer(model, l, st, s, n, hooks)?;
+        layer(model, l, segs, s, n, hooks)?;
     }
-    st.pos += n as u64;
+    for g in segs.iter_mut() {
+        g.st.pos += g.ids.len() as u64;
+    }
 
     if let Some(out) = logits {
-        let last = &s.lanes[(n - 1) * 4 * h..n * 4 * h];
-        logits_into(model, last, &mut s.a[..h], &mut s.prep, hooks, out)?;
-        hooks.rows(t0 + n as u64 - 1, "logits", None, out, out.len());
+        let k = segs.len();
+        // Each segment's last token's lanes, side by side (one segment: in place).
+        let lanes = if k == 1 {
+            &s.lanes[(n - 1) * 4 * h..n * 4 * h]
+        } else {
+            s.last_lanes.clear();
+            for (i, g) in segs.iter().enumerate() {
+                let last = s.seg_start[i] + g.ids.len() - 1;
+                s.last_lanes
+                    .extend_from_slice(&s.lanes[last * 4 * h..(last + 1) * 4 * h]);
+            }
+            &s.last_lanes[..]
+        };
+        let a = &mut s.a[..k * h];
+        logits_into(model, lanes, k, a, &mut s.prep, hooks, out)?;
+        let vocab = c.vocab;
+        hooks.rows(
+            t0 + n as u64 - 1,
+            "logits",
+            None,
+            &out[(k - 1) * vocab..],
+            vocab,
+        );
     }
     hooks.check()
 }
 
-/// SPEC §4.2 for the chunk: push every id to the history; with engram sites, the
-/// table rows of every token, then each site's projections of the chunk, then
-/// the rings and convolutions token by token.
+/// SPEC §4.2 for the pass: push every id to its sequence's history; with engram
+/// sites, the table rows of every token, then each site's projections of all
+/// tokens, then each sequence's rings and convolutions token by token.
 fn engram(
     model: &Model,
-    st: &mut State,
+    segs: &mut [Segment<'_>],
     s: &mut Scratch,
-    ids: &[u32],
+    n: usize,
     hooks: &mut StepHooks,
 ) -> Result<()> {
     let (c, w) = (&model.config, &model.weights);
     let (Some(ec), Some(ew)) = (&c.engram, &w.engram) else {
-        ids.iter().for_each(|&id| st.history.push(id));
+        for g in segs.iter_mut() {
+            g.ids.iter().for_each(|&id| g.st.history.push(id));
+        }
         return Ok(());
     };
-    let (n, t0, h) = (ids.len(), st.pos, c.hidden);
+    let (t0, h) = (segs[0].st.pos, c.hidden);
     let (ed, tables) = (ec.e_dim(), ec.tables());
-    for (t, &id) in ids.iter().enumerate() {
-        st.history.push(id);
-        table_rows_for(&st.history, ec, &st.table_rows, &mut s.idx);
-        s.table_idx[t * tables..(t + 1) * tables].copy_from_slice(&s.idx);
+    let mut t = 0;
+    for g in segs.iter_mut() {
+        for &id in g.ids {
+            g.st.history.push(id);
+            table_rows_for(&g.st.history, ec, &g.st.table_rows, &mut s.idx);
+            s.table_idx[t * tables..(t + 1) * tables].copy_from_slice(&s.idx);
+            t += 1;
+        }
     }
     for (k, table) in ew.tables.iter().enumerate() {
         for t in 0..n {
@@ -142,11 +219,15 @@ fn engram(
         hooks.clock.lap_matvec(&site.wv, h, n);
         s.prep.matmul(&site.wk, e, n, 0, h, keys)?;
         hooks.clock.lap_matvec(&site.wk, h, n);
-        for t in 0..n {
-            let (v, value) = (&site_v[t * h..][..h], &mut values[t * h..][..h]);
-            let pos = t0 + t as u64;
-            let ring = &mut st.rings[i];
-            conv(pos, ec.taps, ec.dilation, v, &site.conv, ring, value);
+        let mut t = 0;
+        for g in segs.iter_mut() {
+            for j in 0..g.ids.len() {
+                let (v, value) = (&site_v[t * h..][..h], &mut values[t * h..][..h]);
+                let pos = g.st.pos + j as u64;
+                let ring = &mut g.st.rings[i];
+                conv(pos, ec.taps, ec.dilation, v, &site.conv, ring, value);
+                t += 1;
+            }
         }
         hooks
             .clock
@@ -158,19 +239,19 @@ fn engram(
     Ok(())
 }
 
-/// SPEC §4.3 layer `l` for the chunk of `n` tokens at positions `st.pos ..`
-/// (not yet advanced), the lanes in place.
+/// SPEC §4.3 layer `l` for the pass's `n` tokens (each segment at its
+/// positions `st.pos ..`, not yet advanced), the lanes in place.
 fn layer(
     model: &Model,
     l: usize,
-    st: &mut State,
+    segs: &mut [Segment<'_>],
     s: &mut Scratch,
     n: usize,
     hooks: &mut StepHooks,
 ) -> Result<()> {
     let (c, w) = (&model.config, &model.weights);
     let (m, lw) = (&w.mhc, &w.layers[l]);
-    let (t0, lo) = (st.pos, Some(l));
+    let (t0, lo) = (segs[0].st.pos, Some(l));
     let (h, qd) = (c.hidden, c.q_dim());
 
     // 1–2: mHC projections.
@@ -221,7 +302,7 @@ fn layer(
     hooks.rows(t0, "block_in", lo, &s.b[..n * h], h);
 
     // 5: attention, and its output projection.
-    attention(model, l, st, s, n, hooks)?;
+    attention(model, l, segs, s, n, hooks)?;
     s.prep.clear();
     let o = &s.o[..n * qd];
     hooks
@@ -275,14 +356,14 @@ fn layer(
 fn attention(
     model: &Model,
     l: usize,
-    st: &mut State,
+    segs: &mut [Segment<'_>],
     s: &mut Scratch,
     n: usize,
     hooks: &mut StepHooks,
 ) -> Result<()> {
     let c = &model.config;
     let lw: &LayerWeights = &model.weights.layers[l];
-    let (t0, lo) = (st.pos, Some(l));
+    let (t0, lo) = (segs[0].st.pos, Some(l));
     let (h, hd, qd, kvd, half) = (c.hidden, c.head_dim, c.q_dim(), c.kv_dim(), c.head_dim / 2);
 
     let b = &s.b;
@@ -321,7 +402,14 @@ fn attention(
         qk_norm_rope(&lw.q_norm, &lw.k_norm, cs, sn, q, k);
     });
     let (q, k, v) = (&s.q[..n * qd], &s.k[..n * kvd], &s.v[..n * kvd]);
-    s.attention.store(c, &mut st.kv, l, k, v)?;
+    for (i, g) in segs.iter_mut().enumerate() {
+        let r = s.seg_start[i]..s.seg_start[i] + g.ids.len();
+        let (k, v) = (
+            &k[r.start * kvd..r.end * kvd],
+            &v[r.start * kvd..r.end * kvd],
+        );
+        s.attention[i].store(c, &mut g.st.kv, l, k, v)?;
+    }
     hooks.rows(t0, "q", lo, q, qd);
     hooks.rows(t0, "k", lo, k, kvd);
     hooks.rows(t0, "v", lo, v, kvd);
@@ -329,39 +417,55 @@ fn attention(
         n as u64 * bytes::qk_store(c.heads, c.kv_heads, hd)
     });
 
-    let (o, g) = (&mut s.o[..n * qd], &s.g[..n * qd]);
-    s.attention.attend(c, &st.kv, l, q, g, o, &mut s.scores);
-    s.attention.finish(c, &mut st.kv, l);
-    let plan = &s.attention;
+    for (i, seg) in segs.iter_mut().enumerate() {
+        let r = s.seg_start[i]..s.seg_start[i] + seg.ids.len();
+        let (q, g) = (
+            &s.q[r.start * qd..r.end * qd],
+            &s.g[r.start * qd..r.end * qd],
+        );
+        let o = &mut s.o[r.start * qd..r.end * qd];
+        s.attention[i].attend(c, &seg.st.kv, l, q, g, o, &mut s.scores);
+        s.attention[i].finish(c, &mut seg.st.kv, l);
+    }
+    let plans = &s.attention[..segs.len()];
     hooks.clock.lap("attend", || {
-        plan.attended().map(|k| bytes::attend(c.heads, hd, k)).sum()
+        plans
+            .iter()
+            .flat_map(|p| p.attended())
+            .map(|k| bytes::attend(c.heads, hd, k))
+            .sum()
     });
     hooks.rows(t0, "attn_o", lo, &s.o[..n * qd], qd);
     Ok(())
 }
 
-/// SPEC §4.4: the logits (`vocab` values) of the lanes (`4 · hidden`) after the
-/// last layer, `embed · prepare(zcrms(mean of the lanes, final_norm))`; `a` is
-/// scratch of `hidden`.
+/// SPEC §4.4: the logits (`vocab` values each) of `k` tokens' lanes (`4 ·
+/// hidden` each) after the last layer, `embed · prepare(zcrms(mean of the
+/// lanes, final_norm))`, into `logits` (`[k, vocab]`); `a` is scratch of `k ·
+/// hidden`. The vocabulary projection is one pass over `embed` for all `k`.
 ///
 /// # Errors
 /// [`crate::Error::Alloc`] if `prep` can't grow.
 fn logits_into(
     model: &Model,
     lanes: &[f32],
+    k: usize,
     a: &mut [f32],
     prep: &mut BatchPrep,
     hooks: &mut StepHooks,
     logits: &mut [f32],
 ) -> Result<()> {
     let (h, w) = (model.config.hidden, &model.weights);
-    pre_op(PrepareMode::MeanLanesZcrms, lanes, h, h, &w.final_norm, a);
+    for (x, a) in lanes.chunks_exact(4 * h).zip(a.chunks_exact_mut(h)).take(k) {
+        pre_op(PrepareMode::MeanLanesZcrms, x, h, h, &w.final_norm, a);
+    }
     prep.clear();
+    let a = &a[..k * h];
     hooks
         .clock
-        .prepare(prep, (a, 1), &[&w.embed], (h, 4, true))?;
+        .prepare(prep, (a, k), &[&w.embed], (h, 4, true))?;
     let vocab = model.config.vocab;
-    prep.matmul(&w.embed, a, 1, 0, vocab, logits)?;
-    hooks.clock.lap_matvec(&w.embed, vocab, 1);
+    prep.matmul(&w.embed, a, k, 0, vocab, &mut logits[..k * vocab])?;
+    hooks.clock.lap_matvec(&w.embed, vocab, k);
     Ok(())
 }

@@ -9,6 +9,7 @@
 //! (token-parallel helpers) and `profile`.
 
 mod attention;
+mod batch;
 mod engine;
 mod forward;
 mod hooks;
@@ -18,5 +19,6 @@ mod profile;
 mod scratch;
 mod state;
 
+pub use batch::CpuBatch;
 pub use engine::CpuEngine;
 pub use hooks::Probe;

@@ -53,8 +53,14 @@ pub(super) struct Scratch {
     /// RoPE table of each position (`head_dim / 2` each).
     pub(super) cos: Vec<f32>,
     pub(super) sin: Vec<f32>,
-    /// Where the chunk's keys and values go and which rows each token attends.
-    pub(super) attention: ChunkAttention,
+    /// Per segment (sequence) of the pass: where its keys and values go and which
+    /// rows each of its tokens attends.
+    pub(super) attention: Vec<ChunkAttention>,
+    /// Per segment: its first token in the pass, and its first position.
+    pub(super) seg_start: Vec<usize>,
+    pub(super) seg_pos: Vec<u64>,
+    /// The last token's lanes of each segment (several segments' logits).
+    pub(super) last_lanes: Vec<f32>,
     /// Attention scores, `heads · cache_rows` per pool part.
     pub(super) scores: Vec<f32>,
     /// Engram: each token's table rows (`tables`), gathered rows (`e_dim`),

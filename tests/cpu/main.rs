@@ -8,6 +8,7 @@
 mod common;
 
 mod archive_errors;
+mod batch;
 mod constrained;
 mod cq_kernels;
 mod fast_engine;
