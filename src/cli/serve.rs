@@ -2,6 +2,7 @@
 
 use super::{BackendArgs, ModelArgs};
 use anyhow::Result;
+use cqlm::serve::worker::{Engines, SessionFactory};
 use cqlm::serve::ServeOptions;
 use cqlm::session::Session;
 use std::sync::Arc;
@@ -36,6 +37,10 @@ pub struct Args {
     /// The model id clients name (default: the archive's file stem, or cqlm-small).
     #[arg(long, value_name = "ID")]
     model_id: Option<String>,
+    /// On the CPU engine, run each parallel sequence on its own thread and session
+    /// instead of stepping them all in one batched pass (for comparison).
+    #[arg(long)]
+    no_batch: bool,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -44,22 +49,38 @@ pub fn run(a: Args) -> Result<()> {
     let model_id = a.model_id.clone().unwrap_or_else(|| a.model.id());
     let backend = a.backend.clone();
     let m = Arc::clone(&model);
-    let make = Arc::new(move || {
+    let make: SessionFactory = Arc::new(move || {
         Session::from_builder(backend.builder(Arc::clone(&m), cqlm::Precision::Fast))
     });
+    // The CPU engine batches: one pass steps every sequence (GPU: a session each).
+    let probe = make()?;
+    super::report_notice(probe.fallback_reason(), true);
+    let on_cpu = probe.engine().describe().starts_with("cpu");
+    let precision = probe.engine().precision();
+    drop(probe);
+    let parallel = a.parallel.max(1);
+    let batched = on_cpu && !a.no_batch;
+    let engines = if batched {
+        let m = Arc::clone(&model);
+        Engines::Batch(Arc::new(move || {
+            cqlm::CpuBatch::new(Arc::clone(&m), parallel, precision)
+        }))
+    } else {
+        Engines::Sessions(make)
+    };
     let opts = ServeOptions {
         host: a.host,
         port: a.port,
-        parallel: a.parallel.max(1),
+        parallel,
         max_queue: a.max_queue,
         api_key: a.api_key,
         ctx_tokens: a.ctx_tokens,
         default_max_tokens: a.default_max_tokens.max(1),
         model_id,
     };
-    let parallel = opts.parallel;
-    cqlm::serve::serve(model, make, opts, |addr| {
-        eprintln!("cqlm serve: listening on http://{addr}/v1 ({parallel} parallel)");
+    let how = if batched { "batched" } else { "a session each" };
+    cqlm::serve::serve(model, engines, opts, |addr| {
+        eprintln!("cqlm serve: listening on http://{addr}/v1 ({parallel} parallel, {how})");
     })?;
     eprintln!("cqlm serve: stopped");
     Ok(())

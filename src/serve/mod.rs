@@ -6,6 +6,7 @@
 //! ([`worker::Workers`]), each with its own session over the shared weights;
 //! beyond them a bounded queue, beyond that 503.
 
+pub mod batcher;
 pub mod chat;
 pub mod error;
 pub mod wire;
@@ -31,7 +32,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::mpsc;
 use wire::{ChatRequest, CompletionRequest, Prompt, Sampling, Usage};
-use worker::{Event, Job, SessionFactory, Workers};
+use worker::{Engines, Event, Job, Workers};
 
 /// The largest request body (4 MiB; larger is a 413).
 pub const MAX_BODY: usize = 4 << 20;
@@ -84,7 +85,7 @@ fn now() -> u64 {
 /// bound.
 pub fn serve(
     model: Arc<Model>,
-    make: SessionFactory,
+    engines: Engines,
     opts: ServeOptions,
     ready: impl FnOnce(SocketAddr),
 ) -> crate::Result<()> {
@@ -94,7 +95,7 @@ pub fn serve(
     let bos = tok.decode_special(model.config.bos);
     let eos = tok.decode_special(model.config.eos);
     let template = ChatTemplate::new(model.chat_template.as_deref(), &bos, &eos).map_err(bad)?;
-    let workers = Workers::start(opts.parallel, opts.max_queue, make, Arc::clone(&tok))?;
+    let workers = Workers::start(opts.parallel, opts.max_queue, engines, Arc::clone(&tok))?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -88,6 +88,15 @@ pub struct Workers {
 /// A [`Session`] factory (one per worker, and again after a panic).
 pub type SessionFactory = Arc<dyn Fn() -> Result<Session> + Send + Sync>;
 
+/// What runs the requests.
+pub enum Engines {
+    /// One worker thread and session per parallel sequence (any backend).
+    Sessions(SessionFactory),
+    /// One thread stepping every parallel sequence in one pass (the CPU engine's
+    /// continuous batching, [`super::batcher`]).
+    Batch(super::batcher::BatchFactory),
+}
+
 impl Workers {
     /// `parallel` workers over sessions from `make`, with room for `max_queue`
     /// waiting jobs.
@@ -97,13 +106,32 @@ impl Workers {
     pub fn start(
         parallel: usize,
         max_queue: usize,
-        make: SessionFactory,
+        engines: Engines,
         tok: Arc<TextTokenizer>,
     ) -> Result<Workers> {
         let (tx, rx) = mpsc::channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
         let inflight = Arc::new(AtomicUsize::new(0));
         let stopping = Arc::new(AtomicBool::new(false));
+        let make = match engines {
+            Engines::Sessions(make) => make,
+            Engines::Batch(make) => {
+                let (rx, tok) = (Arc::clone(&rx), Arc::clone(&tok));
+                let (f, s) = (Arc::clone(&inflight), Arc::clone(&stopping));
+                std::thread::Builder::new()
+                    .name("cqlm-serve-batch".into())
+                    .spawn(move || super::batcher::run(&make, &rx, &tok, &f, &s))
+                    .map_err(|e| {
+                        crate::Error::InvalidArgument(format!("cannot start a worker: {e}"))
+                    })?;
+                return Ok(Workers {
+                    queue: Mutex::new(tx),
+                    inflight,
+                    limit: parallel.max(1) + max_queue,
+                    stopping,
+                });
+            }
+        };
         for i in 0..parallel.max(1) {
             let session = make()?;
             let (rx, make, tok) = (Arc::clone(&rx), Arc::clone(&make), Arc::clone(&tok));
@@ -187,17 +215,38 @@ fn worker(
 
 /// Text generated so far, emitted without splitting a character and holding back
 /// what could still become a stop string.
-struct Text<'a> {
+pub(super) struct Text<'a> {
     tok: &'a TextTokenizer,
-    stops: &'a [String],
+    stops: Vec<String>,
     ids: Vec<u32>,
     sent: usize,
     stopped_at: Option<usize>,
 }
 
-impl Text<'_> {
+impl<'a> Text<'a> {
+    /// No text yet, with these stop strings.
+    pub(super) fn new(tok: &'a TextTokenizer, stops: Vec<String>) -> Text<'a> {
+        Text {
+            tok,
+            stops,
+            ids: Vec::new(),
+            sent: 0,
+            stopped_at: None,
+        }
+    }
+
+    /// Tokens pushed.
+    pub(super) fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Whether a stop string has appeared.
+    pub(super) fn stopped(&self) -> bool {
+        self.stopped_at.is_some()
+    }
+
     /// Add `id`; the new text that may be sent.
-    fn push(&mut self, id: u32) -> Result<Option<String>> {
+    pub(super) fn push(&mut self, id: u32) -> Result<Option<String>> {
         self.ids.push(id);
         let text = self.tok.decode(&self.ids)?;
         if text.ends_with('\u{FFFD}') {
@@ -234,7 +283,7 @@ impl Text<'_> {
     }
 
     /// The whole text (up to a stop string).
-    fn full(&self) -> Result<String> {
+    pub(super) fn full(&self) -> Result<String> {
         let text = self.tok.decode(&self.ids)?;
         Ok(match self.stopped_at {
             Some(at) => text[..at].to_string(),
@@ -261,13 +310,7 @@ fn run_job(
     session.reset();
     session.prefill(&ids)?;
     let mut sampler = Sampler::new(sampler)?;
-    let mut text = Text {
-        tok,
-        stops: &stops,
-        ids: Vec::new(),
-        sent: 0,
-        stopped_at: None,
-    };
+    let mut text = Text::new(tok, stops);
     let mut failed = None;
     let mut gone = false;
     let mut on_token = |id: u32| {

@@ -299,11 +299,12 @@ fn a_bounded_load_of_mixed_clients_gets_correct_answers_and_no_5xx() {
     // malformed one a 4xx, no 5xx, and the RSS settles.
     let s = start(&["--parallel", "4", "--max-queue", "64"]);
     let tools: Value = serde_json::from_str(include_str!("../../tools/train/tools.json")).unwrap();
-    let mut after_50 = 0;
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let clients: Vec<_> = (0..16)
         .map(|c| {
             let addr = s.addr.clone();
             let tools = tools.clone();
+            let done = std::sync::Arc::clone(&done);
             std::thread::spawn(move || {
                 let mut codes = Vec::new();
                 for r in 0..25 {
@@ -339,15 +340,18 @@ fn a_bounded_load_of_mixed_clients_gets_correct_answers_and_no_5xx() {
                     if code != 0 {
                         codes.push(code);
                     }
+                    done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 }
                 codes
             })
         })
         .collect();
-    // RSS after about the first 50 requests.
+    // RSS once the first 50 requests are answered.
     let pid = s.child.id();
-    std::thread::sleep(Duration::from_millis(1500));
-    after_50 = after_50.max(rss_kb(pid));
+    while done.load(std::sync::atomic::Ordering::SeqCst) < 50 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let after_50 = rss_kb(pid);
     for c in clients {
         for code in c.join().unwrap() {
             assert_eq!(code, 200);
