@@ -154,13 +154,16 @@ pub(super) fn forward_many(
         let a = &mut s.a[..k * h];
         logits_into(model, lanes, k, a, &mut s.prep, hooks, out)?;
         let vocab = c.vocab;
-        hooks.rows(
-            t0 + n as u64 - 1,
-            "logits",
-            None,
-            &out[(k - 1) * vocab..],
-            vocab,
-        );
+        for (i, g) in segs.iter().enumerate() {
+            let last = g.st.pos - 1; // advanced above
+            hooks.rows(
+                last,
+                "logits",
+                None,
+                &out[i * vocab..(i + 1) * vocab],
+                vocab,
+            );
+        }
     }
     hooks.check()
 }

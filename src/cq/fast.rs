@@ -109,7 +109,8 @@ pub struct FastInput {
 impl FastInput {
     /// Quantize `prep` (a prepared input, a whole number of blocks long) for
     /// `bits`-bit matrices: block `b`'s scale is `max(1e-12, max|x|) / 127` and its
-    /// values `clamp(round_half_even(x / scale), ±127)` (§4.3's store).
+    /// values `clamp(round_half_even(x / scale), ±127)` (§4.3's store); a block
+    /// holding a NaN gets a NaN scale, so the NaN reaches the output.
     ///
     /// # Panics
     /// If `prep.len()` is not a multiple of [`BLOCK`] or `bits` is not 1, 2 or 4.
@@ -120,7 +121,11 @@ impl FastInput {
         self.q.resize(prep.len(), 0);
         self.scales.clear();
         for (x, q) in prep.chunks_exact(BLOCK).zip(self.q.chunks_exact_mut(BLOCK)) {
-            self.scales.push(quantize_int8(x, q));
+            // A NaN would quantize to code 0 and vanish: its block's scale is NaN
+            // instead, so the matvec's output is NaN as the exact one's would be.
+            let scale = quantize_int8(x, q);
+            let nan = x.iter().any(|v| v.is_nan());
+            self.scales.push(if nan { f32::NAN } else { scale });
         }
         self.lay_out(bits);
     }

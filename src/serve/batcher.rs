@@ -117,38 +117,41 @@ pub(super) fn run(
         let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             batch.step(&refs).map(|l| l.to_vec())
         }));
-        let logits = match stepped {
-            Ok(Ok(l)) => l,
-            failure => {
-                // The pass failed (or panicked): every sequence in it fails alone.
-                let msg = match failure {
-                    Ok(Err(e)) => e.to_string(),
-                    _ => "the engine worker failed".into(),
-                };
-                for (i, _) in &work {
-                    if let Some(a) = slots[*i].take() {
-                        let _ = a.job.events.send(Event::Failed(msg.clone()));
-                        inflight.fetch_sub(1, Ordering::SeqCst);
-                    }
-                }
-                if failure_was_panic(&msg) {
-                    match make() {
-                        Ok(b) => batch = b,
-                        Err(e) => {
-                            log::error!("cannot rebuild the batch engine: {e}");
-                            return;
-                        }
-                    }
-                }
-                continue;
-            }
+        let (logits, failure, panicked) = match stepped {
+            Ok(Ok(l)) => (l, None, false),
+            Ok(Err(e)) => (Vec::new(), Some(e.to_string()), false),
+            Err(_) => (
+                Vec::new(),
+                Some("the engine worker failed".to_string()),
+                true,
+            ),
         };
-        for (k, (i, fed)) in work.iter().enumerate() {
+        if let Some(msg) = failure {
+            // The pass failed (or panicked): every sequence in it fails, alone;
+            // a panic also rebuilds the engine.
+            for (i, _) in &work {
+                if let Some(a) = slots[*i].take() {
+                    let _ = a.job.events.send(Event::Failed(msg.clone()));
+                    inflight.fetch_sub(1, Ordering::SeqCst);
+                }
+            }
+            if panicked {
+                match make() {
+                    Ok(b) => batch = b,
+                    Err(e) => {
+                        log::error!("cannot rebuild the batch engine: {e}");
+                        return;
+                    }
+                }
+            }
+            continue;
+        }
+        for (k, (i, _)) in work.iter().enumerate() {
             let Some(a) = slots[*i].as_mut() else {
                 continue;
             };
             let row = &logits[k * vocab..(k + 1) * vocab];
-            let next = advance(a, fed, row, eos, stopping);
+            let next = advance(a, row, eos, stopping);
             match next {
                 Ok(Next::Continue) => {}
                 Ok(Next::Finish(finish)) => {
@@ -170,19 +173,9 @@ pub(super) fn run(
     }
 }
 
-fn failure_was_panic(msg: &str) -> bool {
-    msg == "the engine worker failed"
-}
-
-/// After a pass that fed `fed` (whose last logits are `row`): choose the next
-/// token, emit text, decide whether the slot goes on.
-fn advance(
-    a: &mut Active<'_>,
-    fed: &[u32],
-    row: &[f32],
-    eos: u32,
-    stopping: &AtomicBool,
-) -> Result<Next> {
+/// After a pass whose last logits for this slot are `row`: feed more prompt, or
+/// choose the next token and emit its text; say whether the slot goes on.
+fn advance(a: &mut Active<'_>, row: &[f32], eos: u32, stopping: &AtomicBool) -> Result<Next> {
     if stopping.load(Ordering::Relaxed) {
         return Ok(Next::Finish(Finish::Length));
     }
@@ -195,7 +188,6 @@ fn advance(
         a.feed = a.prompt.drain(..n).collect();
         return Ok(Next::Continue);
     }
-    let _ = fed;
     if !a.started {
         // The constraint's forced start, fed as its own chunk before any choice.
         a.started = true;

@@ -547,6 +547,8 @@ async fn respond(st: Arc<AppState>, p: Prepared, kind: Kind) -> Result<Response,
         stream,
         include_usage,
     } = p;
+    // Tool-constrained output is held back until it is known to be calls or text.
+    let streamed_text = job.stream_text;
     st.submit(job)?;
     let (prefix, object, chunk_object) = match kind {
         Kind::Chat => ("chatcmpl", "chat.completion", "chat.completion.chunk"),
@@ -639,17 +641,25 @@ async fn respond(st: Arc<AppState>, p: Prepared, kind: Kind) -> Result<Response,
                 Some(Event::Done {
                     finish,
                     completion_tokens,
-                    text,
                     tool_calls,
+                    text,
                 }) => {
                     if kind == Kind::Chat {
+                        // Held-back output: the calls, or (auto, no call) the text.
                         let calls = tool_calls_json(&tool_calls, &id);
-                        // Tool-constrained output is sent whole at the end.
-                        let _ = &text;
-                        if !calls.is_empty()
-                            && !send(chunk(json!({"index": 0, "delta": {"tool_calls": calls}, "finish_reason": null}))).await
-                        {
-                            return;
+                        let delta = if !calls.is_empty() {
+                            Some(json!({"tool_calls": calls}))
+                        } else if !streamed_text && !text.is_empty() {
+                            Some(json!({"content": text}))
+                        } else {
+                            None
+                        };
+                        if let Some(delta) = delta {
+                            let c =
+                                chunk(json!({"index": 0, "delta": delta, "finish_reason": null}));
+                            if !send(c).await {
+                                return;
+                            }
                         }
                     }
                     let last = match kind {

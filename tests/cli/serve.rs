@@ -419,3 +419,48 @@ fn an_archive_chat_template_is_stored_and_rendered() {
     let want = tok.encode("<<user>>Hello there[answer]").unwrap().len();
     assert_eq!(v["usage"]["prompt_tokens"], want, "{v}");
 }
+
+#[test]
+fn an_engine_failure_is_a_500_for_that_request_and_the_server_keeps_serving() {
+    // A model whose logits are NaN (final_norm poisoned): every generation fails
+    // in the engine; each request gets a 500 in the OpenAI shape (streamed: an
+    // error event), and the server still answers the next one.
+    let b = cqlm::builtin::model().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nan.cqlm");
+    let mut tensors =
+        cqlm::synth::synth_tensors(&b.config, &cqlm::cq::BitsPlan::uniform(4, 128), 2);
+    match tensors.get_mut("final_norm") {
+        Some(cqlm::archive::Tensor::F32 { data, .. }) => {
+            data.iter_mut().for_each(|v| *v = f32::NAN)
+        }
+        _ => panic!("final_norm is a dense tensor"),
+    }
+    cqlm::archive::write_archive_file(&path, &b.config, b.tokenizer.as_deref(), &tensors).unwrap();
+    for extra in [&[][..], &["--no-batch"][..]] {
+        let mut args = vec!["--model", path.to_str().unwrap()];
+        args.extend(extra);
+        let s = start(&args);
+        for _ in 0..2 {
+            let (status, v) = post(
+                &s.addr,
+                "/v1/completions",
+                &json!({"prompt": "x", "max_tokens": 3}),
+            );
+            assert_eq!(status, 500, "{extra:?}: {v}");
+            assert!(is_error(&v) && v["error"]["type"] == "server_error", "{v}");
+        }
+        let (status, _, b) = http(
+            &s.addr,
+            "POST",
+            "/v1/chat/completions",
+            &[],
+            json!({"messages": [{"role": "user", "content": "x"}], "stream": true})
+                .to_string()
+                .as_bytes(),
+        );
+        assert_eq!(status, 200);
+        assert!(b.contains("\"error\""), "{b}");
+        assert_eq!(http(&s.addr, "GET", "/health", &[], b"").0, 200);
+    }
+}

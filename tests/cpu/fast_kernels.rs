@@ -196,3 +196,23 @@ fn int8_quantization_simd_equals_its_scalar_loop() {
         assert_eq!(a, b, "codes of {x:?}");
     }
 }
+
+#[test]
+fn a_nan_input_gives_nan_outputs_in_every_fast_kernel() {
+    // quantize_int8 turns a NaN into code 0; the fast input marks its block
+    // instead, so the NaN reaches every row (as in the exact matvec) rather than
+    // vanishing into a finite result.
+    let mut rng = ChaCha8Rng::seed_from_u64(65);
+    for bits in [1u32, 2, 4] {
+        let m = random_matrix(&mut rng, 9, 256, bits, 128);
+        let mut prep: Vec<f32> = (0..256).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        prep[77] = f32::NAN;
+        let mut q = FastInput::default();
+        q.quantize(&prep, bits);
+        for &k in FastKernel::available() {
+            let mut out = vec![0.0f32; 9];
+            m.matvec_rows_fast(k, &q, 0, &mut out);
+            assert!(out.iter().all(|v| v.is_nan()), "{k:?} bits {bits}: {out:?}");
+        }
+    }
+}

@@ -77,6 +77,18 @@ json.loads(args[0])
 r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello"}],
                                    tools=tools, tool_choice="auto", max_tokens=12, temperature=0)
 assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+# Streamed auto: the same output, text or call, as the non-streamed one.
+text, calls = "", []
+for chunk in client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello"}],
+                                            tools=tools, tool_choice="auto", max_tokens=12,
+                                            temperature=0, stream=True):
+    if chunk.choices:
+        text += chunk.choices[0].delta.content or ""
+        calls += chunk.choices[0].delta.tool_calls or []
+if r.choices[0].finish_reason == "tool_calls":
+    assert calls and calls[0].function.name == r.choices[0].message.tool_calls[0].function.name
+else:
+    assert text == r.choices[0].message.content, (text, r.choices[0].message.content)
 
 # Errors the client must raise.
 try:
