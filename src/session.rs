@@ -75,8 +75,9 @@ impl ConstraintStats {
 /// What the main thread asks the constraint's side thread.
 enum ToSide {
     /// Commit this chosen token; answer with the forced tokens that follow and
-    /// whether the output is complete, then compute the next mask.
-    Commit(u32),
+    /// whether the output is complete, then compute the next mask into the mask
+    /// handed back (the last one, so no step allocates a mask).
+    Commit(u32, TokenMask),
 }
 
 /// What the side thread answers.
@@ -413,9 +414,8 @@ impl Session {
             // (the scope waits for it).
             let to_side = to_side;
             scope.spawn(move || {
-                let mask_of = |c: &mut Constraint| {
+                let mask_of = |c: &mut Constraint, mut m: TokenMask| {
                     let t0 = Instant::now();
-                    let mut m = TokenMask::none(vocab);
                     let r = c.mask_into(&mut m).map(|_| m);
                     FromSide::Mask(r, t0.elapsed().as_secs_f64())
                 };
@@ -425,10 +425,14 @@ impl Session {
                 if side_out.send(FromSide::Forced(Ok((first, done)))).is_err() {
                     return;
                 }
-                if !done && side_out.send(mask_of(constraint)).is_err() {
+                if !done
+                    && side_out
+                        .send(mask_of(constraint, TokenMask::none(vocab)))
+                        .is_err()
+                {
                     return;
                 }
-                while let Ok(ToSide::Commit(t)) = side_in.recv() {
+                while let Ok(ToSide::Commit(t, buf)) = side_in.recv() {
                     let r = constraint.commit(t).map(|_| {
                         let ff = constraint.take_forced();
                         (ff, constraint.is_stopped())
@@ -437,20 +441,22 @@ impl Session {
                     if side_out.send(FromSide::Forced(r)).is_err() || !go_on {
                         return;
                     }
-                    if side_out.send(mask_of(constraint)).is_err() {
+                    if side_out.send(mask_of(constraint, buf)).is_err() {
                         return;
                     }
                 }
             });
             let mut emitted = 0usize;
             let mut chosen: Option<u32> = None;
+            let mut chunk: Vec<u32> = Vec::new();
             loop {
                 let Ok(FromSide::Forced(r)) = from_side.recv() else {
                     return Err(side_error());
                 };
                 let (forced, done) = r?;
                 stats.forced += forced.len();
-                let mut chunk: Vec<u32> = chosen.take().into_iter().chain(forced).collect();
+                chunk.clear();
+                chunk.extend(chosen.take().into_iter().chain(forced));
                 chunk.truncate(n - emitted);
                 // The engine steps the chunk (returning at once on the GPU) while
                 // the side thread computes the next mask.
@@ -485,7 +491,7 @@ impl Session {
                     return Ok(Stop::Complete);
                 }
                 chosen = Some(next);
-                if to_side.send(ToSide::Commit(next)).is_err() {
+                if to_side.send(ToSide::Commit(next, mask)).is_err() {
                     return Err(side_error());
                 }
             }

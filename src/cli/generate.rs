@@ -6,7 +6,7 @@ use cqlm::constrain::{ConstraintSpec, JsonWhitespace, TokenSpace, ToolSet};
 use cqlm::sample::{Sampler, SamplerConfig};
 use cqlm::session::Session;
 use cqlm::session::Stop;
-use cqlm::tokenizer::TextTokenizer;
+use cqlm::tokenizer::{TextStream, TextTokenizer};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -153,60 +153,31 @@ fn bar(len: u64, msg: &str) -> ProgressBar {
 /// Prints decoded text as it grows, never splitting a character and holding back
 /// what could still become a stop string.
 struct Streamer<'a> {
-    tok: Option<&'a TextTokenizer>,
-    stops: &'a [String],
-    ids: Vec<u32>,
-    printed: usize,
-    hit_stop: bool,
+    /// The text so far, when the archive has a tokenizer (else ids are printed).
+    text: Option<TextStream<'a>>,
 }
 
 impl Streamer<'_> {
     fn push(&mut self, id: u32, out: &mut impl Write) -> Result<()> {
-        let Some(tok) = self.tok else {
+        let Some(text) = self.text.as_mut() else {
             write!(out, "{id} ")?;
             return Ok(out.flush()?);
         };
-        self.ids.push(id);
-        let text = tok.decode(&self.ids)?;
-        if text.ends_with('\u{FFFD}') {
-            return Ok(()); // an incomplete multi-byte character: wait for more bytes
-        }
-        if let Some(at) = self
-            .stops
-            .iter()
-            .filter_map(|s| text.find(s.as_str()))
-            .min()
-        {
-            self.hit_stop = true;
-            return self.emit(&text, at, out);
-        }
-        let hold = self
-            .stops
-            .iter()
-            .map(|s| s.len().saturating_sub(1))
-            .max()
-            .unwrap_or(0);
-        let mut end = text.len().saturating_sub(hold);
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        self.emit(&text, end, out)
-    }
-
-    fn emit(&mut self, text: &str, end: usize, out: &mut impl Write) -> Result<()> {
-        if end > self.printed && text.is_char_boundary(self.printed) {
-            out.write_all(&text.as_bytes()[self.printed..end])?;
+        if let Some(delta) = text.push(id)? {
+            out.write_all(delta.as_bytes())?;
             out.flush()?;
-            self.printed = end;
         }
         Ok(())
     }
 
+    /// Whether a stop string has appeared.
+    fn hit_stop(&self) -> bool {
+        self.text.as_ref().is_some_and(TextStream::stopped)
+    }
+
     fn finish(&mut self, out: &mut impl Write) -> Result<()> {
-        if let (Some(tok), false) = (self.tok, self.hit_stop) {
-            let text = tok.decode(&self.ids)?;
-            let end = text.len();
-            self.emit(&text, end, out)?;
+        if let Some(text) = &self.text {
+            out.write_all(text.rest()?.as_bytes())?;
         }
         writeln!(out)?;
         Ok(())
@@ -271,11 +242,7 @@ pub fn run(a: Args) -> Result<()> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let mut streamer = Streamer {
-        tok: tok.as_ref(),
-        stops: &a.stop,
-        ids: Vec::new(),
-        printed: 0,
-        hit_stop: false,
+        text: tok.as_ref().map(|t| TextStream::new(t, a.stop.clone())),
     };
     let t1 = Instant::now();
     let mut generated = 0usize;
@@ -286,7 +253,7 @@ pub fn run(a: Args) -> Result<()> {
             error = Some(e);
             return false;
         }
-        !streamer.hit_stop && !INTERRUPTED.load(Ordering::SeqCst)
+        !streamer.hit_stop() && !INTERRUPTED.load(Ordering::SeqCst)
     };
     let mut stop = Stop::Length;
     let mut constrained = None;

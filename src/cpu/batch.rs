@@ -19,6 +19,8 @@ pub struct CpuBatch {
     states: Vec<State>,
     scratch: Scratch,
     logits: Vec<f32>,
+    /// Work items of the last step (its logits are `[items, vocab]`).
+    items: usize,
 }
 
 impl std::fmt::Debug for CpuBatch {
@@ -47,6 +49,7 @@ impl CpuBatch {
             model,
             states,
             scratch,
+            items: 0,
         })
     }
 
@@ -108,6 +111,7 @@ impl CpuBatch {
                 return Err(Error::TokenOutOfRange { token, vocab });
             }
         }
+        self.items = 0;
         if self.logits.len() < work.len() * vocab {
             self.logits = alloc("logits", work.len() * vocab)?;
         }
@@ -128,6 +132,13 @@ impl CpuBatch {
             &mut StepHooks::new(None, None),
             Some(out),
         )?;
+        self.items = work.len();
         Ok(&self.logits[..work.len() * vocab])
+    }
+
+    /// The logits of the last [`CpuBatch::step`] that succeeded, `[items, vocab]`
+    /// (empty before any).
+    pub fn last_logits(&self) -> &[f32] {
+        &self.logits[..self.items * self.model.config.vocab]
     }
 }

@@ -5,11 +5,12 @@
 //! own sampler, constraint and stop strings, and its tokens are what a session
 //! alone would choose (the batched pass is bit-identical per sequence).
 
-use super::worker::{Event, Finish, Job, Text};
+use super::worker::{Event, Finish, Job};
 use crate::constrain::TokenMask;
 use crate::cpu::CpuBatch;
 use crate::error::Result;
 use crate::sample::Sampler;
+use crate::tokenizer::TextStream;
 use crate::tokenizer::TextTokenizer;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Mutex};
@@ -31,7 +32,7 @@ struct Active<'t> {
     feed: Vec<u32>,
     /// Prompt and generated ids (the repetition penalty's history).
     history: Vec<u32>,
-    text: Text<'t>,
+    text: TextStream<'t>,
     /// Whether the constraint's forced start has been taken.
     started: bool,
     mask: TokenMask,
@@ -96,7 +97,7 @@ pub(super) fn run(
                     sampler,
                     prompt,
                     feed,
-                    text: Text::new(tok, job.stops.clone()),
+                    text: TextStream::new(tok, job.stops.clone()),
                     started: job.constraint.is_none(),
                     mask: TokenMask::none(vocab),
                     masked: Vec::new(),
@@ -115,16 +116,12 @@ pub(super) fn run(
         }
         let refs: Vec<(usize, &[u32])> = work.iter().map(|(i, f)| (*i, &f[..])).collect();
         let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            batch.step(&refs).map(|l| l.to_vec())
+            batch.step(&refs).map(|_| ())
         }));
-        let (logits, failure, panicked) = match stepped {
-            Ok(Ok(l)) => (l, None, false),
-            Ok(Err(e)) => (Vec::new(), Some(e.to_string()), false),
-            Err(_) => (
-                Vec::new(),
-                Some("the engine worker failed".to_string()),
-                true,
-            ),
+        let (failure, panicked) = match stepped {
+            Ok(Ok(())) => (None, false),
+            Ok(Err(e)) => (Some(e.to_string()), false),
+            Err(_) => (Some("the engine worker failed".to_string()), true),
         };
         if let Some(msg) = failure {
             // The pass failed (or panicked): every sequence in it fails, alone;
@@ -146,6 +143,7 @@ pub(super) fn run(
             }
             continue;
         }
+        let logits = batch.last_logits();
         for (k, (i, _)) in work.iter().enumerate() {
             let Some(a) = slots[*i].as_mut() else {
                 continue;

@@ -9,7 +9,7 @@ use crate::constrain::{Constraint, ToolCall};
 use crate::error::Result;
 use crate::sample::{Sampler, SamplerConfig};
 use crate::session::{Session, Stop};
-use crate::tokenizer::TextTokenizer;
+use crate::tokenizer::{TextStream, TextTokenizer};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use tokio::sync::mpsc::UnboundedSender;
@@ -213,85 +213,6 @@ fn worker(
     }
 }
 
-/// Text generated so far, emitted without splitting a character and holding back
-/// what could still become a stop string.
-pub(super) struct Text<'a> {
-    tok: &'a TextTokenizer,
-    stops: Vec<String>,
-    ids: Vec<u32>,
-    sent: usize,
-    stopped_at: Option<usize>,
-}
-
-impl<'a> Text<'a> {
-    /// No text yet, with these stop strings.
-    pub(super) fn new(tok: &'a TextTokenizer, stops: Vec<String>) -> Text<'a> {
-        Text {
-            tok,
-            stops,
-            ids: Vec::new(),
-            sent: 0,
-            stopped_at: None,
-        }
-    }
-
-    /// Tokens pushed.
-    pub(super) fn len(&self) -> usize {
-        self.ids.len()
-    }
-
-    /// Whether a stop string has appeared.
-    pub(super) fn stopped(&self) -> bool {
-        self.stopped_at.is_some()
-    }
-
-    /// Add `id`; the new text that may be sent.
-    pub(super) fn push(&mut self, id: u32) -> Result<Option<String>> {
-        self.ids.push(id);
-        let text = self.tok.decode(&self.ids)?;
-        if text.ends_with('\u{FFFD}') {
-            return Ok(None);
-        }
-        if let Some(at) = self
-            .stops
-            .iter()
-            .filter_map(|s| text.find(s.as_str()))
-            .min()
-        {
-            self.stopped_at = Some(at);
-            return Ok(self.take(&text, at));
-        }
-        let hold = self
-            .stops
-            .iter()
-            .map(|s| s.len().saturating_sub(1))
-            .max()
-            .unwrap_or(0);
-        let mut end = text.len().saturating_sub(hold);
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        Ok(self.take(&text, end))
-    }
-
-    fn take(&mut self, text: &str, end: usize) -> Option<String> {
-        (end > self.sent && text.is_char_boundary(self.sent)).then(|| {
-            let s = text[self.sent..end].to_string();
-            self.sent = end;
-            s
-        })
-    }
-
-    /// The whole text (up to a stop string).
-    pub(super) fn full(&self) -> Result<String> {
-        let text = self.tok.decode(&self.ids)?;
-        Ok(match self.stopped_at {
-            Some(at) => text[..at].to_string(),
-            None => text,
-        })
-    }
-}
-
 fn run_job(
     session: &mut Session,
     job: Job,
@@ -310,7 +231,7 @@ fn run_job(
     session.reset();
     session.prefill(&ids)?;
     let mut sampler = Sampler::new(sampler)?;
-    let mut text = Text::new(tok, stops);
+    let mut text = TextStream::new(tok, stops);
     let mut failed = None;
     let mut gone = false;
     let mut on_token = |id: u32| {
@@ -335,7 +256,7 @@ fn run_job(
                 return false;
             }
         }
-        text.stopped_at.is_none()
+        !text.stopped()
     };
     let stop = match constraint.as_mut() {
         Some(c) => {
@@ -365,7 +286,7 @@ fn run_job(
     }
     let _ = events.send(Event::Done {
         finish,
-        completion_tokens: text.ids.len(),
+        completion_tokens: text.len(),
         text: full,
         tool_calls,
     });

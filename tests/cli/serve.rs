@@ -464,3 +464,42 @@ fn an_engine_failure_is_a_500_for_that_request_and_the_server_keeps_serving() {
         assert_eq!(http(&s.addr, "GET", "/health", &[], b"").0, 200);
     }
 }
+
+#[test]
+fn sigterm_ends_running_streams_and_shuts_down_cleanly() {
+    let mut s = start(&[]);
+    let addr = s.addr.clone();
+    let stream = std::thread::spawn(move || {
+        let body = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 100000, "stream": true});
+        http(
+            &addr,
+            "POST",
+            "/v1/chat/completions",
+            &[],
+            body.to_string().as_bytes(),
+        )
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let pid = s.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = s.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "the server did not stop"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+    // The running stream ended (its worker stopped at the next token).
+    let (code, _, body) = stream.join().unwrap();
+    assert_eq!(code, 200);
+    assert!(body.contains("data: "), "{body}");
+}

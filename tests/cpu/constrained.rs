@@ -239,6 +239,46 @@ fn bounded_whitespace_is_bounded() {
 }
 
 #[test]
+fn the_whitespace_bound_is_in_the_grammar() {
+    // Independent of what a model happens to write: after the forced `{`, a
+    // space is allowed only with a whitespace bound, and never a third in a row
+    // with a bound of 2.
+    let model = builtin();
+    let space = TokenSpace::for_model(&model).unwrap();
+    let tok = TextTokenizer::for_model(&model).unwrap();
+    let ids = tok.encode(" ").unwrap();
+    assert_eq!(ids.len(), 2, "BOS and one space token");
+    let sp = ids[1];
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}},
+        "required": ["a"], "additionalProperties": false});
+    let mut mask = cqlm::constrain::TokenMask::none(model.config.vocab);
+    for (bound, runs) in [(0usize, 0usize), (2, 2)] {
+        let spec = ConstraintSpec::JsonSchema {
+            schema: schema.clone(),
+            whitespace: JsonWhitespace(bound),
+        };
+        let mut c = space.compile(&spec).unwrap();
+        let forced = tok.decode(&c.take_forced()).unwrap();
+        assert!(
+            forced.starts_with('{') && !forced.contains(' '),
+            "{forced:?}"
+        );
+        for i in 0..=runs {
+            c.mask_into(&mut mask).unwrap();
+            let allowed = mask.is_allowed(sp);
+            assert_eq!(
+                allowed,
+                i < runs,
+                "bound {bound}: space {i} after {forced:?}"
+            );
+            if allowed {
+                c.commit(sp).unwrap();
+            }
+        }
+    }
+}
+
+#[test]
 fn regex_outputs_match_as_a_whole() {
     let model = builtin();
     let space = TokenSpace::for_model(&model).unwrap();

@@ -1,0 +1,263 @@
+//! Reading a request: the body parsed with the field at fault named, the
+//! sampling settings and limits checked, the constraint compiled, the job queued.
+
+use super::*;
+
+/// The body as JSON, or a 400 (413 past [`MAX_BODY`]).
+pub(super) fn parse_json(body: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
+    let bytes = body.map_err(|r| {
+        let status = r.status();
+        let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
+            format!("the request body is over {MAX_BODY} bytes")
+        } else {
+            r.body_text()
+        };
+        ApiError {
+            status,
+            message,
+            param: None,
+            code: None,
+        }
+    })?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad(format!("the request body is not JSON: {e}"), None))
+}
+
+/// `v` as `T`, or a 400 naming the field at fault.
+pub(super) fn typed<T: serde::de::DeserializeOwned>(v: &Value) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(v).map_err(|e| {
+        let path = e.path().to_string();
+        let param = (path != ".").then_some(path);
+        let at = param
+            .as_deref()
+            .map(|p| format!(" at `{p}`"))
+            .unwrap_or_default();
+        ApiError::bad(
+            format!("malformed request{at}: {}", e.inner()),
+            param.as_deref(),
+        )
+    })
+}
+
+/// The body as `T`: its sampling fields checked first on their own (so an error
+/// there names its field, which a flattened struct would not).
+pub(super) fn parse<T: serde::de::DeserializeOwned>(
+    body: Result<Bytes, BytesRejection>,
+) -> Result<T, ApiError> {
+    let v = parse_json(body)?;
+    if !v.is_object() {
+        return Err(ApiError::bad(
+            "the request body must be a JSON object",
+            None,
+        ));
+    }
+    typed::<Sampling>(&v)?;
+    typed(&v)
+}
+
+/// A prepared request: the job's settings and where its events come back.
+pub(super) struct Prepared {
+    /// The job for a worker.
+    pub(super) job: Job,
+    /// Where its events come back.
+    pub(super) events: mpsc::UnboundedReceiver<Event>,
+    /// Tokens of the prompt (for `usage`).
+    pub(super) prompt_tokens: usize,
+    /// Answer with server-sent events.
+    pub(super) stream: bool,
+    /// Add the usage chunk to the stream.
+    pub(super) include_usage: bool,
+}
+
+impl AppState {
+    /// The sampling settings, limits and model check of `s`, for `ids`.
+    pub(super) fn prepare(
+        &self,
+        s: &Sampling,
+        ids: Vec<u32>,
+        constraint: Option<crate::constrain::Constraint>,
+        stream_text: bool,
+        prompt_param: &str,
+    ) -> Result<Prepared, ApiError> {
+        if let Some(n) = s.n {
+            if n != 1 {
+                return Err(ApiError::bad(
+                    format!("n = {n}: only n = 1 is supported"),
+                    Some("n"),
+                ));
+            }
+        }
+        if let Some(m) = &s.model {
+            if m != &self.opts.model_id {
+                return Err(ApiError {
+                    status: StatusCode::NOT_FOUND,
+                    message: format!(
+                        "the model `{m}` does not exist (this server runs `{}`)",
+                        self.opts.model_id
+                    ),
+                    param: Some("model".into()),
+                    code: Some("model_not_found"),
+                });
+            }
+        }
+        if ids.len() > self.opts.ctx_tokens {
+            return Err(ApiError::bad(
+                format!(
+                    "the prompt has {} tokens, over this server's limit of {} (--ctx-tokens)",
+                    ids.len(),
+                    self.opts.ctx_tokens
+                ),
+                Some(prompt_param),
+            ));
+        }
+        let max_tokens = match s.max_completion_tokens.or(s.max_tokens) {
+            Some(0) => {
+                return Err(ApiError::bad(
+                    "max_tokens must be at least 1",
+                    Some("max_tokens"),
+                ))
+            }
+            Some(n) => n as usize,
+            None => self.opts.default_max_tokens,
+        };
+        let cfg = SamplerConfig {
+            temperature: s.temperature.unwrap_or(1.0),
+            top_p: s.top_p.unwrap_or(1.0),
+            top_k: s.top_k.unwrap_or(0),
+            repeat_penalty: s.repeat_penalty.unwrap_or(1.0),
+            seed: s.seed.map_or(0, |v| v as u64),
+            ..SamplerConfig::default()
+        };
+        if let Err(e) = Sampler::new(cfg.clone()) {
+            let msg = e.to_string();
+            let param = ["temperature", "top-p", "repeat penalty"]
+                .iter()
+                .zip(["temperature", "top_p", "repeat_penalty"])
+                .find(|(k, _)| msg.contains(**k))
+                .map(|(_, p)| p);
+            return Err(ApiError::bad(msg, param));
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let prompt_tokens = ids.len();
+        Ok(Prepared {
+            job: Job {
+                ids,
+                sampler: cfg,
+                max_tokens,
+                stops: s.stop.as_ref().map(|v| v.strings()).unwrap_or_default(),
+                constraint,
+                stream_text,
+                events: tx,
+            },
+            events: rx,
+            prompt_tokens,
+            stream: s.stream.unwrap_or(false),
+            include_usage: s.stream_options.as_ref().is_some_and(|o| o.include_usage),
+        })
+    }
+
+    /// Compile `spec` (a 400 naming `param` when it can't be).
+    pub(super) fn compile(
+        &self,
+        spec: &ConstraintSpec,
+        param: &str,
+    ) -> Result<crate::constrain::Constraint, ApiError> {
+        self.space
+            .compile(spec)
+            .map_err(|e| ApiError::bad(e.to_string(), Some(param)))
+    }
+
+    pub(super) fn submit(&self, job: Job) -> Result<(), ApiError> {
+        if self.workers.submit(job) {
+            return Ok(());
+        }
+        Err(ApiError::status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is busy (every sequence and queue place taken); retry later",
+            "server_busy",
+        ))
+    }
+}
+
+/// The constraint of a chat request: `response_format` or the tools.
+pub(super) fn chat_constraint(
+    st: &AppState,
+    r: &ChatRequest,
+) -> Result<(Option<crate::constrain::Constraint>, bool), ApiError> {
+    let choice =
+        match &r.tool_choice {
+            None => ToolChoice::Auto,
+            Some(Value::String(s)) => match s.as_str() {
+                "auto" | "required" | "none" => s
+                    .parse()
+                    .map_err(|e: crate::Error| ApiError::bad(e.to_string(), Some("tool_choice")))?,
+                other => {
+                    return Err(ApiError::bad(
+                        format!(
+                    "tool_choice `{other}`: auto, required, none or an object naming a function"
+                ),
+                        Some("tool_choice"),
+                    ))
+                }
+            },
+            Some(v) => match v.pointer("/function/name").and_then(Value::as_str) {
+                Some(n) if v.get("type").and_then(Value::as_str) == Some("function") => {
+                    ToolChoice::Function(n.to_string())
+                }
+                _ => return Err(ApiError::bad(
+                    "tool_choice: expected {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                    Some("tool_choice"),
+                )),
+            },
+        };
+    let tools = match &r.tools {
+        Some(t) if choice != ToolChoice::None => {
+            Some(ToolSet::from_openai(t).map_err(|e| ApiError::bad(e.to_string(), Some("tools")))?)
+        }
+        _ => None,
+    };
+    let format = match &r.response_format {
+        None => None,
+        Some(f) => match f.get("type").and_then(Value::as_str) {
+            Some("text") => None,
+            Some("json_object") => Some(json!({"type": "object"})),
+            Some("json_schema") => {
+                let s = f
+                    .pointer("/json_schema/schema")
+                    .or_else(|| f.get("schema"))
+                    .cloned();
+                Some(s.ok_or_else(|| {
+                    ApiError::bad(
+                        "response_format json_schema needs json_schema.schema",
+                        Some("response_format.json_schema.schema"),
+                    )
+                })?)
+            }
+            _ => {
+                return Err(ApiError::bad(
+                    "response_format.type: text, json_object or json_schema",
+                    Some("response_format.type"),
+                ))
+            }
+        },
+    };
+    match (tools, format) {
+        (Some(_), Some(_)) => Err(ApiError::bad(
+            "response_format and tools cannot both shape the output (set tool_choice to none)",
+            Some("response_format"),
+        )),
+        (Some(tools), None) => {
+            let spec = ConstraintSpec::Tools {
+                tools,
+                choice,
+                parallel: r.parallel_tool_calls.unwrap_or(false),
+            };
+            Ok((Some(st.compile(&spec, "tools")?), false))
+        }
+        (None, Some(schema)) => Ok((
+            Some(st.compile(&ConstraintSpec::json_schema(schema), "response_format")?),
+            true,
+        )),
+        (None, None) => Ok((None, true)),
+    }
+}

@@ -1,0 +1,199 @@
+//! Answering a request: the whole response, or its server-sent events, built
+//! from the worker's events in the OpenAI wire format.
+
+use super::*;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    /// `/v1/chat/completions`.
+    Chat,
+    /// `/v1/completions`.
+    Completion,
+}
+
+fn tool_calls_json(calls: &[crate::constrain::ToolCall], id: &str) -> Vec<Value> {
+    calls
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            json!({
+                "index": i,
+                "id": format!("call_{id}_{i}"),
+                "type": "function",
+                "function": {"name": c.name, "arguments": serde_json::to_string(&c.arguments).unwrap_or_default()}
+            })
+        })
+        .collect()
+}
+
+pub(super) async fn respond(
+    st: Arc<AppState>,
+    p: Prepared,
+    kind: Kind,
+) -> Result<Response, ApiError> {
+    let Prepared {
+        job,
+        mut events,
+        prompt_tokens,
+        stream,
+        include_usage,
+    } = p;
+    // Tool-constrained output is held back until it is known to be calls or text.
+    let streamed_text = job.stream_text;
+    st.submit(job)?;
+    let (prefix, object, chunk_object) = match kind {
+        Kind::Chat => ("chatcmpl", "chat.completion", "chat.completion.chunk"),
+        Kind::Completion => ("cmpl", "text_completion", "text_completion"),
+    };
+    let id = st.next_id(prefix);
+    let created = now();
+    let model = st.opts.model_id.clone();
+    let usage = move |n: usize| Usage {
+        prompt_tokens,
+        completion_tokens: n,
+        total_tokens: prompt_tokens + n,
+    };
+    if !stream {
+        loop {
+            match events.recv().await {
+                Some(Event::Text(_)) => {}
+                Some(Event::Done {
+                    finish,
+                    completion_tokens,
+                    text,
+                    tool_calls,
+                }) => {
+                    let choice = match kind {
+                        Kind::Chat => {
+                            let calls = tool_calls_json(&tool_calls, &id);
+                            let mut message = json!({"role": "assistant", "content": if calls.is_empty() { Value::String(text) } else { Value::Null }});
+                            if !calls.is_empty() {
+                                message["tool_calls"] = Value::Array(calls);
+                            }
+                            json!({"index": 0, "message": message, "finish_reason": finish.reason(), "logprobs": null})
+                        }
+                        Kind::Completion => {
+                            json!({"index": 0, "text": text, "finish_reason": finish.reason(), "logprobs": null})
+                        }
+                    };
+                    let body = json!({"id": id, "object": object, "created": created, "model": model,
+                        "choices": [choice], "usage": usage(completion_tokens)});
+                    return Ok(Json(body).into_response());
+                }
+                Some(Event::Failed(e)) => {
+                    return Err(ApiError::status(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        format!("the engine failed on this request: {e}"),
+                        "engine_error",
+                    ))
+                }
+                None => {
+                    return Err(ApiError::status(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "the request was dropped by its worker",
+                        "engine_error",
+                    ))
+                }
+            }
+        }
+    }
+    // Streamed: a forwarder turns the worker's events into SSE events; a client
+    // that hangs up drops the stream, so the forwarder and then the job stop.
+    let (tx, rx) = mpsc::channel::<Result<SseEvent, std::convert::Infallible>>(64);
+    tokio::spawn(async move {
+        let chunk = |choice: Value| json!({"id": id, "object": chunk_object, "created": created, "model": model, "choices": [choice]});
+        let send = |v: Value| {
+            let tx = tx.clone();
+            async move {
+                tx.send(Ok(SseEvent::default().data(v.to_string())))
+                    .await
+                    .is_ok()
+            }
+        };
+        if kind == Kind::Chat && !send(chunk(json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}))).await {
+            return;
+        }
+        loop {
+            let ok = match events.recv().await {
+                Some(Event::Text(t)) => {
+                    match kind {
+                        Kind::Chat => {
+                            send(chunk(
+                                json!({"index": 0, "delta": {"content": t}, "finish_reason": null}),
+                            ))
+                            .await
+                        }
+                        Kind::Completion => send(chunk(
+                            json!({"index": 0, "text": t, "finish_reason": null, "logprobs": null}),
+                        ))
+                        .await,
+                    }
+                }
+                Some(Event::Done {
+                    finish,
+                    completion_tokens,
+                    tool_calls,
+                    text,
+                }) => {
+                    if kind == Kind::Chat {
+                        // Held-back output: the calls, or (auto, no call) the text.
+                        let calls = tool_calls_json(&tool_calls, &id);
+                        let delta = if !calls.is_empty() {
+                            Some(json!({"tool_calls": calls}))
+                        } else if !streamed_text && !text.is_empty() {
+                            Some(json!({"content": text}))
+                        } else {
+                            None
+                        };
+                        if let Some(delta) = delta {
+                            let c =
+                                chunk(json!({"index": 0, "delta": delta, "finish_reason": null}));
+                            if !send(c).await {
+                                return;
+                            }
+                        }
+                    }
+                    let last = match kind {
+                        Kind::Chat => {
+                            json!({"index": 0, "delta": {}, "finish_reason": finish.reason()})
+                        }
+                        Kind::Completion => {
+                            json!({"index": 0, "text": "", "finish_reason": finish.reason(), "logprobs": null})
+                        }
+                    };
+                    if !send(chunk(last)).await {
+                        return;
+                    }
+                    if include_usage {
+                        let mut u = chunk(json!(null));
+                        u["choices"] = json!([]);
+                        u["usage"] =
+                            serde_json::to_value(usage(completion_tokens)).unwrap_or_default();
+                        if !send(u).await {
+                            return;
+                        }
+                    }
+                    let _ = tx.send(Ok(SseEvent::default().data("[DONE]"))).await;
+                    return;
+                }
+                Some(Event::Failed(e)) => {
+                    let err = ApiError::status(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        format!("the engine failed on this request: {e}"),
+                        "engine_error",
+                    );
+                    let _ = send(serde_json::to_value(err.body()).unwrap_or_default()).await;
+                    return;
+                }
+                None => return,
+            };
+            if !ok {
+                return;
+            }
+        }
+    });
+    let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+    Ok(Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response())
+}
