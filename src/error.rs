@@ -95,6 +95,14 @@ pub enum ArchiveError {
     /// The safetensors container itself is malformed (header, JSON, offsets).
     #[error("not a valid safetensors file: {0}")]
     Format(String),
+    /// A `cqlm.*` metadata entry other than the config is malformed.
+    #[error("metadata `{key}`: {reason}")]
+    Metadata {
+        /// The metadata key.
+        key: String,
+        /// What is wrong with its value.
+        reason: String,
+    },
     /// `__metadata__` has no `cqlm.config`.
     #[error("metadata key `cqlm.config` is missing")]
     MissingConfig,

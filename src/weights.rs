@@ -2,6 +2,7 @@
 
 use crate::archive::{self, engram_table_names, RawArchive, Tensor};
 use crate::config::Config;
+use crate::constrain::ToolMarkers;
 use crate::cq::CqMatrix;
 use crate::error::{ArchiveError, Error, Result};
 use std::collections::BTreeMap;
@@ -115,6 +116,8 @@ pub struct Model {
     pub tokenizer: Option<String>,
     /// The embedded chat template (`cqlm.chat_template`), if any.
     pub chat_template: Option<String>,
+    /// The tool-call markers the archive names (`cqlm.tool_call_markers`), if any.
+    pub tool_markers: Option<ToolMarkers>,
 }
 
 struct Take<'a> {
@@ -170,6 +173,7 @@ impl Model {
             config,
             tokenizer,
             chat_template,
+            tool_markers,
             mut tensors,
         } = raw;
         let mut t = Take { map: &mut tensors };
@@ -240,6 +244,7 @@ impl Model {
             weights,
             tokenizer,
             chat_template,
+            tool_markers: tool_markers.map(|(start, end)| ToolMarkers { start, end }),
         })
     }
 

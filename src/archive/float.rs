@@ -4,7 +4,7 @@
 //! except that every CQ matrix `P` is one dense F32, F16 or BF16 tensor `P` of
 //! shape `[rows, cols]` (engram tables: any `rows >= 1`). The F32 vectors keep
 //! their SPEC §3 shapes (F16 and BF16 are accepted and widened). Like an archive,
-//! its `__metadata__` may carry `cqlm.config` and `cqlm.tokenizer`.
+//! its `__metadata__` may carry `cqlm.config`, `cqlm.tokenizer` and `cqlm.chat_template`.
 
 use super::reader::{map_file, open_container};
 use super::spec::{expected_tensors, TensorKind};
@@ -42,13 +42,17 @@ pub enum FloatDtype {
 /// of SPEC §3, except that every CQ matrix `P` is one dense F32, F16 or BF16
 /// tensor `P` of shape `[rows, cols]` (engram tables: any `rows >= 1`); the F32
 /// vectors keep their SPEC §3 shapes (F16 and BF16 are accepted and widened), and
-/// its `__metadata__` may carry `cqlm.config` and `cqlm.tokenizer`.
+/// its `__metadata__` may carry `cqlm.config`, `cqlm.tokenizer` and `cqlm.chat_template`.
 #[derive(Debug, Clone)]
 pub struct FloatCheckpoint {
     /// Its config: the caller's, else the file's `cqlm.config`.
     pub config: Config,
     /// The file's `cqlm.tokenizer` text, if any (not parsed).
     pub tokenizer: Option<String>,
+    /// The file's `cqlm.chat_template` text, if any (not parsed).
+    pub chat_template: Option<String>,
+    /// The file's `cqlm.tool_call_markers` (start, end), if any.
+    pub tool_markers: Option<(String, String)>,
     /// Every tensor of SPEC §3 for `config`, CQ matrices as dense `[rows, cols]`.
     pub tensors: BTreeMap<String, FloatTensor>,
 }
@@ -168,6 +172,11 @@ fn parse_float(
     Ok(FloatCheckpoint {
         config,
         tokenizer: meta.get(TOKENIZER_KEY).cloned(),
+        chat_template: meta.get(super::CHAT_TEMPLATE_KEY).cloned(),
+        tool_markers: meta
+            .get(super::TOOL_MARKERS_KEY)
+            .map(|v| super::reader::parse_tool_markers(v))
+            .transpose()?,
         tensors,
     })
 }

@@ -13,9 +13,7 @@ pub use float::{
 };
 pub use reader::{read_archive, read_archive_file, RawArchive};
 pub use spec::{cq_parts, engram_table_names, expected_tensors, TensorKind, TensorSpec};
-pub use writer::{
-    set_file_mode, write_archive, write_archive_file, write_archive_file_with_template,
-};
+pub use writer::{set_file_mode, write_archive, write_archive_file, write_archive_file_with_chat};
 
 use crate::cq::CqMatrix;
 
@@ -41,3 +39,7 @@ pub const TOKENIZER_KEY: &str = "cqlm.tokenizer";
 /// convention: `messages`, `tools`, `add_generation_prompt`, `bos_token`,
 /// `eos_token`), rendered by `cqlm serve`.
 pub const CHAT_TEMPLATE_KEY: &str = "cqlm.chat_template";
+/// Metadata key of the optional tool-call markers: a JSON array of two non-empty
+/// strings, the text before and after a call in `auto` tool mode (default
+/// `["<tool_call>", "</tool_call>"]`).
+pub const TOOL_MARKERS_KEY: &str = "cqlm.tool_call_markers";

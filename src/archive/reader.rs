@@ -22,6 +22,8 @@ pub struct RawArchive {
     pub tokenizer: Option<String>,
     /// The `cqlm.chat_template` text, if present (not parsed here).
     pub chat_template: Option<String>,
+    /// The `cqlm.tool_call_markers` (start, end), if present.
+    pub tool_markers: Option<(String, String)>,
     /// Logical tensors by name (CQ matrices under their base name).
     pub tensors: BTreeMap<String, Tensor>,
 }
@@ -152,6 +154,10 @@ fn parse(bytes: &[u8]) -> std::result::Result<RawArchive, ArchiveError> {
     let config = Config::from_json(config_text).map_err(ArchiveError::Config)?;
     let tokenizer = meta.get(TOKENIZER_KEY).cloned();
     let chat_template = meta.get(super::CHAT_TEMPLATE_KEY).cloned();
+    let tool_markers = meta
+        .get(super::TOOL_MARKERS_KEY)
+        .map(|v| parse_tool_markers(v))
+        .transpose()?;
 
     let specs = expected_tensors(&config);
     let mut known = HashSet::new();
@@ -199,8 +205,24 @@ fn parse(bytes: &[u8]) -> std::result::Result<RawArchive, ArchiveError> {
         config,
         tokenizer,
         chat_template,
+        tool_markers,
         tensors,
     })
+}
+
+/// `["start", "end"]`: two non-empty strings.
+pub(crate) fn parse_tool_markers(v: &str) -> std::result::Result<(String, String), ArchiveError> {
+    let bad = |reason: &str| ArchiveError::Metadata {
+        key: super::TOOL_MARKERS_KEY.to_string(),
+        reason: reason.to_string(),
+    };
+    let pair: Vec<String> = serde_json::from_str(v)
+        .map_err(|_| bad("expected a JSON array of two strings, [start, end]"))?;
+    match <[String; 2]>::try_from(pair) {
+        Ok([s, e]) if !s.is_empty() && !e.is_empty() => Ok((s, e)),
+        Ok(_) => Err(bad("a marker is empty")),
+        Err(_) => Err(bad("expected a JSON array of two strings, [start, end]")),
+    }
 }
 
 fn get<'a>(st: &SafeTensors<'a>, name: &str) -> std::result::Result<TensorView<'a>, ArchiveError> {

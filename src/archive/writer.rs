@@ -85,20 +85,29 @@ fn metadata(config: &Config, tokenizer: Option<&str>) -> HashMap<String, String>
     meta
 }
 
-/// [`write_archive_file`] with a chat template (`cqlm.chat_template`) too.
+/// [`write_archive_file`] with the chat format too: a chat template
+/// (`cqlm.chat_template`) and tool-call markers (`cqlm.tool_call_markers`, start
+/// and end), each if given.
 ///
 /// # Errors
 /// As [`write_archive_file`].
-pub fn write_archive_file_with_template(
+pub fn write_archive_file_with_chat(
     path: &Path,
     config: &Config,
     tokenizer: Option<&str>,
     chat_template: Option<&str>,
+    tool_markers: Option<(&str, &str)>,
     tensors: &BTreeMap<String, Tensor>,
 ) -> Result<()> {
     let mut meta = metadata(config, tokenizer);
     if let Some(t) = chat_template {
         meta.insert(super::CHAT_TEMPLATE_KEY.to_string(), t.to_string());
+    }
+    if let Some((s, e)) = tool_markers {
+        meta.insert(
+            super::TOOL_MARKERS_KEY.to_string(),
+            serde_json::json!([s, e]).to_string(),
+        );
     }
     write_blobs_file(path, &blobs(tensors), meta)
 }

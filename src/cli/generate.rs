@@ -2,7 +2,7 @@
 
 use super::{parse_ids, BackendArgs, Ids, ModelArgs};
 use anyhow::{bail, Context, Result};
-use cqlm::constrain::{ConstraintSpec, JsonWhitespace, TokenSpace, ToolSet};
+use cqlm::constrain::{ConstraintSpec, JsonWhitespace, TokenSpace, ToolMarkers, ToolSet};
 use cqlm::sample::{Sampler, SamplerConfig};
 use cqlm::session::Session;
 use cqlm::session::Stop;
@@ -115,8 +115,9 @@ fn read_json(path: &Path, what: &str) -> Result<serde_json::Value> {
 }
 
 impl ConstraintArgs {
-    /// The constraint these flags ask for, if any.
-    fn spec(&self, o: &ConstraintOptions) -> Result<Option<ConstraintSpec>> {
+    /// The constraint these flags ask for, if any (a tool set's calls between
+    /// `markers` in `auto` mode).
+    fn spec(&self, o: &ConstraintOptions, markers: &ToolMarkers) -> Result<Option<ConstraintSpec>> {
         Ok(Some(if let Some(p) = &self.json_schema {
             ConstraintSpec::JsonSchema {
                 schema: read_json(p, "JSON schema")?,
@@ -128,7 +129,8 @@ impl ConstraintArgs {
             ConstraintSpec::Lark(read(p, "grammar")?)
         } else if let Some(p) = &self.tools {
             ConstraintSpec::Tools {
-                tools: ToolSet::from_openai(&read_json(p, "tool set")?)?,
+                tools: ToolSet::from_openai(&read_json(p, "tool set")?)?
+                    .with_markers(markers.clone()),
                 choice: o.tool_choice.parse()?,
                 parallel: o.parallel_tool_calls,
             }
@@ -198,7 +200,10 @@ pub fn run(a: Args) -> Result<()> {
     }
     // A constraint is compiled before anything runs: one that can't be is an
     // error with nothing on stdout, never unconstrained output.
-    let mut constraint = match a.constraint.spec(&a.constraint_options)? {
+    let mut constraint = match a.constraint.spec(
+        &a.constraint_options,
+        &model.tool_markers.clone().unwrap_or_default(),
+    )? {
         Some(spec) => Some(TokenSpace::for_model(&model)?.compile(&spec)?),
         None => None,
     };

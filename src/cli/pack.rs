@@ -21,9 +21,15 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     tokenizer: Option<PathBuf>,
     /// Jinja chat template to embed as `cqlm.chat_template` (Hugging Face variables:
-    /// messages, tools, add_generation_prompt, bos_token, eos_token), for `cqlm serve`.
+    /// messages, tools, add_generation_prompt, bos_token, eos_token), for `cqlm serve`
+    /// (default: the checkpoint's `cqlm.chat_template`, if any).
     #[arg(long, value_name = "FILE")]
     chat_template: Option<PathBuf>,
+    /// The text before and after a tool call in `auto` mode, to embed as
+    /// `cqlm.tool_call_markers` (default: the checkpoint's, if any; without any,
+    /// engines use <tool_call> and </tool_call>).
+    #[arg(long, num_args = 2, value_names = ["START", "END"])]
+    tool_call_markers: Option<Vec<String>>,
     /// Bits per class, CLASS=BITS,... with BITS in 1, 2, 4, 8 and CLASS in embed, attn
     /// (or attn_qg, attn_kv, attn_o), phi, engram (or engram_table, engram_proj), all.
     /// Classes not named keep the defaults embed=4,attn=2,phi=4,engram=4.
@@ -133,11 +139,32 @@ pub fn run(a: Args) -> Result<()> {
     drop(ckpt.tensors);
 
     let tok = tokenizer.as_deref().or(ckpt.tokenizer.as_deref());
-    cqlm::archive::write_archive_file_with_template(
+    let template = match (&chat_template, &ckpt.chat_template) {
+        (Some(t), _) => Some(t.as_str()),
+        (None, Some(t)) => {
+            if let Err(e) = cqlm::serve::chat::ChatTemplate::new(Some(t), "", "") {
+                bail!("{}: its cqlm.chat_template: {e}", a.model.display());
+            }
+            Some(t.as_str())
+        }
+        (None, None) => None,
+    };
+    let markers = match &a.tool_call_markers {
+        Some(m) if m.iter().any(String::is_empty) => {
+            bail!("--tool-call-markers: a marker is empty")
+        }
+        Some(m) => Some((m[0].as_str(), m[1].as_str())),
+        None => ckpt
+            .tool_markers
+            .as_ref()
+            .map(|(s, e)| (s.as_str(), e.as_str())),
+    };
+    cqlm::archive::write_archive_file_with_chat(
         tmp.path(),
         &ckpt.config,
         tok,
-        chat_template.as_deref(),
+        template,
+        markers,
         &tensors,
     )?;
     tmp.persist(&a.out)

@@ -5,8 +5,9 @@
 //! A call is the JSON object `{"name": <a tool's name>, "arguments": <an object
 //! valid against that tool's parameters>}`. With `required` or a name the whole
 //! output is one call (or, parallel, a JSON array of at least one); with `auto`
-//! it is free text (not starting with `<`) or one call between the markers
-//! (`<tool_call>` … `</tool_call>` by default); with `none`, free text.
+//! it is free text (not starting with the start marker's first character) or
+//! one call between the markers (`<tool_call>` … `</tool_call>` by default, or the
+//! archive's `cqlm.tool_call_markers`); with `none`, free text.
 
 use super::spec::JsonWhitespace;
 use crate::error::{Error, Result};
@@ -21,6 +22,15 @@ pub struct Tool {
     pub description: Option<String>,
     /// The JSON Schema of the arguments (an object schema).
     pub parameters: Value,
+}
+
+/// `c` inside a regex character class (`[...]`) of a Lark grammar.
+fn class_escape(c: char) -> String {
+    match c {
+        '\\' | ']' | '[' | '^' | '-' | '/' => format!("\\{c}"),
+        '\n' => "\\n".into(),
+        c => c.to_string(),
+    }
 }
 
 /// The markers around a call in `auto` mode.
@@ -249,10 +259,13 @@ impl ToolSet {
         match choice {
             ToolChoice::None => "start: /(.|\\n)*/\n".to_string(),
             ToolChoice::Required | ToolChoice::Function(_) => format!("start: %json {top}\n"),
+            // Free text may not begin with the start marker's first character, so
+            // the choice between text and a call is made by the first token.
             ToolChoice::Auto => format!(
-                "start: TEXT | {} call {}\ncall: %json {call}\nTEXT: /([^<](.|\\n)*)?/\n",
+                "start: TEXT | {} call {}\ncall: %json {call}\nTEXT: /([^{}](.|\\n)*)?/\n",
                 lit(&self.markers.start),
-                lit(&self.markers.end)
+                lit(&self.markers.end),
+                class_escape(self.markers.start.chars().next().unwrap_or('<')),
             ),
         }
     }

@@ -4,26 +4,32 @@
 
 use super::error::ApiError;
 use super::wire::{Content, Message};
+use crate::constrain::ToolMarkers;
 use serde_json::{json, Value};
 
 /// The template used when the archive has none: each message as `role: content`
-/// on its own line (an assistant's tool calls as `<tool_call>{...}</tool_call>`),
-/// after a system line listing the tools when there are any, then `assistant:`.
+/// on its own line (an assistant's tool calls as `<tool_call>{...}</tool_call>`,
+/// or between the archive's markers), after a system line listing the tools when
+/// there are any, then `assistant:`.
 pub const FALLBACK_TEMPLATE: &str = r#"{%- if tools -%}
-system: You can call these tools. To call one, answer with <tool_call>{"name": <name>, "arguments": <object>}</tool_call>.
+system: You can call these tools. To call one, answer with {{ tool_call_start }}{"name": <name>, "arguments": <object>}{{ tool_call_end }}.
 {% for t in tools %}- {{ t.function.name }}: {{ t.function.description }} Parameters: {{ t.function.parameters | tojson }}
 {% endfor -%}
 {%- endif -%}
 {%- for m in messages -%}
-{{ m.role }}: {% if m.content %}{{ m.content }}{% endif %}{% for c in m.tool_calls %}<tool_call>{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments }}}</tool_call>{% endfor %}
+{{ m.role }}: {% if m.content %}{{ m.content }}{% endif %}{% for c in m.tool_calls %}{{ tool_call_start }}{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments }}}{{ tool_call_end }}{% endfor %}
 {% endfor -%}
 {%- if add_generation_prompt %}assistant:{% endif -%}"#;
 
 /// A compiled chat template.
+///
+/// Besides the Hugging Face variables it gets `tool_call_start` and
+/// `tool_call_end`, the markers of a call in `auto` tool mode.
 pub struct ChatTemplate {
     env: minijinja::Environment<'static>,
     bos: String,
     eos: String,
+    markers: ToolMarkers,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -81,7 +87,15 @@ impl ChatTemplate {
             env,
             bos: bos.to_string(),
             eos: eos.to_string(),
+            markers: ToolMarkers::default(),
         })
+    }
+
+    /// The same template with other tool-call markers (`tool_call_start`,
+    /// `tool_call_end`).
+    pub fn with_markers(mut self, markers: ToolMarkers) -> ChatTemplate {
+        self.markers = markers;
+        self
     }
 
     /// The prompt text of `messages` (and `tools`, an OpenAI array), ending with
@@ -120,6 +134,8 @@ impl ChatTemplate {
             add_generation_prompt => true,
             bos_token => self.bos,
             eos_token => self.eos,
+            tool_call_start => self.markers.start,
+            tool_call_end => self.markers.end,
         })
         .map_err(|e| ApiError::bad(format!("chat template: {e}"), Some("messages")))
     }

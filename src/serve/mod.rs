@@ -18,7 +18,7 @@ mod respond;
 use request::{chat_constraint, parse, Prepared};
 use respond::{respond, Kind};
 
-use crate::constrain::{ConstraintSpec, TokenSpace, ToolChoice, ToolSet};
+use crate::constrain::{ConstraintSpec, TokenSpace, ToolChoice, ToolMarkers, ToolSet};
 use crate::sample::{Sampler, SamplerConfig};
 use crate::tokenizer::TextTokenizer;
 use crate::weights::Model;
@@ -69,6 +69,7 @@ struct AppState {
     tok: Arc<TextTokenizer>,
     space: Arc<TokenSpace>,
     template: ChatTemplate,
+    markers: ToolMarkers,
     opts: ServeOptions,
     vocab: usize,
     counter: AtomicU64,
@@ -100,7 +101,10 @@ pub fn serve(
     let space = TokenSpace::for_model(&model)?;
     let bos = tok.decode_special(model.config.bos);
     let eos = tok.decode_special(model.config.eos);
-    let template = ChatTemplate::new(model.chat_template.as_deref(), &bos, &eos).map_err(bad)?;
+    let markers = model.tool_markers.clone().unwrap_or_default();
+    let template = ChatTemplate::new(model.chat_template.as_deref(), &bos, &eos)
+        .map_err(bad)?
+        .with_markers(markers.clone());
     let workers = Workers::start(opts.parallel, opts.max_queue, engines, Arc::clone(&tok))?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -112,6 +116,7 @@ pub fn serve(
         tok,
         space,
         template,
+        markers,
         vocab: model.config.vocab,
         opts: opts.clone(),
         counter: AtomicU64::new(1),

@@ -211,9 +211,11 @@ pub(super) fn chat_constraint(
             },
         };
     let tools = match &r.tools {
-        Some(t) if choice != ToolChoice::None => {
-            Some(ToolSet::from_openai(t).map_err(|e| ApiError::bad(e.to_string(), Some("tools")))?)
-        }
+        Some(t) if choice != ToolChoice::None => Some(
+            ToolSet::from_openai(t)
+                .map_err(|e| ApiError::bad(e.to_string(), Some("tools")))?
+                .with_markers(st.markers.clone()),
+        ),
         _ => None,
     };
     let format = match &r.response_format {

@@ -398,11 +398,12 @@ fn an_archive_chat_template_is_stored_and_rendered() {
     let path = dir.path().join("t.cqlm");
     let template = "{% for m in messages %}<<{{ m.role }}>>{{ m.content }}{% endfor %}[answer]";
     let tensors = cqlm::synth::synth_tensors(&b.config, &cqlm::cq::BitsPlan::uniform(4, 128), 1);
-    cqlm::archive::write_archive_file_with_template(
+    cqlm::archive::write_archive_file_with_chat(
         &path,
         &b.config,
         b.tokenizer.as_deref(),
         Some(template),
+        None,
         &tensors,
     )
     .unwrap();

@@ -19,3 +19,4 @@ mod pack;
 mod properties;
 mod quantizer;
 mod reference_step;
+mod tool_markers;

@@ -658,3 +658,58 @@ fn synth_float_is_deterministic_per_seed() {
     assert_ok(&out, "pack bf16");
     Model::load(&d.join("h.cqlm")).unwrap();
 }
+
+#[test]
+fn pack_stores_tool_call_markers_and_a_chat_template() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    synth_float(d, 9, &[], "f.safetensors");
+    std::fs::write(
+        d.join("t.jinja"),
+        "{% for m in messages %}{{ m.content }}{% endfor %}",
+    )
+    .unwrap();
+    let out = cqlm(
+        d,
+        &[
+            "pack",
+            "--model",
+            "f.safetensors",
+            "--chat-template",
+            "t.jinja",
+            "--tool-call-markers",
+            "[[call]]",
+            "[[/call]]",
+            "--out",
+            "p.cqlm",
+        ],
+    );
+    assert_ok(&out, "pack");
+    let m = cqlm::Model::load(&d.join("p.cqlm")).unwrap();
+    assert_eq!(
+        m.chat_template.as_deref(),
+        Some("{% for m in messages %}{{ m.content }}{% endfor %}")
+    );
+    let markers = m.tool_markers.unwrap();
+    assert_eq!(
+        (markers.start.as_str(), markers.end.as_str()),
+        ("[[call]]", "[[/call]]")
+    );
+    // An empty marker is refused before anything is written.
+    let out = cqlm(
+        d,
+        &[
+            "pack",
+            "--model",
+            "f.safetensors",
+            "--tool-call-markers",
+            "",
+            "x",
+            "--out",
+            "q.cqlm",
+        ],
+    );
+    let err = assert_one_error(&out, "empty marker");
+    assert!(err.contains("a marker is empty"), "{err}");
+    assert!(!d.join("q.cqlm").exists());
+}
