@@ -224,9 +224,11 @@ fn advance(a: &mut Active<'_>, row: &[f32], eos: u32, stopping: &AtomicBool) -> 
 }
 
 /// Emit `ids` (to feed next), up to the token limit; `done`: the constraint's
-/// output is complete after them.
+/// output is complete after them (unless the limit cut them: then it is not).
 fn emit(a: &mut Active<'_>, mut ids: Vec<u32>, done: bool) -> Result<Next> {
-    ids.truncate(a.job.max_tokens - a.text.len());
+    let room = a.job.max_tokens - a.text.len();
+    let cut = ids.len() > room;
+    ids.truncate(room);
     for &id in &ids {
         a.history.push(id);
         if let Some(delta) = a.text.push(id)? {
@@ -237,6 +239,9 @@ fn emit(a: &mut Active<'_>, mut ids: Vec<u32>, done: bool) -> Result<Next> {
         if a.text.stopped() {
             return Ok(Next::Finish(Finish::Stop));
         }
+    }
+    if cut {
+        return Ok(Next::Finish(Finish::Length));
     }
     if done {
         return Ok(Next::Finish(Finish::Stop));
@@ -257,7 +262,8 @@ fn finish_job(a: Active<'_>, mut finish: Finish) {
         }
     };
     let mut tool_calls = Vec::new();
-    if let (Some(c), Finish::Stop) = (&a.job.constraint, finish) {
+    // A stop string may cut a call short: its text is the answer, with no call.
+    if let (Some(c), Finish::Stop, false) = (&a.job.constraint, finish, a.text.stopped()) {
         match c.tool_calls(&full) {
             Ok(calls) => tool_calls = calls,
             Err(e) => {

@@ -278,7 +278,8 @@ fn run_job(
         _ => Finish::Stop,
     };
     let mut tool_calls = Vec::new();
-    if let (Some(c), Finish::Stop) = (&constraint, finish) {
+    // A stop string may cut a call short: its text is the answer, with no call.
+    if let (Some(c), Finish::Stop, false) = (&constraint, finish, text.stopped()) {
         tool_calls = c.tool_calls(&full)?;
         if !tool_calls.is_empty() {
             finish = Finish::ToolCalls;

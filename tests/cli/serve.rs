@@ -504,3 +504,38 @@ fn sigterm_ends_running_streams_and_shuts_down_cleanly() {
     assert_eq!(code, 200);
     assert!(body.contains("data: "), "{body}");
 }
+
+#[test]
+fn a_call_cut_by_the_token_limit_or_a_stop_string_is_not_an_error() {
+    // A named tool forces `{"name":"get_weather","arguments":{"city":"` at once:
+    // three tokens cut it (finish `length`); a stop string inside it ends the
+    // answer as text (finish `stop`). Neither is a call, and neither a 500.
+    let tools: Value = serde_json::from_str(include_str!("../../tools/train/tools.json")).unwrap();
+    let named = json!({"type": "function", "function": {"name": "get_weather"}});
+    for extra in [&[][..], &["--no-batch"][..]] {
+        let s = start(extra);
+        let msg = json!([{"role": "user", "content": "Weather in Oslo?"}]);
+        let (st, v) = post(
+            &s.addr,
+            "/v1/chat/completions",
+            &json!({"messages": msg, "max_tokens": 3, "temperature": 0, "tools": tools, "tool_choice": named}),
+        );
+        assert_eq!(st, 200, "{extra:?}: {v}");
+        assert_eq!(v["choices"][0]["finish_reason"], "length", "{extra:?}: {v}");
+        assert!(v["choices"][0]["message"]["tool_calls"].is_null(), "{v}");
+        assert_eq!(v["usage"]["completion_tokens"], 3, "{v}");
+        let (st, v) = post(
+            &s.addr,
+            "/v1/chat/completions",
+            &json!({"messages": msg, "max_tokens": 40, "temperature": 0, "tools": tools,
+                    "tool_choice": named, "stop": ["arguments"]}),
+        );
+        assert_eq!(st, 200, "{extra:?}: {v}");
+        assert_eq!(v["choices"][0]["finish_reason"], "stop", "{extra:?}: {v}");
+        assert_eq!(
+            v["choices"][0]["message"]["content"], "{\"name\":\"get_weather\",\"",
+            "{extra:?}: {v}"
+        );
+        assert!(v["choices"][0]["message"]["tool_calls"].is_null(), "{v}");
+    }
+}
