@@ -8,6 +8,7 @@
 mod common;
 
 mod builder;
+mod chat_model;
 mod cli;
 mod constrained;
 mod generate;

@@ -10,9 +10,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 /// A running server, killed on drop.
-struct Server {
+pub(crate) struct Server {
     child: Child,
-    addr: String,
+    /// `host:port`.
+    pub(crate) addr: String,
 }
 
 impl Drop for Server {
@@ -22,8 +23,10 @@ impl Drop for Server {
     }
 }
 
+/// `cqlm serve --backend cpu` on a free port with `extra` arguments, once it
+/// prints its address.
 #[allow(clippy::zombie_processes)] // Server's drop kills and waits
-fn start(extra: &[&str]) -> Server {
+pub(crate) fn start(extra: &[&str]) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_cqlm"))
         .args(["serve", "--backend", "cpu", "--port", "0"])
         .args(extra)
@@ -365,14 +368,23 @@ fn a_bounded_load_of_mixed_clients_gets_correct_answers_and_no_5xx() {
     );
 }
 
-#[test]
-fn the_official_openai_client_works_unmodified() {
+/// `CQLM_OPENAI_PYTHON` (a Python with openai, jinja2 and tokenizers: `.ci/run`'s
+/// venv), or None to skip, which `CQLM_REQUIRE_OPENAI` forbids.
+pub(crate) fn openai_python() -> Option<String> {
     let Ok(python) = std::env::var("CQLM_OPENAI_PYTHON") else {
         assert!(
             std::env::var("CQLM_REQUIRE_OPENAI").is_err(),
             "CQLM_REQUIRE_OPENAI is set but CQLM_OPENAI_PYTHON is not"
         );
         eprintln!("skipped: CQLM_OPENAI_PYTHON (a python with openai==3.51.0) is not set; .ci/run sets it");
+        return None;
+    };
+    Some(python)
+}
+
+#[test]
+fn the_official_openai_client_works_unmodified() {
+    let Some(python) = openai_python() else {
         return;
     };
     let s = start(&["--api-key", "sk-test", "--parallel", "2"]);
@@ -381,12 +393,7 @@ fn the_official_openai_client_works_unmodified() {
         .args([script, &format!("http://{}/v1", s.addr), "sk-test"])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    crate::common::cli::assert_ok(&out, "openai_client.py");
 }
 
 #[test]

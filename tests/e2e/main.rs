@@ -7,5 +7,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod chat_model;
+mod chat_template;
 mod eval;
 mod trained_model;

@@ -10,7 +10,11 @@
 
     # the fixtures of tests/trained_model.rs and tests/eval.rs (see `fixtures --help`):
     python3 tools/train/evaluate.py fixtures --archive models/cqlm-small.safetensors \
-        --float tools/train/data/float.safetensors --out tests/fixtures/trained
+        --float tools/train/data/chat_float.safetensors --out tests/fixtures/trained
+
+    # the held-out chat and tool-call accuracy through the engine (`chat --help`, chat_eval.py;
+    # needs only jinja2, and openai for --server):
+    python3 tools/train/evaluate.py chat --cqlm target/release/cqlm --backend cpu
 
 A model file is either a float checkpoint (dense matrices) or a `cqlm` archive (CQ matrices
 `P.codebook`/`P.norms`/`P.packed`); the latter is dequantized here from SPEC §2 directly,
@@ -26,6 +30,11 @@ import json
 import math
 import os
 import sys
+
+if __name__ == "__main__" and sys.argv[1:2] == ["chat"]:  # before PyTorch is imported: chat needs none
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import chat_eval
+    sys.exit(chat_eval.main(sys.argv[2:]))
 
 import numpy as np
 import torch
@@ -124,8 +133,10 @@ def bpb(model, cfg, tokenizer_json: str, text_path: str, kv_int8: bool, max_toke
 
 # The first stored K/V value within 3e-5 code units of a rounding boundary comes at position
 # 22 here (see `code_margins`); most prompts of this length have one within the first few.
-PROMPT = ("The LORD is my shepherd; I shall not want. He maketh me to lie down in green pastures: "
-          "he leadeth me beside the still waters. He restoreth my soul:")
+# Chosen so that no stored K/V value of the shipped model lies within 3e-5 of an int8
+# rounding boundary (tests/e2e/trained_model.rs tests positions before the first such one
+# strictly); the chat model's first near-tie in the previous prompt came at position 1.
+PROMPT = "Blessed is the man that walketh not in the counsel of the ungodly, nor standeth in the way of sinners,"
 PREFIX_TOKENS = 512
 
 

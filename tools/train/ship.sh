@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
-# From the trained float checkpoint to everything the repository ships and records:
-#   models/cqlm-small.safetensors     the built-in model (cqlm pack, 4 bits)
+# From the fine-tuned chat checkpoint to everything the repository ships and records:
+#   models/cqlm-small.safetensors     the built-in model (cqlm pack, 4 bits, chat template)
 #   tests/fixtures/trained/           what the Rust tests compare against (PyTorch side)
-#   tools/train/data/                 the 2-bit-attention variant and the figures
-# Run after `python3 tools/train/train.py --compile`; then rebuild (the archive is
-# compiled into the binary) and run `cqlm eval` on both backends (tools/train/README.md).
+#   tests/fixtures/chat/rendered.json the Python rendering of chat conversations (template check)
+#   tools/train/data/chat_eval_*.json the held-out chat evaluation through the engine
+# Run after `python3 tools/train/finetune.py ...` (tools/train/README.md); the archive is
+# compiled into the binary, so the binary is rebuilt before the evaluation.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DATA=tools/train/data
+FLOAT=${FLOAT:-$DATA/chat_float.safetensors}
+PY=${PYTHON:-python3}
 cargo build --release
 CQLM=target/release/cqlm
-"$CQLM" pack --model "$DATA/float.safetensors" --bits all=4 --out models/cqlm-small.safetensors | tee "$DATA/pack4.txt"
-"$CQLM" pack --model "$DATA/float.safetensors" --bits all=4,attn=2 --out "$DATA/cqlm-small-attn2.safetensors" | tee "$DATA/pack_attn2.txt"
-python3 tools/train/evaluate.py fixtures --archive models/cqlm-small.safetensors \
-    --float "$DATA/float.safetensors" --out tests/fixtures/trained
-python3 tools/train/evaluate.py bpb --model "$DATA/cqlm-small-attn2.safetensors" --kv-int8 \
-    --text tools/train/heldout.txt | tee "$DATA/attn2_heldout.json"
+"$CQLM" pack --model "$FLOAT" --bits all=4 --chat-template tools/train/chat_template.jinja \
+    --tool-call-markers "<tool_call>" "</tool_call>" --out models/cqlm-small.safetensors | tee "$DATA/pack4.txt"
+"$PY" tools/train/evaluate.py fixtures --archive models/cqlm-small.safetensors \
+    --float "$FLOAT" --out tests/fixtures/trained
+"$PY" tools/train/chat_fixtures.py
 cargo build --release
+for backend in cpu; do
+  "$PY" tools/train/evaluate.py chat --cqlm "$CQLM" --backend "$backend" \
+      --log "$DATA/chat_eval_$backend.jsonl" | tee "$DATA/chat_eval_$backend.json"
+done
