@@ -116,6 +116,10 @@ pub(super) fn run(
         }
         let refs: Vec<(usize, &[u32])> = work.iter().map(|(i, f)| (*i, &f[..])).collect();
         let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            assert!(
+                !refs.iter().any(|(_, f)| super::worker::panics_on(f)),
+                "CQLM_SERVE_PANIC_TOKEN"
+            );
             batch.step(&refs).map(|_| ())
         }));
         let (failure, panicked) = match stepped {

@@ -85,6 +85,19 @@ pub struct Workers {
     stopping: Arc<AtomicBool>,
 }
 
+/// The test hook `CQLM_SERVE_PANIC_TOKEN=ID`: an engine pass that is fed token
+/// `ID` panics, so that tests can see a failed worker replaced (the request gets
+/// a 500, the next one is served). Unset, nothing panics.
+pub(crate) fn panics_on(ids: &[u32]) -> bool {
+    static TOKEN: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    let t = TOKEN.get_or_init(|| {
+        std::env::var("CQLM_SERVE_PANIC_TOKEN")
+            .ok()
+            .and_then(|v| v.parse().ok())
+    });
+    t.is_some_and(|t| ids.contains(&t))
+}
+
 /// A [`Session`] factory (one per worker, and again after a panic).
 pub type SessionFactory = Arc<dyn Fn() -> Result<Session> + Send + Sync>;
 
@@ -228,6 +241,7 @@ fn run_job(
         stream_text,
         events,
     } = job;
+    assert!(!panics_on(&ids), "CQLM_SERVE_PANIC_TOKEN");
     session.reset();
     session.prefill(&ids)?;
     let mut sampler = Sampler::new(sampler)?;

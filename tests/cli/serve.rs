@@ -25,12 +25,18 @@ impl Drop for Server {
 
 /// `cqlm serve --backend cpu` on a free port with `extra` arguments, once it
 /// prints its address.
-#[allow(clippy::zombie_processes)] // Server's drop kills and waits
 pub(crate) fn start(extra: &[&str]) -> Server {
+    start_with_env(extra, &[])
+}
+
+/// [`start`] with environment variables set for the server.
+#[allow(clippy::zombie_processes)] // Server's drop kills and waits
+fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_cqlm"))
         .args(["serve", "--backend", "cpu", "--port", "0"])
         .args(extra)
         .env("XDG_RUNTIME_DIR", "/tmp")
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -544,5 +550,31 @@ fn a_call_cut_by_the_token_limit_or_a_stop_string_is_not_an_error() {
             "{extra:?}: {v}"
         );
         assert!(v["choices"][0]["message"]["tool_calls"].is_null(), "{v}");
+    }
+}
+
+#[test]
+fn a_worker_that_panics_is_replaced_and_the_server_keeps_serving() {
+    // The test hook CQLM_SERVE_PANIC_TOKEN makes an engine pass fed that token
+    // panic: that request gets a 500 in the OpenAI shape, the worker (session or
+    // batch) is rebuilt, and requests before and after are answered.
+    let b = cqlm::builtin::model().unwrap();
+    let tok = cqlm::tokenizer::TextTokenizer::for_model(&b).unwrap();
+    let id = *tok.encode(" Zyzzyva").unwrap().last().unwrap();
+    for extra in [&[][..], &["--no-batch"][..]] {
+        let mut args = vec!["--parallel", "2"];
+        args.extend(extra);
+        let s = start_with_env(&args, &[("CQLM_SERVE_PANIC_TOKEN", &id.to_string())]);
+        let ok = json!({"prompt": "Hello", "max_tokens": 3, "temperature": 0});
+        let bad = json!({"prompt": "Hello Zyzzyva", "max_tokens": 3, "temperature": 0});
+        assert_eq!(post(&s.addr, "/v1/completions", &ok).0, 200, "{extra:?}");
+        for _ in 0..2 {
+            let (st, v) = post(&s.addr, "/v1/completions", &bad);
+            assert_eq!(st, 500, "{extra:?}: {v}");
+            assert_eq!(v["error"]["type"], "server_error", "{v}");
+            let (st, v) = post(&s.addr, "/v1/completions", &ok);
+            assert_eq!(st, 200, "{extra:?}: after a panic: {v}");
+            assert_eq!(v["usage"]["completion_tokens"], 3, "{v}");
+        }
     }
 }
