@@ -116,8 +116,9 @@ pub struct Model {
     pub tokenizer: Option<String>,
     /// The embedded chat template (`cqlm.chat_template`), if any.
     pub chat_template: Option<String>,
-    /// The tool-call markers the archive names (`cqlm.tool_call_markers`), if any.
-    pub tool_markers: Option<ToolMarkers>,
+    /// The tool-call markers: the archive's `cqlm.tool_call_markers`, else the
+    /// default `<tool_call>` … `</tool_call>`.
+    pub tool_markers: ToolMarkers,
 }
 
 struct Take<'a> {
@@ -244,7 +245,7 @@ impl Model {
             weights,
             tokenizer,
             chat_template,
-            tool_markers: tool_markers.map(|(start, end)| ToolMarkers { start, end }),
+            tool_markers: tool_markers.unwrap_or_default(),
         })
     }
 

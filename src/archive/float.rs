@@ -51,8 +51,8 @@ pub struct FloatCheckpoint {
     pub tokenizer: Option<String>,
     /// The file's `cqlm.chat_template` text, if any (not parsed).
     pub chat_template: Option<String>,
-    /// The file's `cqlm.tool_call_markers` (start, end), if any.
-    pub tool_markers: Option<(String, String)>,
+    /// The file's `cqlm.tool_call_markers`, if any.
+    pub tool_markers: Option<crate::constrain::ToolMarkers>,
     /// Every tensor of SPEC §3 for `config`, CQ matrices as dense `[rows, cols]`.
     pub tensors: BTreeMap<String, FloatTensor>,
 }

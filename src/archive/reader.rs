@@ -4,6 +4,7 @@ use super::spec::{cq_parts, expected_tensors, TensorKind};
 use super::{Tensor, CONFIG_KEY, TOKENIZER_KEY};
 use crate::config::dupcheck::NoDuplicateKeys;
 use crate::config::Config;
+use crate::constrain::ToolMarkers;
 use crate::cq::CqMatrix;
 use crate::error::{ArchiveError, Error, Result};
 use half::f16;
@@ -22,8 +23,8 @@ pub struct RawArchive {
     pub tokenizer: Option<String>,
     /// The `cqlm.chat_template` text, if present (not parsed here).
     pub chat_template: Option<String>,
-    /// The `cqlm.tool_call_markers` (start, end), if present.
-    pub tool_markers: Option<(String, String)>,
+    /// The `cqlm.tool_call_markers`, if present.
+    pub tool_markers: Option<ToolMarkers>,
     /// Logical tensors by name (CQ matrices under their base name).
     pub tensors: BTreeMap<String, Tensor>,
 }
@@ -211,18 +212,15 @@ fn parse(bytes: &[u8]) -> std::result::Result<RawArchive, ArchiveError> {
 }
 
 /// `["start", "end"]`: two non-empty strings.
-pub(crate) fn parse_tool_markers(v: &str) -> std::result::Result<(String, String), ArchiveError> {
+pub(crate) fn parse_tool_markers(v: &str) -> std::result::Result<ToolMarkers, ArchiveError> {
     let bad = |reason: &str| ArchiveError::Metadata {
         key: super::TOOL_MARKERS_KEY.to_string(),
         reason: reason.to_string(),
     };
-    let pair: Vec<String> = serde_json::from_str(v)
-        .map_err(|_| bad("expected a JSON array of two strings, [start, end]"))?;
-    match <[String; 2]>::try_from(pair) {
-        Ok([s, e]) if !s.is_empty() && !e.is_empty() => Ok((s, e)),
-        Ok(_) => Err(bad("a marker is empty")),
-        Err(_) => Err(bad("expected a JSON array of two strings, [start, end]")),
-    }
+    let shape = "expected a JSON array of two strings, [start, end]";
+    let pair: Vec<String> = serde_json::from_str(v).map_err(|_| bad(shape))?;
+    let [s, e] = <[String; 2]>::try_from(pair).map_err(|_| bad(shape))?;
+    ToolMarkers::new(&s, &e).map_err(|r| bad(&r))
 }
 
 fn get<'a>(st: &SafeTensors<'a>, name: &str) -> std::result::Result<TensorView<'a>, ArchiveError> {

@@ -96,17 +96,17 @@ pub fn write_archive_file_with_chat(
     config: &Config,
     tokenizer: Option<&str>,
     chat_template: Option<&str>,
-    tool_markers: Option<(&str, &str)>,
+    tool_markers: Option<&crate::constrain::ToolMarkers>,
     tensors: &BTreeMap<String, Tensor>,
 ) -> Result<()> {
     let mut meta = metadata(config, tokenizer);
     if let Some(t) = chat_template {
         meta.insert(super::CHAT_TEMPLATE_KEY.to_string(), t.to_string());
     }
-    if let Some((s, e)) = tool_markers {
+    if let Some(m) = tool_markers {
         meta.insert(
             super::TOOL_MARKERS_KEY.to_string(),
-            serde_json::json!([s, e]).to_string(),
+            serde_json::json!([m.start, m.end]).to_string(),
         );
     }
     write_blobs_file(path, &blobs(tensors), meta)

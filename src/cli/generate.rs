@@ -200,10 +200,10 @@ pub fn run(a: Args) -> Result<()> {
     }
     // A constraint is compiled before anything runs: one that can't be is an
     // error with nothing on stdout, never unconstrained output.
-    let mut constraint = match a.constraint.spec(
-        &a.constraint_options,
-        &model.tool_markers.clone().unwrap_or_default(),
-    )? {
+    let mut constraint = match a
+        .constraint
+        .spec(&a.constraint_options, &model.tool_markers)?
+    {
         Some(spec) => Some(TokenSpace::for_model(&model)?.compile(&spec)?),
         None => None,
     };

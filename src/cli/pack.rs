@@ -2,6 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use cqlm::archive::read_float_checkpoint;
+use cqlm::constrain::ToolMarkers;
 use cqlm::pack::{bits_per_weight, pack, PackPlan, PackProgress};
 use cqlm::{ArchiveError, Config, Error};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -86,6 +87,14 @@ pub fn run(a: Args) -> Result<()> {
         }
         None => None,
     };
+    // Checked before the (long) packing, as the other inputs are.
+    let markers = match &a.tool_call_markers {
+        Some(m) => Some(
+            ToolMarkers::new(&m[0], &m[1])
+                .map_err(|e| anyhow::anyhow!("--tool-call-markers: {e}"))?,
+        ),
+        None => None,
+    };
     let chat_template = match &a.chat_template {
         Some(path) => {
             let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
@@ -139,32 +148,21 @@ pub fn run(a: Args) -> Result<()> {
     drop(ckpt.tensors);
 
     let tok = tokenizer.as_deref().or(ckpt.tokenizer.as_deref());
-    let template = match (&chat_template, &ckpt.chat_template) {
-        (Some(t), _) => Some(t.as_str()),
-        (None, Some(t)) => {
-            if let Err(e) = cqlm::serve::chat::ChatTemplate::new(Some(t), "", "") {
-                bail!("{}: its cqlm.chat_template: {e}", a.model.display());
-            }
-            Some(t.as_str())
+    let template = chat_template.as_deref().or(ckpt.chat_template.as_deref());
+    if chat_template.is_none() {
+        if let Some(Err(e)) =
+            template.map(|t| cqlm::serve::chat::ChatTemplate::new(Some(t), "", ""))
+        {
+            bail!("{}: its cqlm.chat_template: {e}", a.model.display());
         }
-        (None, None) => None,
-    };
-    let markers = match &a.tool_call_markers {
-        Some(m) if m.iter().any(String::is_empty) => {
-            bail!("--tool-call-markers: a marker is empty")
-        }
-        Some(m) => Some((m[0].as_str(), m[1].as_str())),
-        None => ckpt
-            .tool_markers
-            .as_ref()
-            .map(|(s, e)| (s.as_str(), e.as_str())),
-    };
+    }
+    let markers = markers.or(ckpt.tool_markers.clone());
     cqlm::archive::write_archive_file_with_chat(
         tmp.path(),
         &ckpt.config,
         tok,
         template,
-        markers,
+        markers.as_ref(),
         &tensors,
     )?;
     tmp.persist(&a.out)

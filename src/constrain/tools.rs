@@ -42,6 +42,22 @@ pub struct ToolMarkers {
     pub end: String,
 }
 
+impl ToolMarkers {
+    /// The markers `start` and `end`.
+    ///
+    /// # Errors
+    /// A message when either is empty.
+    pub fn new(start: &str, end: &str) -> std::result::Result<ToolMarkers, String> {
+        if start.is_empty() || end.is_empty() {
+            return Err("a marker is empty".into());
+        }
+        Ok(ToolMarkers {
+            start: start.into(),
+            end: end.into(),
+        })
+    }
+}
+
 impl Default for ToolMarkers {
     fn default() -> Self {
         ToolMarkers {

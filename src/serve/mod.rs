@@ -101,7 +101,7 @@ pub fn serve(
     let space = TokenSpace::for_model(&model)?;
     let bos = tok.decode_special(model.config.bos);
     let eos = tok.decode_special(model.config.eos);
-    let markers = model.tool_markers.clone().unwrap_or_default();
+    let markers = model.tool_markers.clone();
     let template = ChatTemplate::new(model.chat_template.as_deref(), &bos, &eos)
         .map_err(bad)?
         .with_markers(markers.clone());

@@ -690,7 +690,7 @@ fn pack_stores_tool_call_markers_and_a_chat_template() {
         m.chat_template.as_deref(),
         Some("{% for m in messages %}{{ m.content }}{% endfor %}")
     );
-    let markers = m.tool_markers.unwrap();
+    let markers = m.tool_markers;
     assert_eq!(
         (markers.start.as_str(), markers.end.as_str()),
         ("[[call]]", "[[/call]]")
@@ -710,6 +710,9 @@ fn pack_stores_tool_call_markers_and_a_chat_template() {
         ],
     );
     let err = assert_one_error(&out, "empty marker");
-    assert!(err.contains("a marker is empty"), "{err}");
+    assert!(
+        err.contains("--tool-call-markers: a marker is empty"),
+        "{err}"
+    );
     assert!(!d.join("q.cqlm").exists());
 }

@@ -18,7 +18,7 @@ fn config() -> Config {
     }
 }
 
-/// An archive with markers `[[call]]` … `[[/call]]` (or `markers`), loaded back.
+/// An archive with these markers, and its folder.
 fn archive_with(markers: (&str, &str)) -> (tempfile::TempDir, std::path::PathBuf) {
     let b = cqlm::builtin::model().unwrap();
     let c = config();
@@ -30,7 +30,7 @@ fn archive_with(markers: (&str, &str)) -> (tempfile::TempDir, std::path::PathBuf
         &c,
         b.tokenizer.as_deref(),
         None,
-        Some(markers),
+        Some(&ToolMarkers::new(markers.0, markers.1).unwrap()),
         &tensors,
     )
     .unwrap();
@@ -43,16 +43,19 @@ fn markers_are_stored_and_read_back() {
     let m = Model::load(&path).unwrap();
     assert_eq!(
         m.tool_markers,
-        Some(ToolMarkers {
-            start: "[[call]]".into(),
-            end: "[[/call]]".into()
-        })
+        ToolMarkers::new("[[call]]", "[[/call]]").unwrap()
     );
+    // The built-in model names the default markers; an archive without any gets them.
     let plain = cqlm::builtin::model().unwrap();
-    assert!(
-        plain.tool_markers.is_none() || plain.tool_markers == Some(ToolMarkers::default()),
-        "{:?}",
-        plain.tool_markers
+    assert_eq!(plain.tool_markers, ToolMarkers::default());
+    let c = config();
+    let dir = tempfile::tempdir().unwrap();
+    let none = dir.path().join("none.cqlm");
+    let tensors = cqlm::synth::synth_tensors(&c, &BitsPlan::uniform(4, 128), 3);
+    cqlm::archive::write_archive_file(&none, &c, None, &tensors).unwrap();
+    assert_eq!(
+        Model::load(&none).unwrap().tool_markers,
+        ToolMarkers::default()
     );
 }
 
@@ -99,7 +102,7 @@ fn auto_mode_takes_calls_between_the_archive_markers() {
         "properties": {"city": {"type": "string", "maxLength": 20}},
         "required": ["city"], "additionalProperties": false}}}]))
     .unwrap()
-    .with_markers(model.tool_markers.clone().unwrap());
+    .with_markers(model.tool_markers.clone());
     let spec = ConstraintSpec::Tools {
         tools,
         choice: ToolChoice::Auto,

@@ -222,7 +222,6 @@ def main() -> None:
     writer.writerow(["step", "seconds", "lr", "train_chat", "train_text", "heldout_chat", "val_bpb"])
     start = time.time()
     run_chat = run_text = None
-    lengths = (cx != 0).sum(1)
 
     def epoch() -> list[np.ndarray]:
         """Batches of similar lengths (sorted within windows of 32 batches), shuffled."""
