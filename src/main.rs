@@ -7,7 +7,10 @@ use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    env_logger::Builder::from_env(
+        env_logger::Env::default().default_filter_or("warn,cqlm::request=info"),
+    )
+    .init();
     let args = match cli::Cli::try_parse() {
         Ok(args) => args,
         Err(e) => {

@@ -5,14 +5,15 @@
 //! own sampler, constraint and stop strings, and its tokens are what a session
 //! alone would choose (the batched pass is bit-identical per sequence).
 
-use super::worker::{Event, Finish, Job};
+use super::metrics::{Metrics, TokenClock};
+use super::worker::{Event, Finish, Job, Shared};
 use crate::constrain::TokenMask;
 use crate::cpu::CpuBatch;
 use crate::error::Result;
 use crate::sample::Sampler;
 use crate::tokenizer::TextStream;
 use crate::tokenizer::TextTokenizer;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Mutex};
 
 /// Prompt tokens a slot feeds per pass (the CPU engine's prefill chunk).
@@ -37,6 +38,7 @@ struct Active<'t> {
     started: bool,
     mask: TokenMask,
     masked: Vec<f32>,
+    clock: TokenClock,
 }
 
 /// What a slot does after a pass.
@@ -50,9 +52,9 @@ pub(super) fn run(
     make: &BatchFactory,
     rx: &Mutex<mpsc::Receiver<Job>>,
     tok: &TextTokenizer,
-    inflight: &AtomicUsize,
-    stopping: &AtomicBool,
+    sh: &Shared,
 ) {
+    let stopping = &*sh.stopping;
     let Ok(mut batch) = make() else {
         log::error!("cannot build the batch engine");
         return;
@@ -61,6 +63,7 @@ pub(super) fn run(
     let eos = batch.model().config.eos;
     let mut slots: Vec<Option<Active<'_>>> = (0..batch.slots()).map(|_| None).collect();
     loop {
+        sh.metrics.set_active(slots.iter().flatten().count());
         // Admit waiting jobs into free slots (block only when nothing runs).
         let idle = slots.iter().all(Option::is_none);
         {
@@ -86,10 +89,11 @@ pub(super) fn run(
                     Ok(s) => s,
                     Err(e) => {
                         let _ = job.events.send(Event::Failed(e.to_string()));
-                        inflight.fetch_sub(1, Ordering::SeqCst);
+                        sh.done();
                         continue;
                     }
                 };
+                sh.metrics.started(job.ids.len());
                 let mut prompt = job.ids.clone();
                 let feed: Vec<u32> = prompt.drain(..prompt.len().min(PROMPT_CHUNK)).collect();
                 *slot = Some(Active {
@@ -101,10 +105,12 @@ pub(super) fn run(
                     started: job.constraint.is_none(),
                     mask: TokenMask::none(vocab),
                     masked: Vec::new(),
+                    clock: TokenClock::new(job.arrived),
                     job,
                 });
             }
         }
+        sh.metrics.set_active(slots.iter().flatten().count());
         let work: Vec<(usize, Vec<u32>)> = slots
             .iter_mut()
             .enumerate()
@@ -133,7 +139,7 @@ pub(super) fn run(
             for (i, _) in &work {
                 if let Some(a) = slots[*i].take() {
                     let _ = a.job.events.send(Event::Failed(msg.clone()));
-                    inflight.fetch_sub(1, Ordering::SeqCst);
+                    sh.done();
                 }
             }
             if panicked {
@@ -153,22 +159,22 @@ pub(super) fn run(
                 continue;
             };
             let row = &logits[k * vocab..(k + 1) * vocab];
-            let next = advance(a, row, eos, stopping);
+            let next = advance(a, row, eos, stopping, &sh.metrics);
             match next {
                 Ok(Next::Continue) => {}
                 Ok(Next::Finish(finish)) => {
                     let a = slots[*i].take().expect("active");
                     finish_job(a, finish);
-                    inflight.fetch_sub(1, Ordering::SeqCst);
+                    sh.done();
                 }
                 Ok(Next::Gone) => {
                     slots[*i] = None;
-                    inflight.fetch_sub(1, Ordering::SeqCst);
+                    sh.done();
                 }
                 Err(e) => {
                     let a = slots[*i].take().expect("active");
                     let _ = a.job.events.send(Event::Failed(e.to_string()));
-                    inflight.fetch_sub(1, Ordering::SeqCst);
+                    sh.done();
                 }
             }
         }
@@ -177,7 +183,13 @@ pub(super) fn run(
 
 /// After a pass whose last logits for this slot are `row`: feed more prompt, or
 /// choose the next token and emit its text; say whether the slot goes on.
-fn advance(a: &mut Active<'_>, row: &[f32], eos: u32, stopping: &AtomicBool) -> Result<Next> {
+fn advance(
+    a: &mut Active<'_>,
+    row: &[f32],
+    eos: u32,
+    stopping: &AtomicBool,
+    m: &Metrics,
+) -> Result<Next> {
     if stopping.load(Ordering::Relaxed) {
         return Ok(Next::Finish(Finish::Length));
     }
@@ -197,7 +209,7 @@ fn advance(a: &mut Active<'_>, row: &[f32], eos: u32, stopping: &AtomicBool) -> 
         let forced = c.take_forced();
         if !forced.is_empty() {
             let done = c.is_stopped();
-            return emit(a, forced, done);
+            return emit(a, forced, done, m);
         }
     }
     let generated = a.text.len();
@@ -224,16 +236,17 @@ fn advance(a: &mut Active<'_>, row: &[f32], eos: u32, stopping: &AtomicBool) -> 
         }
         None => (vec![id], false),
     };
-    emit(a, ids, done)
+    emit(a, ids, done, m)
 }
 
 /// Emit `ids` (to feed next), up to the token limit; `done`: the constraint's
 /// output is complete after them (unless the limit cut them: then it is not).
-fn emit(a: &mut Active<'_>, mut ids: Vec<u32>, done: bool) -> Result<Next> {
+fn emit(a: &mut Active<'_>, mut ids: Vec<u32>, done: bool, m: &Metrics) -> Result<Next> {
     let room = a.job.max_tokens - a.text.len();
     let cut = ids.len() > room;
     ids.truncate(room);
     for &id in &ids {
+        a.clock.tick(m);
         a.history.push(id);
         if let Some(delta) = a.text.push(id)? {
             if a.job.stream_text && a.job.events.send(Event::Text(delta)).is_err() {

@@ -2,13 +2,15 @@
 //! engine. `GET /health`, `GET /v1/models`, `POST /v1/chat/completions` and
 //! `POST /v1/completions`, non-streamed or as server-sent events; structured
 //! output (`response_format`) and tool calls through [`crate::constrain`]; errors
-//! in the OpenAI shape. Requests run on `--parallel` worker threads
-//! ([`worker::Workers`]), each with its own session over the shared weights;
-//! beyond them a bounded queue, beyond that 503.
+//! in the OpenAI shape; `GET /metrics` for Prometheus ([`metrics`]) and one log
+//! line per request. Requests run on `--parallel` worker threads
+//! ([`worker::Workers`]), each with its own session over the shared weights, or
+//! batched on the CPU ([`batcher`]); beyond them a bounded queue, beyond that 503.
 
 pub mod batcher;
 pub mod chat;
 pub mod error;
+pub mod metrics;
 pub mod wire;
 pub mod worker;
 
@@ -24,14 +26,16 @@ use crate::tokenizer::TextTokenizer;
 use crate::weights::Model;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{DefaultBodyLimit, Extension, MatchedPath, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{from_fn_with_state, Next};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use chat::ChatTemplate;
 use error::ApiError;
+use metrics::{Metrics, Tracked};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -70,6 +74,7 @@ struct AppState {
     space: Arc<TokenSpace>,
     template: ChatTemplate,
     markers: ToolMarkers,
+    metrics: Arc<Metrics>,
     opts: ServeOptions,
     vocab: usize,
     counter: AtomicU64,
@@ -105,7 +110,14 @@ pub fn serve(
     let template = ChatTemplate::new(model.chat_template.as_deref(), &bos, &eos)
         .map_err(bad)?
         .with_markers(markers.clone());
-    let workers = Workers::start(opts.parallel, opts.max_queue, engines, Arc::clone(&tok))?;
+    let metrics = Arc::new(Metrics::new());
+    let workers = Workers::start(
+        opts.parallel,
+        opts.max_queue,
+        engines,
+        Arc::clone(&tok),
+        Arc::clone(&metrics),
+    )?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -117,6 +129,7 @@ pub fn serve(
         space,
         template,
         markers,
+        metrics,
         vocab: model.config.vocab,
         opts: opts.clone(),
         counter: AtomicU64::new(1),
@@ -172,15 +185,50 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/metrics", get(metrics_text))
         .fallback(|| async {
             ApiError::status(StatusCode::NOT_FOUND, "no such endpoint", "not_found")
         })
+        .layer(from_fn_with_state(Arc::clone(&state), observe))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(state)
 }
 
+/// Every request: a [`Tracked`] record for the handler to fill in, counted and
+/// logged when the response (or its stream) ends.
+async fn observe(State(st): State<Arc<AppState>>, mut req: Request, next: Next) -> Response {
+    let endpoint = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("other", MatchedPath::as_str)
+        .to_string();
+    let rec = Tracked::open(Arc::clone(&st.metrics), endpoint, req.method().to_string());
+    req.extensions_mut().insert(rec.clone());
+    let resp = next.run(req).await;
+    rec.with(|r| r.status = resp.status());
+    resp
+}
+
 async fn health() -> Json<Value> {
     Json(json!({"status": "ok"}))
+}
+
+/// `GET /metrics`: the Prometheus text exposition (behind the API key, if one is
+/// set: a scraper sends it as a bearer token).
+async fn metrics_text(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    st.check_key(&headers)?;
+    let text = st.metrics.render(st.workers.in_flight());
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
 }
 
 impl AppState {
@@ -225,6 +273,7 @@ async fn models(
 
 async fn chat_completions(
     State(st): State<Arc<AppState>>,
+    Extension(rec): Extension<Tracked>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
@@ -242,12 +291,13 @@ async fn chat_completions(
         .encode(&text)
         .map_err(|e| ApiError::bad(e.to_string(), Some("messages")))?;
     let (constraint, stream_text) = chat_constraint(&st, &r)?;
-    let p = st.prepare(&r.sampling, ids, constraint, stream_text, "messages")?;
-    respond(st, p, Kind::Chat).await
+    let p = st.prepare(&r.sampling, ids, constraint, stream_text, "messages", &rec)?;
+    respond(st, p, Kind::Chat, rec).await
 }
 
 async fn completions(
     State(st): State<Arc<AppState>>,
+    Extension(rec): Extension<Tracked>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
@@ -271,6 +321,6 @@ async fn completions(
         }
     }
     .map_err(|e| ApiError::bad(e.to_string(), Some("prompt")))?;
-    let p = st.prepare(&r.sampling, ids, None, true, "prompt")?;
-    respond(st, p, Kind::Completion).await
+    let p = st.prepare(&r.sampling, ids, None, true, "prompt", &rec)?;
+    respond(st, p, Kind::Completion, rec).await
 }

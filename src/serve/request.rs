@@ -78,6 +78,7 @@ impl AppState {
         constraint: Option<crate::constrain::Constraint>,
         stream_text: bool,
         prompt_param: &str,
+        rec: &Tracked,
     ) -> Result<Prepared, ApiError> {
         if let Some(n) = s.n {
             if n != 1 {
@@ -148,6 +149,7 @@ impl AppState {
                 constraint,
                 stream_text,
                 events: tx,
+                arrived: rec.arrived(),
             },
             events: rx,
             prompt_tokens,

@@ -30,6 +30,7 @@ pub(super) async fn respond(
     st: Arc<AppState>,
     p: Prepared,
     kind: Kind,
+    rec: Tracked,
 ) -> Result<Response, ApiError> {
     let Prepared {
         job,
@@ -46,6 +47,10 @@ pub(super) async fn respond(
         Kind::Completion => ("cmpl", "text_completion", "text_completion"),
     };
     let id = st.next_id(prefix);
+    rec.with(|r| {
+        r.id = Some(id.clone());
+        r.prompt_tokens = prompt_tokens;
+    });
     let created = now();
     let model = st.opts.model_id.clone();
     let usage = move |n: usize| Usage {
@@ -78,14 +83,19 @@ pub(super) async fn respond(
                     };
                     let body = json!({"id": id, "object": object, "created": created, "model": model,
                         "choices": [choice], "usage": usage(completion_tokens)});
+                    rec.with(|r| {
+                        r.completion_tokens = completion_tokens;
+                        r.outcome = Some(finish.reason());
+                    });
                     return Ok(Json(body).into_response());
                 }
                 Some(Event::Failed(e)) => {
+                    rec.with(|r| r.outcome = Some("failed"));
                     return Err(ApiError::status(
                         StatusCode::INTERNAL_SERVER_ERROR,
                         format!("the engine failed on this request: {e}"),
                         "engine_error",
-                    ))
+                    ));
                 }
                 None => {
                     return Err(ApiError::status(
@@ -101,6 +111,8 @@ pub(super) async fn respond(
     // that hangs up drops the stream, so the forwarder and then the job stop.
     let (tx, rx) = mpsc::channel::<Result<SseEvent, std::convert::Infallible>>(64);
     tokio::spawn(async move {
+        // Until the stream ends, its record says the client left.
+        rec.with(|r| r.outcome = Some("disconnected"));
         let chunk = |choice: Value| json!({"id": id, "object": chunk_object, "created": created, "model": model, "choices": [choice]});
         let send = |v: Value| {
             let tx = tx.clone();
@@ -135,6 +147,10 @@ pub(super) async fn respond(
                     tool_calls,
                     text,
                 }) => {
+                    rec.with(|r| {
+                        r.completion_tokens = completion_tokens;
+                        r.outcome = Some(finish.reason());
+                    });
                     if kind == Kind::Chat {
                         // Held-back output: the calls, or (auto, no call) the text.
                         let calls = tool_calls_json(&tool_calls, &id);
@@ -177,6 +193,7 @@ pub(super) async fn respond(
                     return;
                 }
                 Some(Event::Failed(e)) => {
+                    rec.with(|r| r.outcome = Some("failed"));
                     let err = ApiError::status(
                         StatusCode::INTERNAL_SERVER_ERROR,
                         format!("the engine failed on this request: {e}"),

@@ -5,6 +5,7 @@
 //! its job stops at the next token. A worker whose job panics sends an error for
 //! that job and rebuilds its session.
 
+use super::metrics::{Metrics, TokenClock};
 use crate::constrain::{Constraint, ToolCall};
 use crate::error::Result;
 use crate::sample::{Sampler, SamplerConfig};
@@ -74,6 +75,8 @@ pub struct Job {
     pub stream_text: bool,
     /// Where the events go.
     pub events: UnboundedSender<Event>,
+    /// When the request arrived (the time to first token counts from here).
+    pub arrived: std::time::Instant,
 }
 
 /// The queue and the workers.
@@ -83,6 +86,21 @@ pub struct Workers {
     inflight: Arc<AtomicUsize>,
     limit: usize,
     stopping: Arc<AtomicBool>,
+}
+
+/// What every worker shares: the jobs queued or running, the shutdown flag and
+/// the metrics.
+pub(super) struct Shared {
+    pub(super) inflight: Arc<AtomicUsize>,
+    pub(super) stopping: Arc<AtomicBool>,
+    pub(super) metrics: Arc<Metrics>,
+}
+
+impl Shared {
+    /// A job left (finished, failed or abandoned).
+    pub(super) fn done(&self) {
+        self.inflight.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// The test hook `CQLM_SERVE_PANIC_TOKEN=ID`: an engine pass that is fed token
@@ -112,7 +130,7 @@ pub enum Engines {
 
 impl Workers {
     /// `parallel` workers over sessions from `make`, with room for `max_queue`
-    /// waiting jobs.
+    /// waiting jobs; they count what they run in `metrics`.
     ///
     /// # Errors
     /// The first session that cannot be built.
@@ -121,19 +139,24 @@ impl Workers {
         max_queue: usize,
         engines: Engines,
         tok: Arc<TextTokenizer>,
+        metrics: Arc<Metrics>,
     ) -> Result<Workers> {
         let (tx, rx) = mpsc::channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
         let inflight = Arc::new(AtomicUsize::new(0));
         let stopping = Arc::new(AtomicBool::new(false));
+        let shared = || Shared {
+            inflight: Arc::clone(&inflight),
+            stopping: Arc::clone(&stopping),
+            metrics: Arc::clone(&metrics),
+        };
         let make = match engines {
             Engines::Sessions(make) => make,
             Engines::Batch(make) => {
-                let (rx, tok) = (Arc::clone(&rx), Arc::clone(&tok));
-                let (f, s) = (Arc::clone(&inflight), Arc::clone(&stopping));
+                let (rx, tok, sh) = (Arc::clone(&rx), Arc::clone(&tok), shared());
                 std::thread::Builder::new()
                     .name("cqlm-serve-batch".into())
-                    .spawn(move || super::batcher::run(&make, &rx, &tok, &f, &s))
+                    .spawn(move || super::batcher::run(&make, &rx, &tok, &sh))
                     .map_err(|e| {
                         crate::Error::InvalidArgument(format!("cannot start a worker: {e}"))
                     })?;
@@ -148,10 +171,10 @@ impl Workers {
         for i in 0..parallel.max(1) {
             let session = make()?;
             let (rx, make, tok) = (Arc::clone(&rx), Arc::clone(&make), Arc::clone(&tok));
-            let (inflight, stopping) = (Arc::clone(&inflight), Arc::clone(&stopping));
+            let sh = shared();
             std::thread::Builder::new()
                 .name(format!("cqlm-serve-{i}"))
-                .spawn(move || worker(session, &rx, &make, &tok, &inflight, &stopping))
+                .spawn(move || worker(session, &rx, &make, &tok, &sh))
                 .map_err(|e| {
                     crate::Error::InvalidArgument(format!("cannot start a worker: {e}"))
                 })?;
@@ -179,6 +202,11 @@ impl Workers {
         sent
     }
 
+    /// Jobs queued or running.
+    pub fn in_flight(&self) -> usize {
+        self.inflight.load(Ordering::SeqCst)
+    }
+
     /// Stop every running job at its next token (shutdown).
     pub fn stop_all(&self) {
         self.stopping.store(true, Ordering::SeqCst);
@@ -190,8 +218,7 @@ fn worker(
     rx: &Mutex<mpsc::Receiver<Job>>,
     make: &SessionFactory,
     tok: &TextTokenizer,
-    inflight: &AtomicUsize,
-    stopping: &AtomicBool,
+    sh: &Shared,
 ) {
     loop {
         let job = {
@@ -202,9 +229,11 @@ fn worker(
             }
         };
         let events = job.events.clone();
+        sh.metrics.started(job.ids.len());
         let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            run_job(&mut session, job, tok, stopping)
+            run_job(&mut session, job, tok, sh)
         }));
+        sh.metrics.ended();
         match run {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
@@ -216,22 +245,17 @@ fn worker(
                     Ok(s) => session = s,
                     Err(e) => {
                         log::error!("cannot rebuild a worker's session: {e}");
-                        inflight.fetch_sub(1, Ordering::SeqCst);
+                        sh.done();
                         return;
                     }
                 }
             }
         }
-        inflight.fetch_sub(1, Ordering::SeqCst);
+        sh.done();
     }
 }
 
-fn run_job(
-    session: &mut Session,
-    job: Job,
-    tok: &TextTokenizer,
-    stopping: &AtomicBool,
-) -> Result<()> {
+fn run_job(session: &mut Session, job: Job, tok: &TextTokenizer, sh: &Shared) -> Result<()> {
     let Job {
         ids,
         sampler,
@@ -240,7 +264,9 @@ fn run_job(
         mut constraint,
         stream_text,
         events,
+        arrived,
     } = job;
+    let mut clock = TokenClock::new(arrived);
     assert!(!panics_on(&ids), "CQLM_SERVE_PANIC_TOKEN");
     session.reset();
     session.prefill(&ids)?;
@@ -249,7 +275,8 @@ fn run_job(
     let mut failed = None;
     let mut gone = false;
     let mut on_token = |id: u32| {
-        if stopping.load(Ordering::Relaxed) {
+        clock.tick(&sh.metrics);
+        if sh.stopping.load(Ordering::Relaxed) {
             return false;
         }
         match text.push(id) {

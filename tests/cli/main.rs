@@ -15,3 +15,4 @@ mod generate;
 mod hardening;
 mod profile;
 mod serve;
+mod serve_ops;

@@ -14,6 +14,8 @@ pub(crate) struct Server {
     child: Child,
     /// `host:port`.
     pub(crate) addr: String,
+    /// What the server has written to stderr since it printed its address.
+    pub(crate) log: std::sync::Arc<std::sync::Mutex<String>>,
 }
 
 impl Drop for Server {
@@ -31,11 +33,12 @@ pub(crate) fn start(extra: &[&str]) -> Server {
 
 /// [`start`] with environment variables set for the server.
 #[allow(clippy::zombie_processes)] // Server's drop kills and waits
-fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
+pub(crate) fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_cqlm"))
         .args(["serve", "--backend", "cpu", "--port", "0"])
         .args(extra)
         .env("XDG_RUNTIME_DIR", "/tmp")
+        .env_remove("RUST_LOG")
         .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -49,14 +52,22 @@ fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
         if let Some(rest) = line.split("http://").nth(1) {
             let addr = rest.split('/').next().unwrap().to_string();
             // Keep draining stderr so the server never blocks on it.
-            std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
-            return Server { child, addr };
+            let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+            let sink = std::sync::Arc::clone(&log);
+            std::thread::spawn(move || {
+                let mut line = String::new();
+                while err.read_line(&mut line).is_ok_and(|n| n > 0) {
+                    sink.lock().unwrap().push_str(&line);
+                    line.clear();
+                }
+            });
+            return Server { child, addr, log };
         }
     }
 }
 
 /// One request: (status, headers, body).
-fn http(
+pub(crate) fn http(
     addr: &str,
     method: &str,
     path: &str,
@@ -105,7 +116,7 @@ fn dechunk(body: &str, head: &str) -> String {
     out
 }
 
-fn post(addr: &str, path: &str, body: &Value) -> (u16, Value) {
+pub(crate) fn post(addr: &str, path: &str, body: &Value) -> (u16, Value) {
     let (status, _, b) = http(addr, "POST", path, &[], body.to_string().as_bytes());
     (status, serde_json::from_str(&b).unwrap_or(Value::Null))
 }
@@ -372,6 +383,45 @@ fn a_bounded_load_of_mixed_clients_gets_correct_answers_and_no_5xx() {
         after_50 > 0 && end as f64 <= after_50 as f64 * 1.10,
         "RSS {after_50} kB -> {end} kB"
     );
+    // The server's own account agrees: 400 requests answered (the dropped streams
+    // too, once their sequences stop), 80 of them 4xx, none 5xx, nothing left
+    // running, one log line each.
+    let t0 = std::time::Instant::now();
+    loop {
+        let (_, _, text) = http(&s.addr, "GET", "/metrics", &[], b"");
+        let counts: Vec<(String, f64)> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("cqlm_requests_total{endpoint=\"/v1/chat/completions\""))
+            .filter_map(|l| {
+                let (labels, v) = l.rsplit_once(' ')?;
+                Some((labels.to_string(), v.parse().ok()?))
+            })
+            .collect();
+        let with = |p: &str| -> f64 {
+            counts
+                .iter()
+                .filter(|(l, _)| l.contains(p))
+                .map(|c| c.1)
+                .sum()
+        };
+        let lines = s
+            .log
+            .lock()
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("POST /v1/chat/completions"))
+            .count();
+        if with("status") == 400.0 && text.contains("cqlm_active_sequences 0\n") && lines == 400 {
+            assert_eq!(with("status=\"4"), 80.0, "{text}");
+            assert_eq!(with("status=\"5"), 0.0, "{text}");
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "{lines} lines; {text}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// `CQLM_OPENAI_PYTHON` (a Python with openai, jinja2 and tokenizers: `.ci/run`'s
