@@ -325,3 +325,54 @@ impl HostTime {
         Some((self.seconds - earlier.seconds) * 1e6 / steps as f64)
     }
 }
+
+/// Several sequences of one model stepped together (continuous batching):
+/// [`crate::CpuBatch`] and [`crate::gpu::GpuBatch`]. Each slot holds one
+/// sequence with its own state; a step appends ids to some slots in one pass
+/// and returns the logits after each item's last id, bit-identical to that
+/// sequence stepped alone.
+pub trait BatchEngine: Send {
+    /// The model.
+    fn model(&self) -> &std::sync::Arc<crate::weights::Model>;
+    /// Number of slots.
+    fn slots(&self) -> usize;
+    /// Empty slot `slot` (its next token is at position 0); panics if out of range.
+    fn reset(&mut self, slot: usize);
+    /// Append each `(slot, ids)` of `work` to its slot and return the logits after
+    /// each item's last id, `[work.len(), vocab]` in `work`'s order.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a slot out of range or repeated, an empty
+    /// item, or no work; [`Error::TokenOutOfRange`] (nothing stepped); the
+    /// engine's step errors (the slots have then advanced).
+    fn step(&mut self, work: &[(usize, &[u32])]) -> Result<&[f32]>;
+    /// The logits of the last step that succeeded, `[items, vocab]`.
+    fn last_logits(&self) -> &[f32];
+    /// What runs the batch (as [`Engine::describe`]).
+    fn describe(&self) -> String;
+}
+
+/// Check a batch step's `work` for `slots` slots and `vocab` ids: the errors of
+/// [`BatchEngine::step`] that come before anything is stepped.
+pub(crate) fn check_batch_work(work: &[(usize, &[u32])], slots: usize, vocab: usize) -> Result<()> {
+    if work.is_empty() {
+        return Err(Error::InvalidArgument("batch step: no work".into()));
+    }
+    let mut seen = vec![false; slots];
+    for &(slot, ids) in work {
+        if slot >= slots || std::mem::replace(&mut seen[slot], true) {
+            return Err(Error::InvalidArgument(format!(
+                "batch step: slot {slot} is out of range or given twice"
+            )));
+        }
+        if ids.is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "batch step: slot {slot} has no ids"
+            )));
+        }
+        if let Some(&token) = ids.iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::TokenOutOfRange { token, vocab });
+        }
+    }
+    Ok(())
+}

@@ -178,11 +178,16 @@ impl BackendArgs {
     /// The engine builder these flags describe (`--backend` absent: auto, which
     /// takes a hardware GPU when there is one, else the CPU), with `default` the
     /// precision when `--precision` is absent.
-    pub fn builder(&self, model: Arc<Model>, default: cqlm::Precision) -> EngineBuilder {
-        let opts = cqlm::gpu::GpuOptions {
+    /// The GPU options these arguments name.
+    pub fn gpu_options(&self) -> cqlm::gpu::GpuOptions {
+        cqlm::gpu::GpuOptions {
             adapter: self.adapter.clone(),
             ..Default::default()
-        };
+        }
+    }
+
+    pub fn builder(&self, model: Arc<Model>, default: cqlm::Precision) -> EngineBuilder {
+        let opts = self.gpu_options();
         let backend = match self.backend {
             Some(Backend::Cpu) => cqlm::Backend::Cpu,
             Some(Backend::Gpu) => cqlm::Backend::Gpu(opts),

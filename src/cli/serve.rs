@@ -37,8 +37,9 @@ pub struct Args {
     /// The model id clients name (default: the archive's file stem, or cqlm-small).
     #[arg(long, value_name = "ID")]
     model_id: Option<String>,
-    /// On the CPU engine, run each parallel sequence on its own thread and session
-    /// instead of stepping them all in one batched pass (for comparison).
+    /// Run each parallel sequence on its own thread and session (its own weight
+    /// upload on the GPU) instead of stepping them all in one batched pass (for
+    /// comparison).
     #[arg(long)]
     no_batch: bool,
 }
@@ -52,21 +53,28 @@ pub fn run(a: Args) -> Result<()> {
     let make: SessionFactory = Arc::new(move || {
         Session::from_builder(backend.builder(Arc::clone(&m), cqlm::Precision::Fast))
     });
-    // The CPU engine batches: one pass steps every sequence (GPU: a session each).
+    // One batched pass steps every sequence (CpuBatch or GpuBatch), unless --no-batch.
     let probe = make()?;
     super::report_notice(probe.fallback_reason(), true);
     let on_cpu = probe.engine().describe().starts_with("cpu");
     let precision = probe.engine().precision();
     drop(probe);
     let parallel = a.parallel.max(1);
-    let batched = on_cpu && !a.no_batch;
-    let engines = if batched {
-        let m = Arc::clone(&model);
+    let batched = !a.no_batch;
+    let m = Arc::clone(&model);
+    let engines = if !batched {
+        Engines::Sessions(make)
+    } else if on_cpu {
         Engines::Batch(Arc::new(move || {
-            cqlm::CpuBatch::new(Arc::clone(&m), parallel, precision)
+            let b = cqlm::CpuBatch::new(Arc::clone(&m), parallel, precision)?;
+            Ok(Box::new(b) as Box<dyn cqlm::BatchEngine>)
         }))
     } else {
-        Engines::Sessions(make)
+        let ctx = cqlm::GpuEngine::context_for(&model, &a.backend.gpu_options())?;
+        Engines::Batch(Arc::new(move || {
+            let b = cqlm::GpuBatch::new(Arc::clone(&m), Arc::clone(&ctx), parallel, None)?;
+            Ok(Box::new(b) as Box<dyn cqlm::BatchEngine>)
+        }))
     };
     let opts = ServeOptions {
         host: a.host,

@@ -8,7 +8,7 @@ use super::forward::{forward_many, Segment};
 use super::hooks::StepHooks;
 use super::scratch::Scratch;
 use super::state::{alloc, State};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::precision::Precision;
 use crate::weights::Model;
 use std::sync::Arc;
@@ -92,25 +92,7 @@ impl CpuBatch {
     /// step's (the slots have then advanced).
     pub fn step(&mut self, work: &[(usize, &[u32])]) -> Result<&[f32]> {
         let vocab = self.model.config.vocab;
-        if work.is_empty() {
-            return Err(Error::InvalidArgument("batch step: no work".into()));
-        }
-        let mut seen = vec![false; self.states.len()];
-        for &(slot, ids) in work {
-            if slot >= self.states.len() || std::mem::replace(&mut seen[slot], true) {
-                return Err(Error::InvalidArgument(format!(
-                    "batch step: slot {slot} is out of range or given twice"
-                )));
-            }
-            if ids.is_empty() {
-                return Err(Error::InvalidArgument(format!(
-                    "batch step: slot {slot} has no ids"
-                )));
-            }
-            if let Some(&token) = ids.iter().find(|&&t| t as usize >= vocab) {
-                return Err(Error::TokenOutOfRange { token, vocab });
-            }
-        }
+        crate::engine::check_batch_work(work, self.states.len(), vocab)?;
         self.items = 0;
         if self.logits.len() < work.len() * vocab {
             self.logits = alloc("logits", work.len() * vocab)?;
@@ -140,5 +122,26 @@ impl CpuBatch {
     /// (empty before any).
     pub fn last_logits(&self) -> &[f32] {
         &self.logits[..self.items * self.model.config.vocab]
+    }
+}
+
+impl crate::engine::BatchEngine for CpuBatch {
+    fn model(&self) -> &Arc<Model> {
+        CpuBatch::model(self)
+    }
+    fn slots(&self) -> usize {
+        CpuBatch::slots(self)
+    }
+    fn reset(&mut self, slot: usize) {
+        CpuBatch::reset(self, slot);
+    }
+    fn step(&mut self, work: &[(usize, &[u32])]) -> Result<&[f32]> {
+        CpuBatch::step(self, work)
+    }
+    fn last_logits(&self) -> &[f32] {
+        CpuBatch::last_logits(self)
+    }
+    fn describe(&self) -> String {
+        format!("cpu, {} precision", self.scratch.prep.precision)
     }
 }

@@ -12,7 +12,7 @@
 
 use super::capture::{Captured, Source};
 use super::layout::{ActLayout, Slots};
-use super::prefill::PrefillPlan;
+use super::prefill::{PrefillPlan, SeqBinding};
 use super::profile::{attended, GpuTiming};
 use super::program::{Fault, Kernels, Parts, StepProgram};
 use super::readback::{DeviceReadout, Readback};
@@ -33,14 +33,14 @@ use std::time::Instant;
 
 /// The GPU engine. Weights and state live on the device for the engine's life.
 pub struct GpuEngine {
-    ctx: Arc<GpuContext>,
-    model: Arc<Model>,
-    kernels: Kernels,
-    weights: GpuWeights,
-    slots: Slots,
-    state: DeviceState,
-    program: StepProgram,
-    input: StepInput,
+    pub(super) ctx: Arc<GpuContext>,
+    pub(super) model: Arc<Model>,
+    pub(super) kernels: Kernels,
+    pub(super) weights: GpuWeights,
+    pub(super) slots: Slots,
+    pub(super) state: DeviceState,
+    pub(super) program: StepProgram,
+    pub(super) input: StepInput,
     readback: Readback,
     prefill: PrefillPlan,
     prefill_chunk: usize,
@@ -65,10 +65,19 @@ impl GpuEngine {
     /// [`Error::Gpu`] for a missing adapter or limit, or a model the kernels can't
     /// run (a group over 4096 columns).
     pub fn new(model: Arc<Model>, opts: &GpuOptions) -> Result<GpuEngine> {
+        let ctx = Self::context_for(&model, opts)?;
+        Self::with_context(model, ctx)
+    }
+
+    /// Open a device with `opts` whose limits fit `model` (what
+    /// [`GpuEngine::new`] runs on; engines and batches can share it).
+    ///
+    /// # Errors
+    /// As [`GpuEngine::new`].
+    pub fn context_for(model: &Model, opts: &GpuOptions) -> Result<Arc<GpuContext>> {
         let c = &model.config;
         let needed = (c.vocab as u64 * 4).max(model.weights.embed.row_bytes() as u64 * 64);
-        let ctx = GpuContext::new(opts, needed)?;
-        Self::with_context(model, ctx)
+        GpuContext::new(opts, needed)
     }
 
     /// Build an engine on an existing device (engines on one device share nothing but it).
@@ -113,18 +122,25 @@ impl GpuEngine {
         fault: Option<Fault>,
         program: Option<ProgramKind>,
     ) -> Result<GpuEngine> {
+        Self::build_seqs(model, ctx, fault, program, 1)
+    }
+
+    /// [`GpuEngine::build`] with per-sequence buffers for `seqs` sequences (the
+    /// engine's own steps use sequence 0; [`super::GpuBatch`] the others too).
+    pub(super) fn build_seqs(
+        model: Arc<Model>,
+        ctx: Arc<GpuContext>,
+        fault: Option<Fault>,
+        program: Option<ProgramKind>,
+        seqs: usize,
+    ) -> Result<GpuEngine> {
         let c = &model.config;
         let kernels = Kernels::new(&ctx);
         let weights = GpuWeights::upload(&ctx, &model)?;
         let act = ActLayout::new(c, weights.sites.len(), weights.embed.padded());
-        let table_rows = model
-            .weights
-            .engram
-            .as_ref()
-            .map_or(Vec::new(), |e| e.tables.iter().map(|t| t.rows()).collect());
-        let input = StepInput::new(c, table_rows, fault == Some(Fault::RopeAtPhysicalSlot));
+        let input = StepInput::for_model(&model, fault == Some(Fault::RopeAtPhysicalSlot));
         let slots = Slots::new(&ctx, act.len, c.hidden, input.layout.words());
-        let state = DeviceState::new(&ctx, c, &slots, weights.sites.len())?;
+        let state = DeviceState::new(&ctx, c, &slots, weights.sites.len(), seqs)?;
         let program = StepProgram::build(&Parts {
             ctx: &ctx,
             config: c,
@@ -143,7 +159,7 @@ impl GpuEngine {
         Ok(GpuEngine {
             kernels,
             weights,
-            prefill: PrefillPlan::new(slots),
+            prefill: PrefillPlan::new(slots, SeqBinding::Every(0)),
             prefill_chunk: slots.count,
             slots,
             state,

@@ -8,6 +8,7 @@
 //! `recorder`, the one recorder every way of running the step goes through.
 
 pub mod arena;
+mod batch;
 mod capture;
 mod context;
 mod engine;
@@ -26,6 +27,7 @@ pub mod step_input;
 mod upload;
 mod util;
 
+pub use batch::GpuBatch;
 pub use capture::Captured;
 pub use context::{
     device_type_name, env_flag, list_adapters, Capabilities, GpuContext, GpuOptions,

@@ -31,21 +31,38 @@ struct PerSlot {
     tail: Vec<Vec<Dispatch>>,
 }
 
+/// Which sequence's buffers (KV cache, rings, scores, logits) each slot's
+/// per-token dispatches are bound to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SeqBinding {
+    /// Every slot to sequence `s`: a prefill chunk of that sequence.
+    Every(usize),
+    /// Slot `j` to sequence `j`: one token of each sequence ([`super::GpuBatch`]).
+    SlotIsSeq,
+}
+
 /// The prefill's dispatches: per slot, and batched per chunk length.
 pub(crate) struct PrefillPlan {
     slots: Slots,
+    binding: SeqBinding,
     per_slot: Option<PerSlot>,
     /// Per chunk length built so far, per layer: phi, qkvg and wo, and the MLP.
     batched: Vec<(usize, Vec<[Vec<Dispatch>; 4]>)>,
+    /// Under [`SeqBinding::SlotIsSeq`], per slot count built so far: the
+    /// vocabulary projection of every slot in one batched matvec.
+    tails: Vec<(usize, Vec<Dispatch>)>,
 }
 
 impl PrefillPlan {
-    /// An empty plan (nothing is built before the first chunk).
-    pub(crate) fn new(slots: Slots) -> PrefillPlan {
+    /// An empty plan (nothing is built before the first chunk) whose slots are
+    /// bound to sequences as `binding` says.
+    pub(crate) fn new(slots: Slots, binding: SeqBinding) -> PrefillPlan {
         PrefillPlan {
             slots,
+            binding,
             per_slot: None,
             batched: Vec::new(),
+            tails: Vec::new(),
         }
     }
 
@@ -61,7 +78,10 @@ impl PrefillPlan {
         n: usize,
     ) {
         if self.per_slot.is_none() {
-            let count = self.slots.count;
+            let count = match self.binding {
+                SeqBinding::Every(_) => self.slots.count,
+                SeqBinding::SlotIsSeq => self.slots.count.min(state.seqs),
+            };
             let lean = program.kind == ProgramKind::Lean;
             let mut p = PerSlot {
                 lean: lean.then(|| Vec::with_capacity(count)),
@@ -112,61 +132,102 @@ impl PrefillPlan {
                 .collect();
             self.batched.push((n, b));
         }
+        let slot_is_seq = self.binding == SeqBinding::SlotIsSeq;
+        if !lean && slot_is_seq && !self.tails.iter().any(|(k, _)| *k == n) {
+            let d = program
+                .tail_plan
+                .dispatches(&kernels.cq, ctx, &weights.arenas, n);
+            self.tails.push((n, d));
+        }
     }
 
-    /// The windows of slot `j` of the per-token buffers.
-    fn windows<'a>(&self, s: &'a DeviceState, j: usize) -> [Window<'a>; 3] {
+    /// The windows of slot `j` of the per-token buffers, and of its sequence's.
+    fn windows<'a>(&self, s: &'a DeviceState, j: usize) -> Vec<Window<'a>> {
         let w = |buffer, stride: usize| Window {
             buffer,
             offset: (j * stride * 4) as u64,
             size: (stride * 4) as u64,
         };
-        [
+        let seq = match self.binding {
+            SeqBinding::Every(seq) => seq,
+            SeqBinding::SlotIsSeq => j,
+        };
+        let mut ws = vec![
             w(&s.act, self.slots.act),
             w(&s.lanes, self.slots.lanes),
             w(&s.step, self.slots.step),
-        ]
+        ];
+        ws.extend(s.seq_windows(seq));
+        ws
     }
 
     /// The ops of a chunk of `n` tokens (after [`PrefillPlan::prepare`] for `n`),
     /// with the vocabulary projection of the last token when `tail`; `None` if
     /// the chunk was not prepared.
     pub(crate) fn ops(&self, n: usize, tail: bool) -> Option<Vec<Op<'_>>> {
+        let tokens: Vec<usize> = (0..n).collect();
+        let tails = if tail { &tokens[n - 1..] } else { &[] };
+        self.ops_for(n, &tokens, tails)
+    }
+
+    /// The ops of one token in each slot of `active` (ascending; slot `j` is
+    /// sequence `j` under [`SeqBinding::SlotIsSeq`]), each with its vocabulary
+    /// projection, after [`PrefillPlan::prepare`] for `max(active) + 1`. The
+    /// batched matvecs run over every slot up to the last active one; the slots
+    /// between that are not active compute values nothing reads (their logits
+    /// windows too: a slot's logits are read only after a pass it was in).
+    pub(crate) fn decode_ops(&self, active: &[usize]) -> Option<Vec<Op<'_>>> {
+        let n = active.last()? + 1;
+        self.ops_for(n, active, active)
+    }
+
+    /// Batched dispatches over `n` slots, per-token ones for `tokens` (in order),
+    /// the vocabulary projection for `tails`.
+    fn ops_for(&self, n: usize, tokens: &[usize], tails: &[usize]) -> Option<Vec<Op<'_>>> {
         let p = self.per_slot.as_ref()?;
         let mut ops = Vec::new();
         fn run<'a>(ops: &mut Vec<Op<'a>>, ds: &'a [Dispatch]) {
             ops.extend(ds.iter().map(Op::Run));
         }
         if let Some(steps) = &p.lean {
-            for (step, _) in &steps[..n] {
-                run(&mut ops, step);
+            for &j in tokens {
+                run(&mut ops, &steps.get(j)?.0);
             }
-            if tail {
-                run(&mut ops, &steps[n - 1].1);
+            for &j in tails {
+                run(&mut ops, &steps.get(j)?.1);
             }
             return Some(ops);
         }
         let (_, batched) = self.batched.iter().find(|(k, _)| *k == n)?;
-        for head in &p.head[..n] {
-            run(&mut ops, head);
+        for &j in tokens {
+            run(&mut ops, p.head.get(j)?);
         }
         // Each per-token kernel runs after the batched dispatch that feeds it and
         // before the one that reads it, tokens in order.
         for (per_token, [phi, qkvg, wo, mlp]) in p.per_token.iter().zip(batched) {
-            let tok = &per_token[..n];
             run(&mut ops, phi);
-            ops.extend(tok.iter().map(|d| Op::Run(&d[0])));
+            for &j in tokens {
+                ops.push(Op::Run(&per_token.get(j)?[0]));
+            }
             run(&mut ops, qkvg);
-            for d in tok {
-                ops.push(Op::Run(&d[1]));
-                ops.push(Op::Run(&d[2]));
+            for &j in tokens {
+                ops.push(Op::Run(&per_token[j][1]));
+                ops.push(Op::Run(&per_token[j][2]));
             }
             run(&mut ops, wo);
             run(&mut ops, mlp);
-            ops.extend(tok.iter().map(|d| Op::Run(&d[3])));
+            ops.extend(tokens.iter().map(|&j| Op::Run(&per_token[j][3])));
         }
-        if tail {
-            run(&mut ops, &p.tail[n - 1]);
+        // Decode passes project every slot up to the last in one batched matvec
+        // (each slot's logits in its sequence's window).
+        if let Some((_, d)) = self.tails.iter().find(|(k, _)| *k == n) {
+            if !tails.is_empty() {
+                run(&mut ops, d);
+            }
+            return Some(ops);
+        }
+        for &j in tails {
+            run(&mut ops, p.tail.get(j)?);
         }
         Some(ops)
     }

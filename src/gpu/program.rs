@@ -136,6 +136,9 @@ pub(crate) struct StepProgram {
     pub tail_caps: Vec<CapturePoint>,
     /// Per layer, what a prefill chunk batches.
     pub plan: Vec<LayerPlan>,
+    /// The vocabulary projection batched over token slots, slot `j`'s logits in
+    /// sequence `j`'s window ([`super::GpuBatch`]'s decode passes).
+    pub tail_plan: MatvecPlan,
 }
 
 /// Everything [`StepProgram::build`] wires together.
@@ -324,6 +327,17 @@ impl StepProgram {
             &s.logits,
             Batch::single(),
         );
+        let tail_plan = MatvecPlan {
+            items: vec![(w.embed.clone(), 0, c.vocab, 0)],
+            mode: PrepareMode::MeanLanesZcrms,
+            n: h,
+            src: (s.lanes.clone(), 0),
+            lane_stride: h,
+            gains: (w.vectors.clone(), w.final_norm),
+            out: s.logits.clone(),
+            x_stride: p.slots.lanes,
+            y_stride: s.logits_stride(),
+        };
         let mut program = StepProgram {
             kind: ProgramKind::Standard,
             head,
@@ -334,6 +348,7 @@ impl StepProgram {
             layer_caps,
             tail_caps: Vec::new(),
             plan,
+            tail_plan,
         };
         let kind = p.program.unwrap_or_else(|| ProgramKind::choose(ctx));
         if kind == ProgramKind::Lean && !lean::apply(p, &mut program) {

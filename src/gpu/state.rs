@@ -1,10 +1,12 @@
 //! [`DeviceState`]: the buffers a step reads and writes besides the weights:
 //! activations and lanes (one slot per token of a prefill chunk), the step
 //! input, the logits, the int8 KV cache, attention scores and engram rings.
+//! The last four are per sequence: an engine holds one, a [`super::GpuBatch`]
+//! several side by side, each a window ([`DeviceState::seq_windows`]).
 
 use super::kernels::attention::KvCache;
 use super::layout::Slots;
-use super::GpuContext;
+use super::{GpuContext, Window};
 use crate::config::Config;
 use crate::error::Result;
 
@@ -24,26 +26,90 @@ pub(crate) struct DeviceState {
     pub scores: wgpu::Buffer,
     /// Engram rings, `[sites, ring, hidden]`.
     pub rings: wgpu::Buffer,
+    /// Sequences held (each its logits, cache, scores and rings).
+    pub seqs: usize,
+    /// Bytes of one sequence's logits, scores and rings, and from one sequence's
+    /// to the next's (aligned for a binding offset).
+    per_seq: [(u64, u64); 3],
 }
 
 impl DeviceState {
-    /// Zeroed buffers for `c` with `sites` engram sites.
+    /// Zeroed buffers for `c` with `sites` engram sites, for `seqs` sequences.
     ///
     /// # Errors
     /// [`crate::Error::Gpu`] naming a buffer over the device's limits.
-    pub(crate) fn new(ctx: &GpuContext, c: &Config, slots: &Slots, sites: usize) -> Result<Self> {
+    pub(crate) fn new(
+        ctx: &GpuContext,
+        c: &Config,
+        slots: &Slots,
+        sites: usize,
+        seqs: usize,
+    ) -> Result<Self> {
         let h = c.hidden;
         let rows = c.cache_rows();
         let ring = c.engram.as_ref().map_or(1, |e| e.ring());
+        let seqs = seqs.max(1);
+        let align = u64::from(ctx.device.limits().min_storage_buffer_offset_alignment).max(4);
+        let per = |bytes: u64| {
+            let stride = if seqs == 1 {
+                bytes
+            } else {
+                bytes.div_ceil(align) * align
+            };
+            (bytes, stride)
+        };
+        let per_seq = [
+            per(c.vocab as u64 * 4),
+            per((c.heads * rows) as u64 * 4),
+            per((sites.max(1) * ring * h) as u64 * 4),
+        ];
+        let all = |(bytes, stride): (u64, u64)| stride * (seqs as u64 - 1) + bytes;
         Ok(DeviceState {
             act: ctx.storage_zeroed("activations", (slots.count * slots.act) as u64 * 4)?,
             lanes: ctx.storage_zeroed("lanes", (slots.count * slots.lanes) as u64 * 4)?,
             step: ctx.storage_zeroed("step", (slots.count * slots.step) as u64 * 4)?,
-            logits: ctx.storage_zeroed("logits", c.vocab as u64 * 4)?,
-            cache: KvCache::new(ctx, c.layers, c.kv_heads, rows, c.head_dim)?,
-            scores: ctx.storage_zeroed("attention scores", (c.heads * rows) as u64 * 4)?,
-            rings: ctx.storage_zeroed("engram rings", (sites.max(1) * ring * h) as u64 * 4)?,
+            logits: ctx.storage_zeroed("logits", all(per_seq[0]))?,
+            cache: KvCache::with_seqs(ctx, c.layers, c.kv_heads, rows, c.head_dim, seqs)?,
+            scores: ctx.storage_zeroed("attention scores", all(per_seq[1]))?,
+            rings: ctx.storage_zeroed("engram rings", all(per_seq[2]))?,
+            seqs,
+            per_seq,
         })
+    }
+
+    /// The windows of sequence `s`'s buffers (logits, KV cache, scores, rings): a
+    /// dispatch rebound to them reads and writes that sequence alone. None with
+    /// one sequence (the dispatches bind the whole buffers).
+    pub(crate) fn seq_windows(&self, s: usize) -> Vec<Window<'_>> {
+        if self.seqs == 1 {
+            return Vec::new();
+        }
+        let s = s as u64;
+        let w = |buffer, (bytes, stride): (u64, u64)| Window {
+            buffer,
+            offset: s * stride,
+            size: bytes,
+        };
+        let c = &self.cache;
+        vec![
+            w(&self.logits, self.per_seq[0]),
+            w(&self.scores, self.per_seq[1]),
+            w(&self.rings, self.per_seq[2]),
+            w(&c.k_codes, (c.code_bytes, c.code_stride)),
+            w(&c.v_codes, (c.code_bytes, c.code_stride)),
+            w(&c.k_scale, (c.scale_bytes, c.scale_stride)),
+            w(&c.v_scale, (c.scale_bytes, c.scale_stride)),
+        ]
+    }
+
+    /// Elements from one sequence's logits to the next's.
+    pub(crate) fn logits_stride(&self) -> usize {
+        (self.per_seq[0].1 / 4) as usize
+    }
+
+    /// Byte offset of sequence `s`'s logits in [`DeviceState::logits`].
+    pub(crate) fn logits_offset(&self, s: usize) -> u64 {
+        s as u64 * self.per_seq[0].1
     }
 
     /// Bytes of these buffers.

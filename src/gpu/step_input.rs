@@ -111,6 +111,16 @@ impl StepInput {
         }
     }
 
+    /// The input of `model`'s steps (its engram tables' rows).
+    pub(crate) fn for_model(model: &crate::weights::Model, rope_at_slot: bool) -> StepInput {
+        let table_rows = model
+            .weights
+            .engram
+            .as_ref()
+            .map_or(Vec::new(), |e| e.tables.iter().map(|t| t.rows()).collect());
+        StepInput::new(&model.config, table_rows, rope_at_slot)
+    }
+
     /// Append `token` at position `t` to the history and fill slot `slot` (of
     /// `stride` words) of [`StepInput::words`] for it, growing the words as needed.
     pub(crate) fn fill(&mut self, c: &Config, token: u32, t: u64, slot: usize, stride: usize) {

@@ -1,4 +1,5 @@
-//! Continuous batching on the CPU engine: one thread owns a [`CpuBatch`] of
+//! Continuous batching: one thread owns a [`BatchEngine`] (the CPU's
+//! [`crate::CpuBatch`] or the GPU's [`crate::GpuBatch`]) of
 //! `--parallel` slots; every engine pass steps one token (or a prompt chunk, or a
 //! run of forced tokens) of every active sequence together. A new request takes
 //! a free slot at the next pass, a finished one frees its slot; each slot has its
@@ -8,7 +9,7 @@
 use super::metrics::{Metrics, TokenClock};
 use super::worker::{Event, Finish, Job, Shared};
 use crate::constrain::TokenMask;
-use crate::cpu::CpuBatch;
+use crate::engine::BatchEngine;
 use crate::error::Result;
 use crate::sample::Sampler;
 use crate::tokenizer::TextStream;
@@ -20,7 +21,7 @@ use std::sync::{mpsc, Mutex};
 const PROMPT_CHUNK: usize = 64;
 
 /// A batch factory (again after a panic).
-pub type BatchFactory = std::sync::Arc<dyn Fn() -> Result<CpuBatch> + Send + Sync>;
+pub type BatchFactory = std::sync::Arc<dyn Fn() -> Result<Box<dyn BatchEngine>> + Send + Sync>;
 
 /// One active request.
 struct Active<'t> {

@@ -15,4 +15,5 @@ mod generate;
 mod hardening;
 mod profile;
 mod serve;
+mod serve_gpu;
 mod serve_ops;

@@ -32,10 +32,15 @@ pub(crate) fn start(extra: &[&str]) -> Server {
 }
 
 /// [`start`] with environment variables set for the server.
-#[allow(clippy::zombie_processes)] // Server's drop kills and waits
 pub(crate) fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
+    start_on("cpu", extra, env)
+}
+
+/// [`start_with_env`] on `backend`.
+#[allow(clippy::zombie_processes)] // Server's drop kills and waits
+pub(crate) fn start_on(backend: &str, extra: &[&str], env: &[(&str, &str)]) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_cqlm"))
-        .args(["serve", "--backend", "cpu", "--port", "0"])
+        .args(["serve", "--backend", backend, "--port", "0"])
         .args(extra)
         .env("XDG_RUNTIME_DIR", "/tmp")
         .env_remove("RUST_LOG")

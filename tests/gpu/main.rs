@@ -8,6 +8,7 @@
 mod common;
 
 mod attention;
+mod batch;
 mod block;
 mod cq;
 mod cq_aliasing;

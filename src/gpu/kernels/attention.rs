@@ -40,6 +40,16 @@ pub struct KvCache {
     pub rows: usize,
     /// Elements per head vector.
     pub head_dim: usize,
+    /// Sequences held ([`KvCache::with_seqs`]; 1 for [`KvCache::new`]).
+    pub seqs: usize,
+    /// Bytes of one sequence's codes and of its scales, per buffer.
+    pub code_bytes: u64,
+    /// See [`KvCache::code_bytes`].
+    pub scale_bytes: u64,
+    /// Bytes from one sequence's codes to the next's, and the same for scales.
+    pub code_stride: u64,
+    /// See [`KvCache::code_stride`].
+    pub scale_stride: u64,
 }
 
 impl KvCache {
@@ -55,14 +65,43 @@ impl KvCache {
         rows: usize,
         head_dim: usize,
     ) -> Result<KvCache> {
+        Self::with_seqs(ctx, layers, kv_heads, rows, head_dim, 1)
+    }
+
+    /// A zero-filled cache for each of `seqs` sequences, side by side in each
+    /// buffer: sequence `s`'s cache starts at `s ·` [`KvCache::code_stride`] bytes
+    /// of the code buffers and `s ·` [`KvCache::scale_stride`] of the scale ones
+    /// (both multiples of the device's storage offset alignment), so a dispatch
+    /// bound to that window sees exactly one sequence's cache.
+    ///
+    /// # Errors
+    /// As [`KvCache::new`], for all sequences together.
+    pub fn with_seqs(
+        ctx: &GpuContext,
+        layers: usize,
+        kv_heads: usize,
+        rows: usize,
+        head_dim: usize,
+        seqs: usize,
+    ) -> Result<KvCache> {
         if head_dim > MAX_HEAD_DIM {
             return Err(Error::Gpu(format!(
                 "head_dim {head_dim} exceeds the GPU attention limit of {MAX_HEAD_DIM}"
             )));
         }
+        let align = u64::from(ctx.device.limits().min_storage_buffer_offset_alignment).max(4);
         let vectors = (layers as u64) * (kv_heads as u64) * (rows as u64);
         let code_bytes = vectors * head_dim.div_ceil(4) as u64 * 4;
         let scale_bytes = vectors * 4;
+        let (code_stride, scale_stride) = if seqs <= 1 {
+            (code_bytes, scale_bytes)
+        } else {
+            (
+                code_bytes.div_ceil(align) * align,
+                scale_bytes.div_ceil(align) * align,
+            )
+        };
+        let n = seqs.max(1) as u64;
         let make = |label: &str, bytes: u64| -> Result<wgpu::Buffer> {
             if bytes > ctx.caps.max_storage_binding {
                 return Err(Error::Gpu(format!(
@@ -73,14 +112,19 @@ impl KvCache {
             ctx.storage_zeroed(label, bytes)
         };
         Ok(KvCache {
-            k_codes: make("kv k_codes", code_bytes)?,
-            v_codes: make("kv v_codes", code_bytes)?,
-            k_scale: make("kv k_scale", scale_bytes)?,
-            v_scale: make("kv v_scale", scale_bytes)?,
+            k_codes: make("kv k_codes", code_stride * (n - 1) + code_bytes)?,
+            v_codes: make("kv v_codes", code_stride * (n - 1) + code_bytes)?,
+            k_scale: make("kv k_scale", scale_stride * (n - 1) + scale_bytes)?,
+            v_scale: make("kv v_scale", scale_stride * (n - 1) + scale_bytes)?,
             layers,
             kv_heads,
             rows,
             head_dim,
+            seqs: seqs.max(1),
+            code_bytes,
+            scale_bytes,
+            code_stride,
+            scale_stride,
         })
     }
 
