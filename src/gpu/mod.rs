@@ -4,7 +4,8 @@
 //! and never import it: `upload` (weights), `layout` (activation offsets and
 //! token slots), `state` (device buffers), `program` (the step's dispatch lists
 //! and capture points), `lean` (the 3-dispatch-per-layer program for hardware
-//! GPUs), `readback`, `prefill` (chunked prompts), `capture`, and
+//! GPUs), `readback`, `prefill` (chunked prompts), `batch` ([`GpuBatch`]:
+//! several sequences in one pass), `capture`, and
 //! `recorder`, the one recorder every way of running the step goes through.
 
 pub mod arena;
