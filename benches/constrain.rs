@@ -74,6 +74,7 @@ fn main() {
     let (mut masks, mut forced, mut emitted, mut secs_c) = (Vec::new(), 0, 0, 0.0);
     let (mut emitted_u, mut secs_u) = (0, 0.0);
     let (mut first, mut later) = (Vec::new(), Vec::new());
+    let mut cold = Vec::new();
     for round in 0..2 {
         for case in &cases {
             let spec = ConstraintSpec::json_schema(case["schema"].clone());
@@ -88,6 +89,9 @@ fn main() {
                     true
                 })
                 .expect("generate");
+            if round == 0 {
+                cold.extend(stats.mask_us_each.iter().copied());
+            }
             if round == 1 {
                 secs_c += t.elapsed().as_secs_f64();
                 emitted += k;
@@ -131,6 +135,13 @@ fn main() {
         pct(&mut masks, 0.9),
         pct(&mut masks, 0.99),
         pct(&mut masks, 1.0)
+    );
+    println!(
+        "first round (each grammar new): {} masks, p50 {:.1} µs, p99 {:.1} µs, max {:.1} µs",
+        cold.len(),
+        pct(&mut cold, 0.5),
+        pct(&mut cold, 0.99),
+        pct(&mut cold, 1.0)
     );
     println!(
         "greedy decode: constrained {c:.0} tok/s, unconstrained {u:.0} tok/s, ratio {:.3}; {forced} of {emitted} constrained tokens forced ({:.0}%)",

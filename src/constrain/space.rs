@@ -34,14 +34,52 @@ impl TokenizerEnv for Env {
 /// again and again); past this many, the cache starts over.
 const CACHED_GRAMMARS: usize = 64;
 
+/// Requests that share one warm lexer before it is replaced by a fresh copy
+/// (bounding what one shared lexer accumulates: its state count, and any error
+/// state a request could leave in it).
+const WARM_USES: usize = 64;
+
+/// A compiled grammar: as compiled (`cold`, never run) and the copy requests
+/// share their lexer with (`warm`). llguidance builds its lexer's DFA lazily, by
+/// derivatives; the states a request builds (the first token of a free string
+/// walks most of the vocabulary through new ones) stay in the shared lexer, so
+/// the next request with the grammar finds them built. Matchers cloned from
+/// `warm` share its lexer behind a mutex and nothing else: parser state is each
+/// request's own, and the masks are the same as from a fresh lexer.
+struct Cached {
+    cold: llguidance::Matcher,
+    warm: llguidance::Matcher,
+    uses: usize,
+}
+
+impl Cached {
+    fn new(m: llguidance::Matcher) -> Cached {
+        Cached {
+            warm: m.deep_clone(),
+            cold: m,
+            uses: 0,
+        }
+    }
+
+    /// A matcher for one request, sharing the warm lexer.
+    fn take(&mut self) -> llguidance::Matcher {
+        self.uses += 1;
+        if self.uses > WARM_USES {
+            self.warm = self.cold.deep_clone();
+            self.uses = 1;
+        }
+        self.warm.clone()
+    }
+}
+
 /// A model's tokens for constrained generation: compile a [`ConstraintSpec`]
 /// with [`TokenSpace::compile`].
 pub struct TokenSpace {
     factory: ParserFactory,
     vocab: usize,
     eos: u32,
-    /// Fresh matchers of grammars compiled before, by the grammar's JSON.
-    cache: std::sync::Mutex<std::collections::HashMap<String, llguidance::Matcher>>,
+    /// Grammars compiled before, by the grammar's JSON.
+    cache: std::sync::Mutex<std::collections::HashMap<String, Cached>>,
 }
 
 impl std::fmt::Debug for TokenSpace {
@@ -107,7 +145,7 @@ impl TokenSpace {
 
     /// Compile `spec` into a fresh [`Constraint`] (once per request). A grammar
     /// compiled before (the same tool set or schema) is copied from the cache, not
-    /// compiled again.
+    /// compiled again, and shares the lexer states earlier requests built.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] naming the cause when the schema, pattern,
@@ -119,7 +157,7 @@ impl TokenSpace {
         let cache = || self.cache.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(m) = key
             .as_ref()
-            .and_then(|k| cache().get(k).map(|m| m.deep_clone()))
+            .and_then(|k| cache().get_mut(k).map(Cached::take))
         {
             return Ok(Constraint::new(m, kind, self.vocab, self.eos));
         }
@@ -136,7 +174,10 @@ impl TokenSpace {
             if c.len() >= CACHED_GRAMMARS {
                 c.clear();
             }
-            c.insert(k, matcher.deep_clone());
+            let mut cached = Cached::new(matcher);
+            let m = cached.take();
+            c.insert(k, cached);
+            return Ok(Constraint::new(m, kind, self.vocab, self.eos));
         }
         Ok(Constraint::new(matcher, kind, self.vocab, self.eos))
     }

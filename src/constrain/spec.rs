@@ -114,9 +114,8 @@ impl ConstraintSpec {
                 parallel,
             } => {
                 choice.check(tools)?;
-                let lark = tools.lark(choice, *parallel);
                 (
-                    TopLevelGrammar::from_lark(lark),
+                    tools.grammar(choice, *parallel),
                     Output::Tools(tools.clone(), choice.clone()),
                 )
             }

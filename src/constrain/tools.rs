@@ -11,6 +11,7 @@
 
 use super::spec::JsonWhitespace;
 use crate::error::{Error, Result};
+use llguidance::api::{GrammarWithLexer, TopLevelGrammar};
 use serde_json::{json, Value};
 
 /// One tool: a name, a description and the JSON Schema of its arguments.
@@ -256,33 +257,52 @@ impl ToolSet {
         }
     }
 
-    /// The Lark grammar of the output under `choice`.
-    pub(crate) fn lark(&self, choice: &ToolChoice, parallel: bool) -> String {
+    /// The grammar of the output under `choice`: the call's (or a list of calls')
+    /// JSON Schema alone for `required` and a named tool, Lark for `auto` and
+    /// `none`. (llguidance builds its Lark lexer anew for each Lark grammar, about
+    /// 1.5 ms here, so a grammar that needs no Lark is not written in it.)
+    pub(crate) fn grammar(&self, choice: &ToolChoice, parallel: bool) -> TopLevelGrammar {
         let lit = |s: &str| serde_json::to_string(s).unwrap_or_default();
         let only = match choice {
             ToolChoice::Function(n) => Some(n.as_str()),
             _ => None,
         };
         let mut call = self.call_schema(only);
-        let top = if parallel && !matches!(choice, ToolChoice::Auto | ToolChoice::None) {
-            json!({"type": "array", "items": call, "minItems": 1})
-        } else {
-            call.clone()
-        };
-        let mut top = top;
-        JsonWhitespace::default().apply(&mut top);
         JsonWhitespace::default().apply(&mut call);
         match choice {
-            ToolChoice::None => "start: /(.|\\n)*/\n".to_string(),
-            ToolChoice::Required | ToolChoice::Function(_) => format!("start: %json {top}\n"),
+            ToolChoice::None => TopLevelGrammar::from_lark("start: /(.|\\n)*/\n".to_string()),
+            ToolChoice::Required | ToolChoice::Function(_) => {
+                let mut top = if parallel {
+                    json!({"type": "array", "items": call, "minItems": 1})
+                } else {
+                    call
+                };
+                JsonWhitespace::default().apply(&mut top);
+                TopLevelGrammar::from_json_schema(top)
+            }
             // Free text may not begin with the start marker's first character, so
             // the choice between text and a call is made by the first token.
-            ToolChoice::Auto => format!(
-                "start: TEXT | {} call {}\ncall: %json {call}\nTEXT: /([^{}](.|\\n)*)?/\n",
-                lit(&self.markers.start),
-                lit(&self.markers.end),
-                class_escape(self.markers.start.chars().next().unwrap_or('<')),
-            ),
+            // The call is a grammar of its own, so the Lark text stays short.
+            ToolChoice::Auto => TopLevelGrammar {
+                grammars: vec![
+                    GrammarWithLexer {
+                        name: None,
+                        json_schema: None,
+                        lark_grammar: Some(format!(
+                            "start: TEXT | {} @call {}\nTEXT: /([^{}](.|\\n)*)?/\n",
+                            lit(&self.markers.start),
+                            lit(&self.markers.end),
+                            class_escape(self.markers.start.chars().next().unwrap_or('<')),
+                        )),
+                    },
+                    GrammarWithLexer {
+                        name: Some("call".into()),
+                        json_schema: Some(call),
+                        lark_grammar: None,
+                    },
+                ],
+                max_tokens: None,
+            },
         }
     }
 

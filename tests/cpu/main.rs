@@ -10,6 +10,7 @@ mod common;
 mod archive_errors;
 mod batch;
 mod constrained;
+mod grammar_cache;
 mod cq_kernels;
 mod fast_engine;
 mod fast_kernels;
