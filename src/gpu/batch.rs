@@ -4,21 +4,23 @@
 //! by side in the engine's buffers ([`DeviceState::seq_windows`]), and its own
 //! position and token history on the host.
 //!
-//! A pass of one token per sequence puts sequence `j`'s token in slot `j` of the
-//! per-token buffers and runs the prefill's dispatches ([`PrefillPlan`] with
-//! [`SeqBinding::SlotIsSeq`]): each matvec is one batched dispatch for every
-//! slot, so its weights are decoded once for all sequences, and the per-token
-//! kernels (attention, routing, the engram head) run per slot on that
-//! sequence's buffers. A longer item (a prompt chunk, a run of forced tokens)
-//! runs as a prefill chunk of its own sequence, in its own submit after the
-//! decode pass (whose batched vocabulary projection writes every slot's logits
-//! window up to the last active one, idle ones included). The logits of
-//! every item are read back in one copy and one map. Each item's logits are
+//! A step packs its items' ids into passes of at most the device's token slots
+//! (one id items first, then longer ones, each item's ids in ascending slots).
+//! A pass is one submit: every matvec and the MLP are one batched dispatch over
+//! its slots, so the weights are decoded once for all of them, whichever
+//! sequences they belong to; the per-token kernels (the embedding and engram
+//! head, premix, qk_store, attend, route) run per slot, bound to the slot's
+//! sequence ([`PrefillPlan`] with [`SeqBinding::Every`] per sequence, built at
+//! its first pass). A prompt chunk thus rides in the same pass as the other
+//! sequences' decode tokens. The vocabulary projection runs for the slots that
+//! end an item: one batched matvec over the pass when they are most of it, else
+//! one per item. The logits of the items that end in a pass are copied out in
+//! its submit, and all are read back with one map. Each item's logits are
 //! bit-identical to its sequence stepped alone by a [`GpuEngine`], since the
 //! batched matvecs equal the single ones bit for bit.
 
 use super::engine::GpuEngine;
-use super::prefill::{PrefillPlan, SeqBinding};
+use super::prefill::{mixed_ops, PrefillPlan, SeqBinding};
 use super::recorder::{self, Observer};
 use super::step_input::StepInput;
 use super::{GpuContext, ProgramKind};
@@ -36,10 +38,10 @@ struct Seq {
 /// [`GpuBatch::step`].
 pub struct GpuBatch {
     engine: GpuEngine,
-    /// One token of each sequence, slot `j` = sequence `j`.
-    decode: PrefillPlan,
-    /// Per sequence, its prefill chunks (built at its first chunk).
-    chunks: Vec<Option<PrefillPlan>>,
+    /// The batched dispatches every pass shares.
+    shared: PrefillPlan,
+    /// Per sequence, its per-slot dispatches (built at its first pass).
+    per_seq: Vec<Option<PrefillPlan>>,
     seqs: Vec<Seq>,
     staging: wgpu::Buffer,
     logits: Vec<f32>,
@@ -94,8 +96,8 @@ impl GpuBatch {
             .collect();
         engine.ctx.check_errors()?;
         Ok(GpuBatch {
-            decode: PrefillPlan::new(engine.slots, SeqBinding::SlotIsSeq),
-            chunks: (0..n).map(|_| None).collect(),
+            shared: PrefillPlan::new(engine.slots, SeqBinding::Batched),
+            per_seq: (0..n).map(|_| None).collect(),
             seqs,
             staging,
             logits: vec![0.0; n * vocab],
@@ -139,9 +141,9 @@ impl GpuBatch {
 
     /// Append each `(slot, ids)` of `work` (distinct slots, at least one id each,
     /// all `< vocab`) to its slot and return the logits after each item's last
-    /// id, `[work.len(), vocab]` in `work`'s order: the items of one id in one
-    /// batched pass, longer ones as prefill chunks of their own. Every item's
-    /// logits are bit-identical to its slot stepped alone.
+    /// id, `[work.len(), vocab]` in `work`'s order. The ids go in passes of at
+    /// most [`GpuEngine::prefill_slots`] tokens (one pass when they fit). Every
+    /// item's logits are bit-identical to its slot stepped alone.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a slot out of range or repeated, an empty
@@ -154,34 +156,32 @@ impl GpuBatch {
         self.items = 0;
         let ctx = Arc::clone(&self.engine.ctx);
         ctx.check_errors()?;
-        // The decode pass first: its batched vocabulary projection writes the
-        // logits windows of idle slots too, which a chunk after it then rewrites.
-        let mut singles: Vec<(usize, u32)> = work
-            .iter()
-            .filter(|(_, ids)| ids.len() == 1)
-            .map(|&(slot, ids)| (slot, ids[0]))
-            .collect();
-        singles.sort_unstable();
-        if !singles.is_empty() {
-            self.run_decode(&singles)?;
+        // Items of one id (decode tokens) first, so a long prompt never pushes
+        // them to a later pass.
+        let mut order: Vec<usize> = (0..work.len()).collect();
+        order.sort_by_key(|&k| work[k].1.len());
+        let cap = self.engine.slots.count;
+        let mut placed = vec![0usize; work.len()];
+        let mut pass: Vec<Placed> = Vec::with_capacity(cap);
+        loop {
+            pass.clear();
+            for &k in &order {
+                let (seq, ids) = work[k];
+                while placed[k] < ids.len() && pass.len() < cap {
+                    pass.push(Placed {
+                        item: k,
+                        seq,
+                        token: ids[placed[k]],
+                        last: placed[k] + 1 == ids.len(),
+                    });
+                    placed[k] += 1;
+                }
+            }
+            if pass.is_empty() {
+                break;
+            }
+            self.run_pass(&pass)?;
         }
-        for &(slot, ids) in work.iter().filter(|(_, ids)| ids.len() > 1) {
-            self.run_chunks(slot, ids)?;
-        }
-        // Every item's logits in one copy and one map.
-        let mut enc = ctx.device.create_command_encoder(&Default::default());
-        let row = (vocab * 4) as u64;
-        for (k, &(slot, _)) in work.iter().enumerate() {
-            let at = self.engine.state.logits_offset(slot);
-            enc.copy_buffer_to_buffer(
-                &self.engine.state.logits,
-                at,
-                &self.staging,
-                k as u64 * row,
-                row,
-            );
-        }
-        ctx.queue.submit([enc.finish()]);
         let out = &mut self.logits[..work.len() * vocab];
         ctx.map_read_into(&self.staging, bytemuck::cast_slice_mut(out))?;
         ctx.check_errors()?;
@@ -206,66 +206,63 @@ impl GpuBatch {
         &self.logits[..self.items * self.engine.model.config.vocab]
     }
 
-    /// One token of each `(slot, token)` (ascending slots) in one submit.
-    fn run_decode(&mut self, singles: &[(usize, u32)]) -> Result<()> {
+    /// One pass: token `j` of `pass` in slot `j`, in one submit that also copies
+    /// the logits of the items ending here into their rows of the staging buffer.
+    fn run_pass(&mut self, pass: &[Placed]) -> Result<()> {
         let e = &self.engine;
         let c = &e.model.config;
         let stride = e.slots.step;
-        let n = e.input.layout.words();
-        for &(slot, token) in singles {
-            let s = &mut self.seqs[slot];
-            s.input.fill(c, token, s.pos, 0, stride);
+        let words = e.input.layout.words();
+        let n = pass.len();
+        for (j, p) in pass.iter().enumerate() {
+            let s = &mut self.seqs[p.seq];
+            s.input.fill(c, p.token, s.pos, 0, stride);
             e.ctx.queue.write_buffer(
                 &e.state.step,
-                (slot * stride * 4) as u64,
-                bytemuck::cast_slice(&s.input.words[..n]),
+                (j * stride * 4) as u64,
+                bytemuck::cast_slice(&s.input.words[..words]),
             );
+            s.pos += 1;
         }
-        let active: Vec<usize> = singles.iter().map(|&(slot, _)| slot).collect();
-        let last = active[active.len() - 1] + 1;
-        self.decode
-            .prepare(&e.ctx, &e.program, &e.kernels, &e.weights, &e.state, last);
-        let ops = self
-            .decode
-            .decode_ops(&active)
+        let (ctx, program, kernels, weights, state) =
+            (&e.ctx, &e.program, &e.kernels, &e.weights, &e.state);
+        self.shared
+            .prepare_batched(ctx, program, kernels, weights, state, n);
+        for p in pass {
+            let plan = self.per_seq[p.seq]
+                .get_or_insert_with(|| PrefillPlan::new(e.slots, SeqBinding::Every(p.seq)));
+            plan.prepare_slots(ctx, program, state);
+        }
+        let ends: Vec<usize> = (0..n).filter(|&j| pass[j].last).collect();
+        // The batched projection computes every slot of the pass: worth it when
+        // most of them end an item (decode tokens), not for a prompt chunk.
+        let batched_tail = program.kind != super::ProgramKind::Lean && 2 * ends.len() >= n;
+        let plans: Vec<&PrefillPlan> = pass
+            .iter()
+            .map(|p| self.per_seq[p.seq].as_ref().expect("prepared"))
+            .collect();
+        let ops = mixed_ops(&self.shared, &plans, &ends, batched_tail)
             .ok_or_else(|| Error::Gpu("the batch dispatches are missing".into()))?;
-        recorder::submit(&e.ctx, ops, Observer::Plain, |_| {})?;
-        for &(slot, _) in singles {
-            self.seqs[slot].pos += 1;
-        }
-        Ok(())
-    }
-
-    /// `ids` of `slot` as prefill chunks of that sequence, the last with its
-    /// vocabulary projection; one submit each.
-    fn run_chunks(&mut self, slot: usize, ids: &[u32]) -> Result<()> {
-        let e = &self.engine;
-        let c = &e.model.config;
-        let stride = e.slots.step;
-        let plan = self.chunks[slot]
-            .get_or_insert_with(|| PrefillPlan::new(e.slots, SeqBinding::Every(slot)));
-        let s = &mut self.seqs[slot];
-        let parts = ids.len().div_ceil(e.slots.count);
-        for (i, part) in ids.chunks(e.slots.count).enumerate() {
-            let k = part.len();
-            for (j, &token) in part.iter().enumerate() {
-                s.input.fill(c, token, s.pos + j as u64, j, stride);
+        let row = (c.vocab * 4) as u64;
+        let staging = &self.staging;
+        recorder::submit(ctx, ops, Observer::Plain, |enc| {
+            for &j in &ends {
+                let window = if batched_tail { j } else { pass[j].seq };
+                let at = state.logits_offset(window);
+                let to = pass[j].item as u64 * row;
+                enc.copy_buffer_to_buffer(&state.logits, at, staging, to, row);
             }
-            let used = (k - 1) * stride + e.input.layout.words();
-            e.ctx.queue.write_buffer(
-                &e.state.step,
-                0,
-                bytemuck::cast_slice(&s.input.words[..used]),
-            );
-            plan.prepare(&e.ctx, &e.program, &e.kernels, &e.weights, &e.state, k);
-            let ops = plan
-                .ops(k, i + 1 == parts)
-                .ok_or_else(|| Error::Gpu("the prefill dispatches are missing".into()))?;
-            recorder::submit(&e.ctx, ops, Observer::Plain, |_| {})?;
-            s.pos += k as u64;
-        }
-        Ok(())
+        })
     }
+}
+
+/// A token placed in a pass: its item (index in the step's work), sequence, id,
+/// and whether it is the item's last.
+struct Placed {
+    item: usize,
+    seq: usize,
+    token: u32,
+    last: bool,
 }
 
 impl crate::engine::BatchEngine for GpuBatch {

@@ -31,14 +31,17 @@ struct PerSlot {
     tail: Vec<Vec<Dispatch>>,
 }
 
-/// Which sequence's buffers (KV cache, rings, scores, logits) each slot's
-/// per-token dispatches are bound to.
+/// Which sequence's buffers (KV cache, rings, scores, logits) a plan's
+/// per-slot dispatches are bound to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum SeqBinding {
-    /// Every slot to sequence `s`: a prefill chunk of that sequence.
+    /// Every slot to sequence `s`: a prefill chunk of that sequence, or its
+    /// tokens in any slots of a [`super::GpuBatch`] pass.
     Every(usize),
-    /// Slot `j` to sequence `j`: one token of each sequence ([`super::GpuBatch`]).
-    SlotIsSeq,
+    /// No per-slot dispatches: only the batched ones, shared by every sequence,
+    /// and the vocabulary projection of every slot in one matvec (slot `j`'s
+    /// logits in window `j` of the logits buffer).
+    Batched,
 }
 
 /// The prefill's dispatches: per slot, and batched per chunk length.
@@ -48,7 +51,7 @@ pub(crate) struct PrefillPlan {
     per_slot: Option<PerSlot>,
     /// Per chunk length built so far, per layer: phi, qkvg and wo, and the MLP.
     batched: Vec<(usize, Vec<[Vec<Dispatch>; 4]>)>,
-    /// Under [`SeqBinding::SlotIsSeq`], per slot count built so far: the
+    /// Under [`SeqBinding::Batched`], per slot count built so far: the
     /// vocabulary projection of every slot in one batched matvec.
     tails: Vec<(usize, Vec<Dispatch>)>,
 }
@@ -77,11 +80,19 @@ impl PrefillPlan {
         state: &DeviceState,
         n: usize,
     ) {
-        if self.per_slot.is_none() {
-            let count = match self.binding {
-                SeqBinding::Every(_) => self.slots.count,
-                SeqBinding::SlotIsSeq => self.slots.count.min(state.seqs),
-            };
+        self.prepare_slots(ctx, program, state);
+        self.prepare_batched(ctx, program, kernels, weights, state, n);
+    }
+
+    /// Build the per-slot dispatches (once; none for [`SeqBinding::Batched`]).
+    pub(crate) fn prepare_slots(
+        &mut self,
+        ctx: &GpuContext,
+        program: &StepProgram,
+        state: &DeviceState,
+    ) {
+        if self.per_slot.is_none() && self.binding != SeqBinding::Batched {
+            let count = self.slots.count;
             let lean = program.kind == ProgramKind::Lean;
             let mut p = PerSlot {
                 lean: lean.then(|| Vec::with_capacity(count)),
@@ -118,7 +129,21 @@ impl PrefillPlan {
             }
             self.per_slot = Some(p);
         }
-        let lean = self.per_slot.as_ref().is_some_and(|p| p.lean.is_some());
+    }
+
+    /// Build the batched dispatches for `n` tokens (once per `n`; and, for
+    /// [`SeqBinding::Batched`], the vocabulary projection of `n` slots).
+    pub(crate) fn prepare_batched(
+        &mut self,
+        ctx: &GpuContext,
+        program: &StepProgram,
+        kernels: &Kernels,
+        weights: &GpuWeights,
+        state: &DeviceState,
+        n: usize,
+    ) {
+        let batched_only = self.binding == SeqBinding::Batched;
+        let lean = program.kind == ProgramKind::Lean;
         if !lean && !self.batched.iter().any(|(k, _)| *k == n) {
             let mlp: &MlpKernels = &kernels.mlp;
             let b = program
@@ -132,8 +157,7 @@ impl PrefillPlan {
                 .collect();
             self.batched.push((n, b));
         }
-        let slot_is_seq = self.binding == SeqBinding::SlotIsSeq;
-        if !lean && slot_is_seq && !self.tails.iter().any(|(k, _)| *k == n) {
+        if !lean && batched_only && !self.tails.iter().any(|(k, _)| *k == n) {
             let d = program
                 .tail_plan
                 .dispatches(&kernels.cq, ctx, &weights.arenas, n);
@@ -150,7 +174,7 @@ impl PrefillPlan {
         };
         let seq = match self.binding {
             SeqBinding::Every(seq) => seq,
-            SeqBinding::SlotIsSeq => j,
+            SeqBinding::Batched => j,
         };
         let mut ws = vec![
             w(&s.act, self.slots.act),
@@ -165,70 +189,72 @@ impl PrefillPlan {
     /// with the vocabulary projection of the last token when `tail`; `None` if
     /// the chunk was not prepared.
     pub(crate) fn ops(&self, n: usize, tail: bool) -> Option<Vec<Op<'_>>> {
-        let tokens: Vec<usize> = (0..n).collect();
-        let tails = if tail { &tokens[n - 1..] } else { &[] };
-        self.ops_for(n, &tokens, tails)
+        let plans = vec![self; n];
+        let tails = if tail { vec![n - 1] } else { Vec::new() };
+        mixed_ops(self, &plans, &tails, false)
     }
+}
 
-    /// The ops of one token in each slot of `active` (ascending; slot `j` is
-    /// sequence `j` under [`SeqBinding::SlotIsSeq`]), each with its vocabulary
-    /// projection, after [`PrefillPlan::prepare`] for `max(active) + 1`. The
-    /// batched matvecs run over every slot up to the last active one; the slots
-    /// between that are not active compute values nothing reads (their logits
-    /// windows too: a slot's logits are read only after a pass it was in).
-    pub(crate) fn decode_ops(&self, active: &[usize]) -> Option<Vec<Op<'_>>> {
-        let n = active.last()? + 1;
-        self.ops_for(n, active, active)
+/// The ops of a pass of `plans.len()` tokens, token `j` in slot `j` with the
+/// per-slot dispatches of `plans[j]` (the plan bound to its sequence; a
+/// sequence's tokens in ascending slots, so each sees its earlier ones in the
+/// cache), the batched dispatches of `shared` (prepared for that many tokens),
+/// and the vocabulary projection either of each slot in `tails` (into its
+/// sequence's logits window) or, with `batched_tail` (`shared` a
+/// [`SeqBinding::Batched`] plan), of every slot in one matvec (slot `j` into
+/// window `j`). `None` if something was not prepared.
+pub(crate) fn mixed_ops<'a>(
+    shared: &'a PrefillPlan,
+    plans: &[&'a PrefillPlan],
+    tails: &[usize],
+    batched_tail: bool,
+) -> Option<Vec<Op<'a>>> {
+    let n = plans.len();
+    let slot = |j: usize| plans[j].per_slot.as_ref();
+    let mut ops = Vec::new();
+    fn run<'a>(ops: &mut Vec<Op<'a>>, ds: &'a [Dispatch]) {
+        ops.extend(ds.iter().map(Op::Run));
     }
-
-    /// Batched dispatches over `n` slots, per-token ones for `tokens` (in order),
-    /// the vocabulary projection for `tails`.
-    fn ops_for(&self, n: usize, tokens: &[usize], tails: &[usize]) -> Option<Vec<Op<'_>>> {
-        let p = self.per_slot.as_ref()?;
-        let mut ops = Vec::new();
-        fn run<'a>(ops: &mut Vec<Op<'a>>, ds: &'a [Dispatch]) {
-            ops.extend(ds.iter().map(Op::Run));
-        }
-        if let Some(steps) = &p.lean {
-            for &j in tokens {
-                run(&mut ops, &steps.get(j)?.0);
-            }
-            for &j in tails {
-                run(&mut ops, &steps.get(j)?.1);
-            }
-            return Some(ops);
-        }
-        let (_, batched) = self.batched.iter().find(|(k, _)| *k == n)?;
-        for &j in tokens {
-            run(&mut ops, p.head.get(j)?);
-        }
-        // Each per-token kernel runs after the batched dispatch that feeds it and
-        // before the one that reads it, tokens in order.
-        for (per_token, [phi, qkvg, wo, mlp]) in p.per_token.iter().zip(batched) {
-            run(&mut ops, phi);
-            for &j in tokens {
-                ops.push(Op::Run(&per_token.get(j)?[0]));
-            }
-            run(&mut ops, qkvg);
-            for &j in tokens {
-                ops.push(Op::Run(&per_token[j][1]));
-                ops.push(Op::Run(&per_token[j][2]));
-            }
-            run(&mut ops, wo);
-            run(&mut ops, mlp);
-            ops.extend(tokens.iter().map(|&j| Op::Run(&per_token[j][3])));
-        }
-        // Decode passes project every slot up to the last in one batched matvec
-        // (each slot's logits in its sequence's window).
-        if let Some((_, d)) = self.tails.iter().find(|(k, _)| *k == n) {
-            if !tails.is_empty() {
-                run(&mut ops, d);
-            }
-            return Some(ops);
+    if slot(0)?.lean.is_some() {
+        for j in 0..n {
+            run(&mut ops, &slot(j)?.lean.as_ref()?.get(j)?.0);
         }
         for &j in tails {
-            run(&mut ops, p.tail.get(j)?);
+            run(&mut ops, &slot(j)?.lean.as_ref()?.get(j)?.1);
         }
-        Some(ops)
+        return Some(ops);
     }
+    let (_, batched) = shared.batched.iter().find(|(k, _)| *k == n)?;
+    for j in 0..n {
+        run(&mut ops, slot(j)?.head.get(j)?);
+    }
+    // Each per-token kernel runs after the batched dispatch that feeds it and
+    // before the one that reads it, tokens in order.
+    for (l, [phi, qkvg, wo, mlp]) in batched.iter().enumerate() {
+        let per = |j: usize| -> Option<&'a [Dispatch; 4]> { slot(j)?.per_token.get(l)?.get(j) };
+        run(&mut ops, phi);
+        for j in 0..n {
+            ops.push(Op::Run(&per(j)?[0]));
+        }
+        run(&mut ops, qkvg);
+        for j in 0..n {
+            let d = per(j)?;
+            ops.push(Op::Run(&d[1]));
+            ops.push(Op::Run(&d[2]));
+        }
+        run(&mut ops, wo);
+        run(&mut ops, mlp);
+        for j in 0..n {
+            ops.push(Op::Run(&per(j)?[3]));
+        }
+    }
+    if batched_tail {
+        let (_, d) = shared.tails.iter().find(|(k, _)| *k == n)?;
+        run(&mut ops, d);
+    } else {
+        for &j in tails {
+            run(&mut ops, slot(j)?.tail.get(j)?);
+        }
+    }
+    Some(ops)
 }

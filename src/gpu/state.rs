@@ -64,11 +64,15 @@ impl DeviceState {
             per((sites.max(1) * ring * h) as u64 * 4),
         ];
         let all = |(bytes, stride): (u64, u64)| stride * (seqs as u64 - 1) + bytes;
+        // A batch's logits: a window per sequence and one per token slot (the
+        // batched vocabulary projection writes slot j's into window j).
+        let logit_windows = if seqs == 1 { 1 } else { seqs.max(slots.count) } as u64;
+        let (lb, ls) = per_seq[0];
         Ok(DeviceState {
             act: ctx.storage_zeroed("activations", (slots.count * slots.act) as u64 * 4)?,
             lanes: ctx.storage_zeroed("lanes", (slots.count * slots.lanes) as u64 * 4)?,
             step: ctx.storage_zeroed("step", (slots.count * slots.step) as u64 * 4)?,
-            logits: ctx.storage_zeroed("logits", all(per_seq[0]))?,
+            logits: ctx.storage_zeroed("logits", ls * (logit_windows - 1) + lb)?,
             cache: KvCache::with_seqs(ctx, c.layers, c.kv_heads, rows, c.head_dim, seqs)?,
             scores: ctx.storage_zeroed("attention scores", all(per_seq[1]))?,
             rings: ctx.storage_zeroed("engram rings", all(per_seq[2]))?,
@@ -107,7 +111,8 @@ impl DeviceState {
         (self.per_seq[0].1 / 4) as usize
     }
 
-    /// Byte offset of sequence `s`'s logits in [`DeviceState::logits`].
+    /// Byte offset of logits window `s` (sequence `s`'s, or in a batch token
+    /// slot `s`'s) in [`DeviceState::logits`].
     pub(crate) fn logits_offset(&self, s: usize) -> u64 {
         s as u64 * self.per_seq[0].1
     }

@@ -1,9 +1,10 @@
 //! `GpuBatch`: sequences stepped together on the device give, bit for bit, the
 //! logits of each sequence stepped alone by a `GpuEngine` (and the CPU
-//! reference's within SPEC §6), through prompts of several lengths, decode
-//! passes in changing groups (an idle slot between active ones too), a pass
-//! mixing a prompt chunk with decode tokens, resets, and the window's wrap; both
-//! GPU programs. Bad work is an error and steps nothing.
+//! reference's within SPEC §6), through prompts of several lengths (one longer
+//! than the device's 32 token slots, so a step spans two passes), decode steps
+//! in changing groups, a prompt chunk in the same pass as decode tokens, resets,
+//! and the window's wrap; both GPU programs. Bad work is an error and steps
+//! nothing.
 
 use crate::common::gpu::{gpu, rel_l2};
 use cqlm::cq::BitsPlan;
@@ -37,9 +38,8 @@ fn batched_sequences_match_each_sequence_alone() {
         let mut cpu: Vec<CpuEngine> = (0..3)
             .map(|_| CpuEngine::new(Arc::clone(&model)).unwrap())
             .collect();
-        // Slot 1 waits at first: its prompt comes in pass 2, beside a decode
-        // token of slot 2, while slot 0 sits out (as it does every third pass, so
-        // the batched matvecs also run over idle slots).
+        // Slot 1 waits at first: its prompt comes in step 2, beside a decode
+        // token of slot 2, while slot 0 sits out (as it does every third step).
         let mut pending: Vec<Option<Vec<u32>>> =
             vec![Some(vec![3, 9, 27, 81, 5]), None, Some(vec![7; 40])];
         let mut worst = 0.0f64;
