@@ -11,6 +11,8 @@
 #   - bench-{builtin,default,large}.json  `cqlm bench --backend gpu` (decode with
 #     logits, greedy on the device, prefill; dispatches and host µs per token),
 #     and bench-cpu-{builtin,default}.json for the CPU on the same machine;
+#   - batch-{builtin,default}.json      `cqlm bench --sequences 1,4,8,16`: decode
+#     of 1-16 sequences a pass through GpuBatch (what `cqlm serve` runs);
 #   - profile-{builtin,default}.json    `cqlm profile` per kernel (timestamps);
 #   - parity-tiny.txt                   the parity ladder on `tiny`.
 #
@@ -82,6 +84,8 @@ run() { # run NAME LIMIT_S ARGS... : stdout to $out/NAME, status to the summary
 run bench-builtin.json 60 bench --backend gpu --prompt-len 32 --tokens 512 --reps 5 --json
 run bench-default.json 60 bench --backend gpu --preset default --prompt-len 32 --tokens 512 --reps 5 --json
 run bench-large.json 90 bench --backend gpu --preset large --prompt-len 32 --tokens 256 --reps 5 --json
+run batch-builtin.json 60 bench --backend gpu --sequences 1,4,8,16 --prompt-len 32 --tokens 128 --reps 3 --json
+run batch-default.json 60 bench --backend gpu --preset default --sequences 1,4,8,16 --prompt-len 32 --tokens 128 --reps 3 --json
 run profile-builtin.json 45 profile --backend gpu --tokens 32 --json
 run profile-default.json 45 profile --backend gpu --preset default --tokens 32 --json
 run parity-tiny.txt 60 parity --preset tiny --ids 1,2,3,4,5,6,7,8,9,10,11,12
@@ -110,6 +114,12 @@ for m in ["builtin", "default", "large"]:
         print(f"{m:9} {kind:7} {b['decode_tok_s']:13.1f} {b['decode_greedy_tok_s']:13.1f} "
               f"{b['prefill_tok_s']:14.1f} {str(b['dispatches_per_token']):>11} "
               f"{(f'{host:.1f}' if host is not None else '-'):>14} {gbs:13.1f}")
+for m in ["builtin", "default"]:
+    b = load(f"batch-{m}.json")
+    if b:
+        print(f"\nbatched {m}: " + ", ".join(
+            f"{r['sequences']} seq {r['aggregate_tok_s']:.0f} tok/s ({r['vs_one'] or 0:.2f}x)"
+            for r in b["batched"]))
 for m in ["builtin", "default"]:
     p = load(f"profile-{m}.json")
     if not p:

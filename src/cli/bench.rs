@@ -25,6 +25,12 @@ pub struct Args {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// Instead: decode N sequences together through the backend's batch engine
+    /// (what `cqlm serve` runs), for each N of this list (e.g. 1,4,8): aggregate
+    /// tok/s, ms a pass, and the ratio to one sequence; `--prompt-len` tokens of
+    /// prompt each, `--tokens` passes.
+    #[arg(long, value_name = "N,...", value_delimiter = ',')]
+    sequences: Option<Vec<usize>>,
 }
 
 /// Greedy steps measured per repetition (a soak's long decode is not repeated).
@@ -45,6 +51,17 @@ pub fn run(a: Args) -> Result<()> {
     a.backend.check()?;
     if a.prompt_len == 0 || a.tokens == 0 || a.reps == 0 {
         bail!("--prompt-len, --tokens and --reps must be at least 1");
+    }
+    if let Some(seqs) = &a.sequences {
+        return super::bench_batch::run(
+            &a.model,
+            &a.backend,
+            seqs,
+            a.prompt_len,
+            a.tokens,
+            a.reps,
+            a.json,
+        );
     }
     let model = a.model.load()?;
     let vocab = model.config.vocab as u32;

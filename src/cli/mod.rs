@@ -1,6 +1,7 @@
 //! Subcommands of the `cqlm` binary, one file each, and what they share.
 
 mod bench;
+mod bench_batch;
 mod devices;
 mod eval;
 mod generate;
@@ -175,9 +176,6 @@ impl From<PrecisionArg> for cqlm::Precision {
 }
 
 impl BackendArgs {
-    /// The engine builder these flags describe (`--backend` absent: auto, which
-    /// takes a hardware GPU when there is one, else the CPU), with `default` the
-    /// precision when `--precision` is absent.
     /// The GPU options these arguments name.
     pub fn gpu_options(&self) -> cqlm::gpu::GpuOptions {
         cqlm::gpu::GpuOptions {
@@ -186,6 +184,9 @@ impl BackendArgs {
         }
     }
 
+    /// The engine builder these flags describe (`--backend` absent: auto, which
+    /// takes a hardware GPU when there is one, else the CPU), with `default` the
+    /// precision when `--precision` is absent.
     pub fn builder(&self, model: Arc<Model>, default: cqlm::Precision) -> EngineBuilder {
         let opts = self.gpu_options();
         let backend = match self.backend {
@@ -239,6 +240,33 @@ pub fn make_engine(
     let (engine, why) = b.builder(model, default).build()?;
     report_notice(why.as_deref(), notice);
     Ok(engine)
+}
+
+/// A factory of batch engines of `slots` sequences on the backend the flags
+/// pick (probed once with an engine, which reports auto's notice): `CpuBatch` in
+/// the engine's precision, or `GpuBatch` on a device opened once and shared by
+/// every batch the factory builds.
+pub fn batch_factory(
+    model: Arc<Model>,
+    b: &BackendArgs,
+    slots: usize,
+    default: cqlm::Precision,
+) -> Result<cqlm::serve::batcher::BatchFactory> {
+    let probe = make_engine(Arc::clone(&model), b, default, true)?;
+    let on_cpu = probe.describe().starts_with("cpu");
+    let precision = probe.precision();
+    drop(probe);
+    if on_cpu {
+        return Ok(Arc::new(move || {
+            let b = cqlm::CpuBatch::new(Arc::clone(&model), slots, precision)?;
+            Ok(Box::new(b) as Box<dyn cqlm::BatchEngine>)
+        }));
+    }
+    let ctx = cqlm::GpuEngine::context_for(&model, &b.gpu_options())?;
+    Ok(Arc::new(move || {
+        let b = cqlm::GpuBatch::new(Arc::clone(&model), Arc::clone(&ctx), slots, None)?;
+        Ok(Box::new(b) as Box<dyn cqlm::BatchEngine>)
+    }))
 }
 
 /// A parsed `--ids` value.

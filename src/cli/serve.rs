@@ -54,27 +54,20 @@ pub fn run(a: Args) -> Result<()> {
         Session::from_builder(backend.builder(Arc::clone(&m), cqlm::Precision::Fast))
     });
     // One batched pass steps every sequence (CpuBatch or GpuBatch), unless --no-batch.
-    let probe = make()?;
-    super::report_notice(probe.fallback_reason(), true);
-    let on_cpu = probe.engine().describe().starts_with("cpu");
-    let precision = probe.engine().precision();
-    drop(probe);
     let parallel = a.parallel.max(1);
     let batched = !a.no_batch;
-    let m = Arc::clone(&model);
-    let engines = if !batched {
-        Engines::Sessions(make)
-    } else if on_cpu {
-        Engines::Batch(Arc::new(move || {
-            let b = cqlm::CpuBatch::new(Arc::clone(&m), parallel, precision)?;
-            Ok(Box::new(b) as Box<dyn cqlm::BatchEngine>)
-        }))
+    let engines = if batched {
+        Engines::Batch(super::batch_factory(
+            Arc::clone(&model),
+            &a.backend,
+            parallel,
+            cqlm::Precision::Fast,
+        )?)
     } else {
-        let ctx = cqlm::GpuEngine::context_for(&model, &a.backend.gpu_options())?;
-        Engines::Batch(Arc::new(move || {
-            let b = cqlm::GpuBatch::new(Arc::clone(&m), Arc::clone(&ctx), parallel, None)?;
-            Ok(Box::new(b) as Box<dyn cqlm::BatchEngine>)
-        }))
+        let probe = make()?;
+        super::report_notice(probe.fallback_reason(), true);
+        drop(probe);
+        Engines::Sessions(make)
     };
     let opts = ServeOptions {
         host: a.host,

@@ -701,6 +701,35 @@ fn bench_json_has_the_documented_keys() {
 }
 
 #[test]
+fn bench_sequences_reports_each_batch_against_one() {
+    let v = bench_json(&["--prompt-len", "4", "--tokens", "3", "--sequences", "1,3"]);
+    let rows = v["batched"].as_array().expect("batched rows");
+    assert_eq!(rows.len(), 2, "{v}");
+    assert!(v["backend"].as_str().unwrap().starts_with("cpu"), "{v}");
+    for (row, n) in rows.iter().zip([1.0, 3.0]) {
+        assert_eq!(row["sequences"].as_f64(), Some(n), "{v}");
+        let agg = row["aggregate_tok_s"].as_f64().unwrap();
+        assert!(agg.is_finite() && agg > 0.0, "{v}");
+        let per = row["per_sequence_tok_s"].as_f64().unwrap();
+        assert!((per * n - agg).abs() <= 1e-9 * agg, "{v}");
+        let ms = row["ms_per_pass"].as_f64().unwrap();
+        assert!((ms * agg / 1e3 - n).abs() <= 1e-9 * n, "{v}");
+    }
+    assert_eq!(rows[0]["vs_one"].as_f64(), Some(1.0));
+    let dir = tempfile::tempdir().unwrap();
+    let args = [
+        "bench",
+        "--preset",
+        "tiny",
+        "--backend",
+        "cpu",
+        "--sequences",
+        "2,0",
+    ];
+    assert_one_line_error(&cqlm(dir.path(), &args), "bench --sequences 2,0");
+}
+
+#[test]
 fn bench_rejects_zero_reps() {
     let dir = tempfile::tempdir().unwrap();
     let out = cqlm(
