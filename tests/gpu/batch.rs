@@ -12,6 +12,15 @@ use cqlm::gpu::ProgramKind;
 use cqlm::{Config, CpuEngine, Engine, Error, GpuBatch, GpuEngine, Readout};
 use std::sync::Arc;
 
+/// `e`'s logits after stepping `ids`.
+fn logits_after(e: &mut dyn Engine, ids: &[u32]) -> Vec<f32> {
+    e.step_many(ids, Readout::Logits)
+        .unwrap()
+        .logits()
+        .unwrap()
+        .to_vec()
+}
+
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
@@ -55,24 +64,14 @@ fn batched_sequences_match_each_sequence_alone() {
             let got = batch.step(&refs).unwrap().to_vec();
             assert_eq!(got.len(), work.len() * vocab);
             for (i, (slot, ids)) in work.iter().enumerate() {
-                let want = alone[*slot]
-                    .step_many(ids, Readout::Logits)
-                    .unwrap()
-                    .logits()
-                    .unwrap()
-                    .to_vec();
+                let want = logits_after(&mut alone[*slot], ids);
                 let row = &got[i * vocab..(i + 1) * vocab];
                 assert_eq!(
                     bits(row),
                     bits(&want),
                     "{program:?} pass {pass} slot {slot}"
                 );
-                let reference = cpu[*slot]
-                    .step_many(ids, Readout::Logits)
-                    .unwrap()
-                    .logits()
-                    .unwrap()
-                    .to_vec();
+                let reference = logits_after(&mut cpu[*slot], ids);
                 worst = worst.max(rel_l2(row, &reference));
                 assert_eq!(batch.position(*slot), alone[*slot].position());
                 pending[*slot] = Some(vec![cqlm::sample::argmax(row)]);
@@ -86,12 +85,7 @@ fn batched_sequences_match_each_sequence_alone() {
         batch.reset(2);
         let mut fresh =
             GpuEngine::with_program(Arc::clone(&model), Arc::clone(&ctx), program).unwrap();
-        let want = fresh
-            .step_many(&[4, 5], Readout::Logits)
-            .unwrap()
-            .logits()
-            .unwrap()
-            .to_vec();
+        let want = logits_after(&mut fresh, &[4, 5]);
         let got = batch.step(&[(2, &[4, 5])]).unwrap().to_vec();
         assert_eq!(bits(&got), bits(&want), "{program:?} after reset");
         assert_eq!(batch.position(2), 2);
