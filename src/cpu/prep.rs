@@ -12,6 +12,12 @@ use crate::pool::{Pool, SharedSlice};
 use crate::precision::Precision;
 use crate::simd::CpuSimd;
 
+/// How many floats of [`super::par::per_token`]'s work one value of a fast
+/// input's preparation counts as (the transform, the int8 quantization and the
+/// kernel order: several passes over each value), so a pass of a few tokens
+/// splits it over the pool.
+const FAST_PREP_WEIGHT: usize = 16;
+
 /// The forward's inputs prepared for each distinct (group, padded, batched-kernel
 /// layout), once per activation: `wq wk wv wg` (and the three Φ) share one.
 #[derive(Debug, Default)]
@@ -111,7 +117,8 @@ impl BatchPrep {
                 if self.fast_used == self.fast.len() {
                     self.fast.push(FastSlot::default());
                 }
-                grow(&mut self.tmp, padded, "prepared inputs")?;
+                let parts = Pool::global().threads();
+                grow(&mut self.tmp, parts * padded, "prepared inputs")?;
                 // Another width's slot of the same input and group already holds
                 // the values and scales: only the kernel order differs.
                 let same = self.fast[..self.fast_used]
@@ -123,19 +130,28 @@ impl BatchPrep {
                 if slot.inputs.len() < n {
                     slot.inputs.resize_with(n, FastInput::default);
                 }
+                // Tokens split over the pool (each quantization is a transform,
+                // a pass for the scales and one for the kernel order).
+                let bits = m.bits();
+                let inputs = SharedSlice::new(&mut slot.inputs[..n]);
+                let tmp = SharedSlice::new(&mut self.tmp[..parts * padded]);
+                let work = FAST_PREP_WEIGHT * padded;
                 match same {
                     Some(j) => {
-                        for (x, o) in slot.inputs[..n].iter_mut().zip(&done[j].inputs) {
-                            x.relay(o, m.bits());
-                        }
+                        let from = &done[j].inputs;
+                        per_token(n, work, &|_, t| {
+                            // SAFETY: token t owns its input.
+                            let x = unsafe { &mut inputs.range(t..t + 1)[0] };
+                            x.relay(&from[t], bits);
+                        });
                     }
-                    None => {
-                        let tmp = &mut self.tmp[..padded];
-                        for (t, x) in slot.inputs[..n].iter_mut().enumerate() {
-                            prepare_into(&xs[t * cols..(t + 1) * cols], group, tmp);
-                            x.quantize(tmp, m.bits());
-                        }
-                    }
+                    None => per_token(n, work, &|part, t| {
+                        // SAFETY: token t owns its input, part `part` its scratch.
+                        let (x, scratch) =
+                            unsafe { (&mut inputs.range(t..t + 1)[0], row(&tmp, part, padded)) };
+                        prepare_into(&xs[t * cols..(t + 1) * cols], group, scratch);
+                        x.quantize(scratch, bits);
+                    }),
                 }
                 self.fast_used += 1;
                 self.fast_used - 1
