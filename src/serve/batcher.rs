@@ -50,16 +50,13 @@ enum Next {
 }
 
 pub(super) fn run(
+    mut batch: Box<dyn BatchEngine>,
     make: &BatchFactory,
     rx: &Mutex<mpsc::Receiver<Job>>,
     tok: &TextTokenizer,
     sh: &Shared,
 ) {
     let stopping = &*sh.stopping;
-    let Ok(mut batch) = make() else {
-        log::error!("cannot build the batch engine");
-        return;
-    };
     let vocab = batch.model().config.vocab;
     let eos = batch.model().config.eos;
     let mut slots: Vec<Option<Active<'_>>> = (0..batch.slots()).map(|_| None).collect();

@@ -133,7 +133,7 @@ impl Workers {
     /// waiting jobs; they count what they run in `metrics`.
     ///
     /// # Errors
-    /// The first session that cannot be built.
+    /// The first session (or the batch engine) that cannot be built.
     pub fn start(
         parallel: usize,
         max_queue: usize,
@@ -153,10 +153,12 @@ impl Workers {
         let make = match engines {
             Engines::Sessions(make) => make,
             Engines::Batch(make) => {
+                // Built here, so a batch that can't be is an error before serving.
+                let batch = make()?;
                 let (rx, tok, sh) = (Arc::clone(&rx), Arc::clone(&tok), shared());
                 std::thread::Builder::new()
                     .name("cqlm-serve-batch".into())
-                    .spawn(move || super::batcher::run(&make, &rx, &tok, &sh))
+                    .spawn(move || super::batcher::run(batch, &make, &rx, &tok, &sh))
                     .map_err(|e| {
                         crate::Error::InvalidArgument(format!("cannot start a worker: {e}"))
                     })?;

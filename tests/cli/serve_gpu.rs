@@ -67,3 +67,35 @@ fn the_gpu_batch_serves_concurrent_requests_as_generate_would() {
         }
     }
 }
+
+#[test]
+fn more_sequences_than_the_gpu_holds_is_an_error_before_serving() {
+    if generate_gpu("x", 1).is_none() {
+        return;
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_cqlm"))
+        .args([
+            "serve",
+            "--backend",
+            "gpu",
+            "--port",
+            "0",
+            "--parallel",
+            "33",
+        ])
+        .env("XDG_RUNTIME_DIR", "/tmp")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| !l.contains("XDG_RUNTIME_DIR"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(
+        lines[0].starts_with("error:") && lines[0].contains("32 token slots"),
+        "{err}"
+    );
+    assert!(!err.contains("listening"), "{err}");
+}
