@@ -142,6 +142,6 @@ impl crate::engine::BatchEngine for CpuBatch {
         CpuBatch::last_logits(self)
     }
     fn describe(&self) -> String {
-        format!("cpu, {} precision", self.scratch.prep.precision)
+        super::engine::describe(self.scratch.prep.precision)
     }
 }

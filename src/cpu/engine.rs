@@ -243,10 +243,14 @@ impl Engine for CpuEngine {
     }
 
     fn describe(&self) -> String {
-        format!(
-            "cpu ({} threads, {} precision)",
-            crate::pool::Pool::global().threads(),
-            self.scratch.prep.precision
-        )
+        describe(self.scratch.prep.precision)
     }
+}
+
+/// What a CPU engine or batch in `precision` says it is.
+pub(super) fn describe(precision: crate::precision::Precision) -> String {
+    format!(
+        "cpu ({} threads, {precision} precision)",
+        crate::pool::Pool::global().threads()
+    )
 }

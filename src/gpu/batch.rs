@@ -47,6 +47,13 @@ pub struct GpuBatch {
     logits: Vec<f32>,
     /// Work items of the last step (its logits are `[items, vocab]`).
     items: usize,
+    /// Reused each step: the items in placing order, ids placed per item, the
+    /// tokens of a pass, its step-buffer words, and its slots that end an item.
+    order: Vec<usize>,
+    placed: Vec<usize>,
+    pass: Vec<Placed>,
+    words: Vec<u32>,
+    ends: Vec<usize>,
 }
 
 impl std::fmt::Debug for GpuBatch {
@@ -102,6 +109,11 @@ impl GpuBatch {
             staging,
             logits: vec![0.0; n * vocab],
             items: 0,
+            order: Vec::with_capacity(n),
+            placed: Vec::with_capacity(n),
+            pass: Vec::with_capacity(engine.slots.count),
+            words: Vec::new(),
+            ends: Vec::with_capacity(engine.slots.count),
             engine,
         })
     }
@@ -158,30 +170,37 @@ impl GpuBatch {
         ctx.check_errors()?;
         // Items of one id (decode tokens) first, so a long prompt never pushes
         // them to a later pass.
-        let mut order: Vec<usize> = (0..work.len()).collect();
+        let mut order = std::mem::take(&mut self.order);
+        order.clear();
+        order.extend(0..work.len());
         order.sort_by_key(|&k| work[k].1.len());
         let cap = self.engine.slots.count;
-        let mut placed = vec![0usize; work.len()];
-        let mut pass: Vec<Placed> = Vec::with_capacity(cap);
-        loop {
+        self.placed.clear();
+        self.placed.resize(work.len(), 0);
+        let mut pass = std::mem::take(&mut self.pass);
+        let mut ran = Ok(());
+        while ran.is_ok() {
             pass.clear();
             for &k in &order {
                 let (seq, ids) = work[k];
-                while placed[k] < ids.len() && pass.len() < cap {
+                let placed = &mut self.placed[k];
+                while *placed < ids.len() && pass.len() < cap {
                     pass.push(Placed {
                         item: k,
                         seq,
-                        token: ids[placed[k]],
-                        last: placed[k] + 1 == ids.len(),
+                        token: ids[*placed],
+                        last: *placed + 1 == ids.len(),
                     });
-                    placed[k] += 1;
+                    *placed += 1;
                 }
             }
             if pass.is_empty() {
                 break;
             }
-            self.run_pass(&pass)?;
+            ran = self.run_pass(&pass);
         }
+        (self.order, self.pass) = (order, pass);
+        ran?;
         let out = &mut self.logits[..work.len() * vocab];
         ctx.map_read_into(&self.staging, bytemuck::cast_slice_mut(out))?;
         ctx.check_errors()?;
@@ -214,16 +233,18 @@ impl GpuBatch {
         let stride = e.slots.step;
         let words = e.input.layout.words();
         let n = pass.len();
+        // The pass's step inputs, slot after slot, in one write.
+        self.words.clear();
+        self.words.resize((n - 1) * stride + words, 0);
         for (j, p) in pass.iter().enumerate() {
             let s = &mut self.seqs[p.seq];
             s.input.fill(c, p.token, s.pos, 0, stride);
-            e.ctx.queue.write_buffer(
-                &e.state.step,
-                (j * stride * 4) as u64,
-                bytemuck::cast_slice(&s.input.words[..words]),
-            );
+            self.words[j * stride..j * stride + words].copy_from_slice(&s.input.words[..words]);
             s.pos += 1;
         }
+        e.ctx
+            .queue
+            .write_buffer(&e.state.step, 0, bytemuck::cast_slice(&self.words));
         let (ctx, program, kernels, weights, state) =
             (&e.ctx, &e.program, &e.kernels, &e.weights, &e.state);
         self.shared
@@ -233,7 +254,9 @@ impl GpuBatch {
                 .get_or_insert_with(|| PrefillPlan::new(e.slots, SeqBinding::Every(p.seq)));
             plan.prepare_slots(ctx, program, state);
         }
-        let ends: Vec<usize> = (0..n).filter(|&j| pass[j].last).collect();
+        let ends = &mut self.ends;
+        ends.clear();
+        ends.extend((0..n).filter(|&j| pass[j].last));
         // The batched projection computes every slot of the pass: worth it when
         // most of them end an item (decode tokens), not for a prompt chunk.
         let batched_tail = program.kind != super::ProgramKind::Lean && 2 * ends.len() >= n;
@@ -241,12 +264,12 @@ impl GpuBatch {
             .iter()
             .map(|p| self.per_seq[p.seq].as_ref().expect("prepared"))
             .collect();
-        let ops = mixed_ops(&self.shared, &plans, &ends, batched_tail)
+        let ops = mixed_ops(&self.shared, &plans, ends, batched_tail)
             .ok_or_else(|| Error::Gpu("the batch dispatches are missing".into()))?;
         let row = (c.vocab * 4) as u64;
         let staging = &self.staging;
         recorder::submit(ctx, ops, Observer::Plain, |enc| {
-            for &j in &ends {
+            for &j in ends.iter() {
                 let window = if batched_tail { j } else { pass[j].seq };
                 let at = state.logits_offset(window);
                 let to = pass[j].item as u64 * row;

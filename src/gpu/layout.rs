@@ -168,3 +168,15 @@ impl Slots {
         }
     }
 }
+
+/// Bytes from one sequence's copy of a `bytes`-long region to the next's when
+/// `seqs` sequences sit side by side in one buffer (a [`super::GpuBatch`]):
+/// `bytes` rounded up to the device's storage offset alignment, so each copy can
+/// be bound as a window; just `bytes` for one sequence.
+pub(crate) fn seq_stride(ctx: &GpuContext, bytes: u64, seqs: usize) -> u64 {
+    if seqs <= 1 {
+        return bytes;
+    }
+    let align = u64::from(ctx.device.limits().min_storage_buffer_offset_alignment).max(4);
+    bytes.div_ceil(align) * align
+}

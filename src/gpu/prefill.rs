@@ -91,7 +91,10 @@ impl PrefillPlan {
         program: &StepProgram,
         state: &DeviceState,
     ) {
-        if self.per_slot.is_none() && self.binding != SeqBinding::Batched {
+        let SeqBinding::Every(seq) = self.binding else {
+            return;
+        };
+        if self.per_slot.is_none() {
             let count = self.slots.count;
             let lean = program.kind == ProgramKind::Lean;
             let mut p = PerSlot {
@@ -101,7 +104,7 @@ impl PrefillPlan {
                 tail: Vec::with_capacity(count),
             };
             for j in 0..count {
-                let w = self.windows(state, j);
+                let w = self.windows(state, j, seq);
                 let re = |ds: &[Dispatch]| -> Vec<Dispatch> {
                     ds.iter().map(|d| d.rebound(ctx, &w)).collect()
                 };
@@ -165,16 +168,12 @@ impl PrefillPlan {
         }
     }
 
-    /// The windows of slot `j` of the per-token buffers, and of its sequence's.
-    fn windows<'a>(&self, s: &'a DeviceState, j: usize) -> Vec<Window<'a>> {
+    /// The windows of slot `j` of the per-token buffers, and of sequence `seq`'s.
+    fn windows<'a>(&self, s: &'a DeviceState, j: usize, seq: usize) -> Vec<Window<'a>> {
         let w = |buffer, stride: usize| Window {
             buffer,
             offset: (j * stride * 4) as u64,
             size: (stride * 4) as u64,
-        };
-        let seq = match self.binding {
-            SeqBinding::Every(seq) => seq,
-            SeqBinding::Batched => j,
         };
         let mut ws = vec![
             w(&s.act, self.slots.act),

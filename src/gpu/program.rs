@@ -137,7 +137,7 @@ pub(crate) struct StepProgram {
     /// Per layer, what a prefill chunk batches.
     pub plan: Vec<LayerPlan>,
     /// The vocabulary projection batched over token slots, slot `j`'s logits in
-    /// sequence `j`'s window ([`super::GpuBatch`]'s decode passes).
+    /// window `j` of the logits buffer ([`super::GpuBatch`]'s passes).
     pub tail_plan: MatvecPlan,
 }
 

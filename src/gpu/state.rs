@@ -5,7 +5,7 @@
 //! several side by side, each a window ([`DeviceState::seq_windows`]).
 
 use super::kernels::attention::KvCache;
-use super::layout::Slots;
+use super::layout::{seq_stride, Slots};
 use super::{GpuContext, Window};
 use crate::config::Config;
 use crate::error::Result;
@@ -49,15 +49,7 @@ impl DeviceState {
         let rows = c.cache_rows();
         let ring = c.engram.as_ref().map_or(1, |e| e.ring());
         let seqs = seqs.max(1);
-        let align = u64::from(ctx.device.limits().min_storage_buffer_offset_alignment).max(4);
-        let per = |bytes: u64| {
-            let stride = if seqs == 1 {
-                bytes
-            } else {
-                bytes.div_ceil(align) * align
-            };
-            (bytes, stride)
-        };
+        let per = |bytes: u64| (bytes, seq_stride(ctx, bytes, seqs));
         let per_seq = [
             per(c.vocab as u64 * 4),
             per((c.heads * rows) as u64 * 4),
@@ -99,10 +91,10 @@ impl DeviceState {
             w(&self.logits, self.per_seq[0]),
             w(&self.scores, self.per_seq[1]),
             w(&self.rings, self.per_seq[2]),
-            w(&c.k_codes, (c.code_bytes, c.code_stride)),
-            w(&c.v_codes, (c.code_bytes, c.code_stride)),
-            w(&c.k_scale, (c.scale_bytes, c.scale_stride)),
-            w(&c.v_scale, (c.scale_bytes, c.scale_stride)),
+            w(&c.k_codes, c.code),
+            w(&c.v_codes, c.code),
+            w(&c.k_scale, c.scale),
+            w(&c.v_scale, c.scale),
         ]
     }
 

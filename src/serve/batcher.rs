@@ -91,7 +91,7 @@ pub(super) fn run(
                         continue;
                     }
                 };
-                sh.metrics.started(job.ids.len());
+                sh.metrics.prompt(job.ids.len());
                 let mut prompt = job.ids.clone();
                 let feed: Vec<u32> = prompt.drain(..prompt.len().min(PROMPT_CHUNK)).collect();
                 *slot = Some(Active {

@@ -116,9 +116,15 @@ impl Metrics {
         out
     }
 
-    /// A generation of a `prompt`-token prompt starts running.
-    pub fn started(&self, prompt: usize) {
+    /// A generation of a `prompt`-token prompt starts (counts its prompt only).
+    pub fn prompt(&self, prompt: usize) {
         self.prompt_tokens.inc_by(prompt as u64);
+    }
+
+    /// A generation of a `prompt`-token prompt starts running on a worker of its
+    /// own ([`Metrics::prompt`] and one more active sequence).
+    pub fn started(&self, prompt: usize) {
+        self.prompt(prompt);
         self.active.inc();
     }
 
@@ -127,7 +133,8 @@ impl Metrics {
         self.active.dec();
     }
 
-    /// Set the running generations (the batcher counts its slots each pass).
+    /// Set the running generations (the batcher counts its slots each pass,
+    /// instead of [`Metrics::started`] and [`Metrics::ended`]).
     pub fn set_active(&self, n: usize) {
         self.active.set(n as i64);
     }

@@ -5,7 +5,8 @@
 //! in the OpenAI shape; `GET /metrics` for Prometheus ([`metrics`]) and one log
 //! line per request. Requests run on `--parallel` worker threads
 //! ([`worker::Workers`]), each with its own session over the shared weights, or
-//! batched on the CPU ([`batcher`]); beyond them a bounded queue, beyond that 503.
+//! all in one batch engine on either backend ([`batcher`]); beyond them a
+//! bounded queue, beyond that 503.
 
 pub mod batcher;
 pub mod chat;

@@ -4,6 +4,7 @@
 //! CPU twins: [`crate::kernels::attention::qk_store`] and [`crate::kernels::attention::attend`].
 
 use crate::error::{Error, Result};
+use crate::gpu::layout::seq_stride;
 use crate::gpu::{Dispatch, GpuContext, Kernel};
 use crate::profile::bytes;
 use bytemuck::{Pod, Zeroable};
@@ -40,16 +41,11 @@ pub struct KvCache {
     pub rows: usize,
     /// Elements per head vector.
     pub head_dim: usize,
-    /// Sequences held ([`KvCache::with_seqs`]; 1 for [`KvCache::new`]).
-    pub seqs: usize,
-    /// Bytes of one sequence's codes and of its scales, per buffer.
-    pub code_bytes: u64,
-    /// See [`KvCache::code_bytes`].
-    pub scale_bytes: u64,
-    /// Bytes from one sequence's codes to the next's, and the same for scales.
-    pub code_stride: u64,
-    /// See [`KvCache::code_stride`].
-    pub scale_stride: u64,
+    /// Bytes of one sequence's codes, and from one sequence's to the next's
+    /// ([`KvCache::with_seqs`]), per code buffer.
+    pub code: (u64, u64),
+    /// The same for the scale buffers.
+    pub scale: (u64, u64),
 }
 
 impl KvCache {
@@ -69,9 +65,10 @@ impl KvCache {
     }
 
     /// A zero-filled cache for each of `seqs` sequences, side by side in each
-    /// buffer: sequence `s`'s cache starts at `s ·` [`KvCache::code_stride`] bytes
-    /// of the code buffers and `s ·` [`KvCache::scale_stride`] of the scale ones
-    /// (both multiples of the device's storage offset alignment), so a dispatch
+    /// buffer: sequence `s`'s cache starts at `s ·` the stride of
+    /// [`KvCache::code`] bytes of the code buffers and `s ·` that of
+    /// [`KvCache::scale`] of the scale ones (multiples of the device's storage
+    /// offset alignment), so a dispatch
     /// bound to that window sees exactly one sequence's cache.
     ///
     /// # Errors
@@ -89,18 +86,11 @@ impl KvCache {
                 "head_dim {head_dim} exceeds the GPU attention limit of {MAX_HEAD_DIM}"
             )));
         }
-        let align = u64::from(ctx.device.limits().min_storage_buffer_offset_alignment).max(4);
         let vectors = (layers as u64) * (kv_heads as u64) * (rows as u64);
         let code_bytes = vectors * head_dim.div_ceil(4) as u64 * 4;
         let scale_bytes = vectors * 4;
-        let (code_stride, scale_stride) = if seqs <= 1 {
-            (code_bytes, scale_bytes)
-        } else {
-            (
-                code_bytes.div_ceil(align) * align,
-                scale_bytes.div_ceil(align) * align,
-            )
-        };
+        let code_stride = seq_stride(ctx, code_bytes, seqs);
+        let scale_stride = seq_stride(ctx, scale_bytes, seqs);
         let n = seqs.max(1) as u64;
         let make = |label: &str, bytes: u64| -> Result<wgpu::Buffer> {
             if bytes > ctx.caps.max_storage_binding {
@@ -120,11 +110,8 @@ impl KvCache {
             kv_heads,
             rows,
             head_dim,
-            seqs: seqs.max(1),
-            code_bytes,
-            scale_bytes,
-            code_stride,
-            scale_stride,
+            code: (code_bytes, code_stride),
+            scale: (scale_bytes, scale_stride),
         })
     }
 
