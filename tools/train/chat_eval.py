@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -37,7 +36,6 @@ import chat_format  # noqa: E402
 import demo_tools  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 
 
 def uses_result(name: str, result: dict, answer: str) -> bool:
@@ -65,11 +63,13 @@ class Cli:
         if p.returncode not in (0, 3):
             raise SystemExit(f"cqlm generate failed ({p.returncode}): {p.stderr.strip()}")
         text = p.stdout[:-1] if p.stdout.endswith("\n") else p.stdout
-        calls = []
-        for body in CALL.findall(text):
-            c = json.loads(body)
-            calls.append({"name": c["name"], "arguments": c["arguments"]})
-        return CALL.sub("", text).strip(), calls
+        # With `auto` the whole output is free text or one call, as the engine parses it:
+        # the end marker may also occur inside the call's strings, so no regex search.
+        start, end = chat_format.MARKERS
+        if text.startswith(start) and text.endswith(end):
+            c = json.loads(text[len(start):-len(end)])
+            return "", [{"name": c["name"], "arguments": c["arguments"]}]
+        return text.strip(), []
 
 
 class Server:
