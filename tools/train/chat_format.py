@@ -51,6 +51,29 @@ def extend_tokenizer(tokenizer_json: str):
     return tok
 
 
+# A space before a capital letter or a digit is a token of its own, so a name or a number is
+# the same tokens after a space (in a request, an answer) as after a JSON quote (in a call, a
+# tool result): ` Ashgabat` and `"Ashgabat"` share `As h g ab at`. Byte-level BPE would
+# otherwise write ` Ashgabat` as `ĠAs h g ab at`, and a call could not be made by repeating the
+# request's tokens (the model had to spell names anew and copied 8% of cities). The
+# vocabulary and its ids stay as they are; text has 7.8% more tokens (`heldout.txt`).
+NAME_SPLIT = r" (?=[\p{Lu}\p{N}])"
+
+
+def split_names(tok):
+    """`tok` (a `tokenizers.Tokenizer` with the ByteLevel pre-tokenizer) with the space before a
+    capital or a digit split off first (`NAME_SPLIT`); unchanged if it already does."""
+    from tokenizers import Regex, pre_tokenizers
+
+    if "Sequence" in json.dumps(json.loads(tok.to_str()).get("pre_tokenizer")):
+        return tok
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(NAME_SPLIT), "isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
+    return tok
+
+
 def template_text() -> str:
     with open(TEMPLATE_PATH, encoding="utf-8") as f:
         return f.read()

@@ -1,10 +1,11 @@
 """Fine-tune the built-in model into a chat model that calls the four demo tools.
 
-    tools/train/finetune.sh          # the whole recipe of the shipped model (three runs of this script)
+    tools/train/finetune.sh          # the recipe of the shipped model (four runs of this script)
 
 Starts from the shipped base archive (`--base`, dequantized as SPEC §2 says: the float
-checkpoint it was packed from is not kept) or from a float checkpoint of an earlier run
-(`--resume`). From the base it appends the chat tokens of `chat_format.py` to the tokenizer
+checkpoint it was packed from is not kept) or from a float checkpoint or archive of an earlier
+run (`--resume`). `--split-names` switches the tokenizer to `chat_format.NAME_SPLIT` (same
+vocabulary, the space before a capital or a digit a token of its own). From the base it appends the chat tokens of `chat_format.py` to the tokenizer
 and new rows to the (tied) embedding, and makes `<|end|>` the EOS. Every step trains on
 
 - chat rows: one conversation of `chat_train.jsonl` each (`<bos>` + the rendered template,
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import json
 import math
 import os
@@ -104,6 +106,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=4321)
     ap.add_argument("--resume", help="continue from this float checkpoint (chat vocabulary already in place)")
     ap.add_argument("--copy-batch", type=int, default=0, help="say-it-back rows per step (data/chat_copy.jsonl)")
+    ap.add_argument("--split-names", action="store_true", help="split the space before a capital or a digit "
+                    "off in the tokenizer (chat_format.NAME_SPLIT; a checkpoint that has it keeps it)")
     ap.add_argument("--stop-at", type=int, default=-1, help="stop (and export) at this step, the schedule still "
                     "that of --steps (to replay a run that was stopped)")
     ap.add_argument("--max-minutes", type=float, default=0, help="stop (and export) after this long; 0: no limit")
@@ -118,10 +122,15 @@ def main() -> None:
         from tokenizers import Tokenizer
         model, cfg, tokenizer_json = load(args.resume, dtype=torch.float32)
         tok = Tokenizer.from_str(tokenizer_json)
+        if args.split_names:
+            tok = chat_format.split_names(tok)
+            tokenizer_json = tok.to_str()
         print(f"resumed from {args.resume}: vocab {cfg.vocab}, eos {cfg.eos}", flush=True)
     else:
         base, base_cfg, base_tok = load(args.base, dtype=torch.float32)
         tok = chat_format.extend_tokenizer(base_tok)
+        if args.split_names:
+            tok = chat_format.split_names(tok)
         tokenizer_json = tok.to_str()
         added = len(chat_format.SPECIAL) + len(chat_format.MARKERS)
         cfg_json = base_cfg.json()
@@ -155,9 +164,11 @@ def main() -> None:
           f"{cm.sum() / len(cm):.0f} trained), {len(hx)} held out", flush=True)
 
     def encoded(name: str) -> tuple[np.ndarray, int]:
-        """`name`.txt's tokens (cached beside it: the chat tokens never occur in the text)."""
+        """`name`.txt's tokens (cached beside it, by tokenizer: the chat tokens never occur in
+        the text, but the pre-tokenizer changes its tokens)."""
         path = os.path.join(args.data, name + ".txt")
-        cache = os.path.join(args.data, name + ".chat.u16")
+        digest = hashlib.sha256(tokenizer_json.encode()).hexdigest()[:12]
+        cache = os.path.join(args.data, f"{name}.chat.{digest}.u16")
         if not os.path.exists(cache) or os.path.getmtime(cache) < os.path.getmtime(path):
             with open(path, encoding="utf-8") as f:
                 encode_text(tok, f.read()).tofile(cache)

@@ -1,22 +1,31 @@
 #!/usr/bin/env bash
-# The shipped chat model, from the prose model it was fine-tuned from, as it was trained:
-# three runs of finetune.py, each resuming from the last (the first two were stopped early,
-# replayed here with --stop-at; their logs, as they ran, are tools/train/chat_log.csv). ~75 minutes on 2 CPU cores. Then tools/train/ship.sh packs and ships.
+# The shipped chat model, as it was trained: five runs of finetune.py, each resuming from the last
+# (runs 1 and 2 were stopped early, replayed here with --stop-at; their logs, as they ran, are
+# tools/train/chat_log.csv). Then tools/train/ship.sh packs and ships.
 #
 #   pip install torch numpy tokenizers safetensors jinja2 rdata
 #   python3 tools/train/corpus.py && tools/train/finetune.sh && tools/train/ship.sh
+#
+# By default only runs 4 and 5 (~85 min on 2 CPU cores): it starts from the chat model that runs 1-3
+# made, as it was shipped (4 bits, commit 008baaf, taken from the repository's history), and
+# retrains it on the tokenizer that splits the space before a capital or a digit
+# (chat_format.NAME_SPLIT). `finetune.sh --all` replays runs 1-3 first (~70 min more, from the
+# prose model of 16e85b4), packs their result as ship.sh did, and runs 4 and 5 on that.
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
 D=data
 mkdir -p "$D"
+"$PY" chat_data.py
+if [[ "${1:-}" != "--all" ]]; then
+  git show 008baaf:models/cqlm-small.safetensors > "$D/chat_runs123.safetensors"
+else
 # The prose model (the built-in model before this fine-tune), from the repository's history.
 git show 16e85b4:models/cqlm-small.safetensors > "$D/base.safetensors"
 COMMON=(--chat-batch 16 --text-batch 6 --text-seq 256 --lr 1e-3)
 
 # 1. Tool conversations and text (400 of a 1300-step schedule). After it the model names the
 #    right tool but copies no argument.
-"$PY" chat_data.py
 "$PY" finetune.py --base "$D/base.safetensors" --steps 1300 "${COMMON[@]}" --eval-every 200 --stop-at 400
 cp "$D/chat_float.safetensors" "$D/chat_float_stage1.safetensors"; cp "$D/chat_log.csv" "$D/chat_log_stage1.csv"
 
@@ -30,3 +39,21 @@ cp "$D/chat_float.safetensors" "$D/chat_float_stage2.safetensors"; cp "$D/chat_l
 "$PY" chat_data.py
 "$PY" finetune.py --resume "$D/chat_float_stage2.safetensors" --steps 600 --chat-batch 12 --copy-batch 48 \
     --text-batch 5 --text-seq 256 --lr 1e-3 --warmup 10 --eval-every 150 --stop-at 600
+cp "$D/chat_float.safetensors" "$D/chat_float_stage3.safetensors"; cp "$D/chat_log.csv" "$D/chat_log_stage3.csv"
+# Packed as ship.sh packed it then (the archive of 008baaf).
+(cd ../.. && cargo build --release && target/release/cqlm pack --model "tools/train/$D/chat_float_stage3.safetensors" \
+    --bits all=4 --chat-template tools/train/chat_template.jinja --tool-call-markers "<tool_call>" "</tool_call>" \
+    --out "tools/train/$D/chat_runs123.safetensors")
+fi
+
+# 4. The name-splitting tokenizer (--split-names): names and numbers are the
+#    same tokens in a request as in a call, so a call can copy them. Same data as run 3, a third
+#    fewer say-it-back rows, more text (the text has to relearn a capital after a lone space).
+"$PY" finetune.py --resume "$D/chat_runs123.safetensors" --split-names --steps 560 --chat-batch 12 --copy-batch 32 \
+    --text-batch 8 --text-seq 256 --lr 1e-3 --warmup 20 --eval-every 80
+cp "$D/chat_float.safetensors" "$D/chat_float_stage4.safetensors"; cp "$D/chat_log.csv" "$D/chat_log_stage4.csv"
+
+# 5. Twice the tool conversations a step, half the say-it-back rows, a lower peak (run 4 left
+#    names copied but convert_units often writing its from_unit twice).
+"$PY" finetune.py --resume "$D/chat_float_stage4.safetensors" --steps 600 --chat-batch 24 --copy-batch 16 \
+    --text-batch 8 --text-seq 256 --lr 6e-4 --warmup 10 --eval-every 150
