@@ -136,12 +136,12 @@ fn heldout_tool_calls_on_the_cpu_engine() {
     });
     assert!(s.tool >= 35 && s.none >= 8, "{s:?}");
     // Floors below what the shipped model measured on these 60 through `cqlm
-    // generate` (49 of 52 names, 11 of 52 arguments, 7 of 8 without a call), so
-    // that a regression fails. The targets (95%, 90%, 90%) are missed for
-    // arguments (README): the model copies numbers but not names.
-    assert!(pct(s.name, s.tool) >= 88.0, "tool name: {s:?}");
-    assert!(pct(s.args, s.tool) >= 12.0, "exact arguments: {s:?}");
-    assert!(pct(s.no_call, s.none) >= 75.0, "no tool: {s:?}");
+    // generate` (49 of 52 names, 39 of 52 arguments, 8 of 8 without a call), so
+    // that a regression fails. The target for arguments (90%) is missed
+    // (README): the model confuses the two units of a conversion.
+    assert!(pct(s.name, s.tool) >= 90.0, "tool name: {s:?}");
+    assert!(pct(s.args, s.tool) >= 65.0, "exact arguments: {s:?}");
+    assert!(pct(s.no_call, s.none) >= 85.0, "no tool: {s:?}");
 }
 
 #[test]
@@ -153,8 +153,8 @@ fn heldout_tool_calls_on_the_gpu_engine() {
     let s = score(&model, &cases, || {
         Box::new(GpuEngine::with_context(Arc::clone(&model), Arc::clone(&ctx)).unwrap())
     });
-    // On the CPU: every name, 2 of 4 arguments, both without a call.
+    // On the CPU: every name, 4 of 4 arguments, both without a call.
     assert_eq!(s.name, s.tool, "{s:?}");
-    assert!(s.args >= 1, "{s:?}");
+    assert!(s.args >= 3, "{s:?}");
     assert_eq!(s.no_call, s.none, "{s:?}");
 }

@@ -40,6 +40,7 @@ fn prompt_json() -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(fixture("prompt.json")).unwrap()).unwrap()
 }
 
+/// The fixture prompt's text and its ids from `<bos>`, as the tokenizer gives them.
 fn prompt() -> (String, Vec<u32>) {
     let v = prompt_json();
     let ids = v["ids"]
@@ -49,6 +50,14 @@ fn prompt() -> (String, Vec<u32>) {
         .map(|x| x.as_u64().unwrap() as u32)
         .collect();
     (v["text"].as_str().unwrap().to_string(), ids)
+}
+
+/// The ids the logits fixtures were computed over: the prompt's from `run_from`
+/// (1 when the model's `<bos>` row stores a near-tie K/V value, so that the
+/// strict check before the first near tie has positions to cover).
+fn run_ids() -> Vec<u32> {
+    let from = prompt_json()["run_from"].as_u64().unwrap_or(0) as usize;
+    prompt().1[from..].to_vec()
 }
 
 /// Per position, the smallest distance of a stored K/V value to an int8 rounding
@@ -150,7 +159,7 @@ fn rust_tokenizer_gives_the_python_ids() {
 #[test]
 fn cpu_engine_matches_pytorch_on_the_dequantized_archive() {
     let model = model();
-    let (_, ids) = prompt();
+    let ids = run_ids();
     let reference = npy_rows(&fixture("dequant_logits.npy"), model.config.vocab);
     let mut cpu = CpuEngine::new(Arc::clone(&model)).unwrap();
     assert_spec_parity(
@@ -165,7 +174,7 @@ fn cpu_engine_matches_pytorch_on_the_dequantized_archive() {
 fn gpu_engine_matches_pytorch_on_the_dequantized_archive() {
     let Some(ctx) = gpu() else { return };
     let model = model();
-    let (_, ids) = prompt();
+    let ids = run_ids();
     let reference = npy_rows(&fixture("dequant_logits.npy"), model.config.vocab);
     let mut g = GpuEngine::with_context(Arc::clone(&model), ctx).unwrap();
     assert_spec_parity(
@@ -180,20 +189,21 @@ fn gpu_engine_matches_pytorch_on_the_dequantized_archive() {
 /// weights (relative MSE about 1e-2 per matrix, `cqlm pack`'s report) and int8 K/V
 /// move the logits by a few percent of their norm, not by a different prediction:
 /// measured when the chat model was packed, the relative L2 error per position has
-/// a median of 0.054 and a worst of 0.120 over the 26 positions, and the greedy ids
-/// agree at 24 of 26 (0.92). The bounds (0.06, 0.2, 0.85) leave headroom for float
+/// a median of 0.064 and a worst of 0.194 over the 37 positions, and the greedy ids
+/// agree at 32 of 37 (0.86). The bounds (0.07, 0.25, 0.80) leave headroom for float
 /// rounding only (these numbers are a property of the shipped files, not of chance).
-/// Uncorrelated logits of the same spread measure 1.2; for the prose model before
-/// it, the 2-bit attention variant measured 0.087 median, so a wrong bit width fails.
+/// Uncorrelated logits of the same spread measure 1.2; the same checkpoint packed
+/// with 2-bit attention (`--bits all=4,attn=2`) measures 0.158 median, 0.915 worst
+/// and 0.46 agreement, so a wrong bit width fails.
 /// Bounds of [`packed_model_tracks_the_float_model`] (measured values in its doc).
-const MEDIAN_BOUND: f64 = 0.06;
-const WORST_BOUND: f64 = 0.2;
-const AGREE_BOUND: f64 = 0.85;
+const MEDIAN_BOUND: f64 = 0.07;
+const WORST_BOUND: f64 = 0.25;
+const AGREE_BOUND: f64 = 0.80;
 
 #[test]
 fn packed_model_tracks_the_float_model() {
     let vocab = model().config.vocab;
-    let (_, ids) = prompt();
+    let ids = run_ids();
     let float = npy_rows(&fixture("float_logits.npy"), vocab);
     // Through the conformance command (SPEC §7), as a user would.
     let dir = tempfile::tempdir().unwrap();

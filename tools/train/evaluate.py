@@ -131,21 +131,26 @@ def bpb(model, cfg, tokenizer_json: str, text_path: str, kv_int8: bool, max_toke
     return {"tokens": n, "bytes": nbytes, "nll_nats": nll, "ppl": math.exp(nll / n), "bits_per_byte": nll / math.log(2) / nbytes}
 
 
-# The first stored K/V value within 3e-5 code units of a rounding boundary comes at position
-# 22 here (see `code_margins`); most prompts of this length have one within the first few.
-# Chosen so that no stored K/V value of the shipped model lies within 3e-5 of an int8
-# rounding boundary (tests/e2e/trained_model.rs tests positions before the first such one
-# strictly); the chat model's first near-tie in the previous prompt came at position 1.
-PROMPT = "Blessed is the man that walketh not in the counsel of the ungodly, nor standeth in the way of sinners,"
+# Chosen so that no stored K/V value of the shipped model lies within NEAR_TIE of an int8
+# rounding boundary for a while (tests/e2e/trained_model.rs tests positions before the first
+# such one strictly): its first comes at position 29 of 37 (of 300 held-out sentences
+# searched, most have one within the first few). The shipped model's `<bos>` row itself stores
+# a value 2.6e-5 from a boundary, so every prompt run from `<bos>` has one at position 0: the
+# fixtures then run the prompt from its first text token (`run_from`), which the engine takes
+# as well as any ids.
+PROMPT = "For I know the thoughts that I think toward you,\u201d says Yahweh, \u201cthoughts of peace, and not of evil, to give you hope and a future."
+NEAR_TIE = 3e-5
 PREFIX_TOKENS = 512
 
 
 def fixtures(args) -> None:
     """Everything the Rust tests compare against, computed here, independently of the engine:
 
-    - `prompt.json`: the prompt text and its ids from the Python `tokenizers` package, and per
-      position the smallest distance of a stored K/V value to an int8 rounding boundary;
-    - `dequant_logits.npy` `[P, vocab]`: the archive's weights dequantized (SPEC §2) and run
+    - `prompt.json`: the prompt text and its ids from the Python `tokenizers` package (from
+      `<bos>`), `run_from` (where the logits below start: 1 when the `<bos>` row is itself a
+      near tie), and per position run the smallest distance of a stored K/V value to an int8
+      rounding boundary;
+    - `dequant_logits.npy` `[P, vocab]` (of `ids[run_from:]`): the archive's weights dequantized (SPEC §2) and run
       in f64 with the int8 K/V rounding emulated: the engine's model, another implementation;
     - `float_logits.npy` `[P, vocab]`: the float checkpoint the archive was packed from;
     - `reference.json`: bits per byte of `heldout.txt` (whole, and its first 512 tokens)
@@ -160,10 +165,13 @@ def fixtures(args) -> None:
     ids = tok.encode(PROMPT).ids
     if not ids or ids[0] != cfg.bos:
         ids = [cfg.bos] + ids
+    run_from = 1 if code_margins(packed, cfg, ids[:1])[0] < NEAR_TIE else 0
+    run_ids = ids[run_from:]
     with open(os.path.join(args.out, "prompt.json"), "w") as f:
-        json.dump({"text": PROMPT, "ids": ids, "code_margins": code_margins(packed, cfg, ids)}, f)
-    np.save(os.path.join(args.out, "dequant_logits.npy"), run(packed, cfg, ids, True).float().numpy())
-    np.save(os.path.join(args.out, "float_logits.npy"), run(fl, fcfg, ids, False).float().numpy())
+        json.dump({"text": PROMPT, "ids": ids, "run_from": run_from,
+                   "code_margins": code_margins(packed, cfg, run_ids)}, f)
+    np.save(os.path.join(args.out, "dequant_logits.npy"), run(packed, cfg, run_ids, True).float().numpy())
+    np.save(os.path.join(args.out, "float_logits.npy"), run(fl, fcfg, run_ids, False).float().numpy())
     if args.logits_only:
         return
     ref = {
