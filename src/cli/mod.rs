@@ -244,29 +244,33 @@ pub fn make_engine(
 
 /// A factory of batch engines of `slots` sequences on the backend the flags
 /// pick (probed once with an engine, which reports auto's notice): `CpuBatch` in
-/// the engine's precision, or `GpuBatch` on a device opened once and shared by
-/// every batch the factory builds.
+/// the engine's precision, or `GpuBatch` on the probe's device, shared by every
+/// batch the factory builds.
 pub fn batch_factory(
     model: Arc<Model>,
     b: &BackendArgs,
     slots: usize,
     default: cqlm::Precision,
 ) -> Result<cqlm::serve::batcher::BatchFactory> {
-    let probe = make_engine(Arc::clone(&model), b, default, true)?;
-    let on_cpu = probe.describe().starts_with("cpu");
-    let precision = probe.precision();
-    drop(probe);
-    if on_cpu {
-        return Ok(Arc::new(move || {
-            let b = cqlm::CpuBatch::new(Arc::clone(&model), slots, precision)?;
-            Ok(Box::new(b) as Box<dyn cqlm::BatchEngine>)
-        }));
-    }
-    let ctx = cqlm::GpuEngine::context_for(&model, &b.gpu_options())?;
-    Ok(Arc::new(move || {
-        let b = cqlm::GpuBatch::new(Arc::clone(&model), Arc::clone(&ctx), slots, None)?;
-        Ok(Box::new(b) as Box<dyn cqlm::BatchEngine>)
-    }))
+    b.check()?;
+    let built = b.builder(Arc::clone(&model), default).build_any()?;
+    report_notice(built.notice.as_deref(), true);
+    Ok(match built.engine {
+        cqlm::builder::AnyEngine::Cpu(probe) => {
+            let precision = probe.precision();
+            Arc::new(move || {
+                let b = cqlm::CpuBatch::new(Arc::clone(&model), slots, precision)?;
+                Ok(Box::new(b) as Box<dyn cqlm::BatchEngine>)
+            })
+        }
+        cqlm::builder::AnyEngine::Gpu(probe) => {
+            let ctx = Arc::clone(probe.context());
+            Arc::new(move || {
+                let b = cqlm::GpuBatch::new(Arc::clone(&model), Arc::clone(&ctx), slots, None)?;
+                Ok(Box::new(b) as Box<dyn cqlm::BatchEngine>)
+            })
+        }
+    })
 }
 
 /// A parsed `--ids` value.

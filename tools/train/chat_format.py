@@ -65,7 +65,9 @@ def split_names(tok):
     capital or a digit split off first (`NAME_SPLIT`); unchanged if it already does."""
     from tokenizers import Regex, pre_tokenizers
 
-    if "Sequence" in json.dumps(json.loads(tok.to_str()).get("pre_tokenizer")):
+    pre = json.loads(tok.to_str()).get("pre_tokenizer") or {}
+    if any(p.get("type") == "Split" and p.get("pattern") == {"Regex": NAME_SPLIT}
+           for p in pre.get("pretokenizers", [])):
         return tok
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(NAME_SPLIT), "isolated"),
