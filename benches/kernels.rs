@@ -3,7 +3,7 @@
 //! for every row-kernel variant this CPU has (compare them as ratios of one run),
 //! and the batched matmul of the prefill against one matvec per input.
 
-use cqlm::cq::{prepare, FastInput, FastKernel};
+use cqlm::cq::{prepare, FastInput, FastKernel, FastMatrix};
 use cqlm::simd::CpuSimd;
 use cqlm::synth::random_cq;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
@@ -78,26 +78,42 @@ fn matmul(c: &mut Criterion) {
     g.finish();
 }
 
-/// SPEC §6.1 fast matvecs (int8 activations) on the `default` preset's shapes,
-/// per fast row kernel this CPU has, with the quantization of the input apart.
+/// SPEC §6.1 fast products (int8 activations, rows repacked into tiles) on the
+/// `default` preset's shapes, per fast kernel this CPU has: one input (decode)
+/// and 64 (a prefill chunk), with the quantization of the input apart.
 fn matvec_fast(c: &mut Criterion) {
     let mut g = c.benchmark_group("cq_matvec_fast");
     for (rows, cols, bits) in [(512usize, 512usize, 2u32), (2048, 512, 2), (32000, 512, 4)] {
         let mut rng = ChaCha8Rng::seed_from_u64(3);
         let m = random_cq(&mut rng, rows, cols, bits, 128, 1.0 / (cols as f32).sqrt());
-        let x: Vec<f32> = (0..cols).map(|i| (i as f32 * 0.37).sin()).collect();
-        let prep = prepare(&m, &x).expect("input length");
-        let mut input = FastInput::default();
-        input.quantize(&prep, bits);
-        let mut out = vec![0.0f32; rows];
+        let fm = FastMatrix::of(&m).expect("a fast form");
+        let inputs: Vec<FastInput> = (0..64)
+            .map(|t| {
+                let x: Vec<f32> = (0..cols)
+                    .map(|i| ((i + 7 * t) as f32 * 0.37).sin())
+                    .collect();
+                let mut q = FastInput::default();
+                q.quantize(&prepare(&m, &x).expect("input length"));
+                q
+            })
+            .collect();
+        let mut out = vec![0.0f32; rows * inputs.len()];
         g.throughput(Throughput::Bytes(m.stored_bytes() as u64));
         for &k in FastKernel::available() {
             g.bench_function(format!("{rows}x{cols}/{bits}bit/{k:?}"), |b| {
-                b.iter(|| m.matvec_rows_fast(k, black_box(&input), 0, black_box(&mut out)))
+                b.iter(|| fm.matvec(k, black_box(&inputs[0]), black_box(&mut out[..rows])))
             });
+            if rows <= 2048 && k != FastKernel::Scalar {
+                g.bench_function(format!("{rows}x{cols}/{bits}bit/{k:?}/64_inputs"), |b| {
+                    b.iter(|| fm.matmul(k, black_box(&inputs), black_box(&mut out)))
+                });
+            }
         }
-        g.bench_function(format!("{rows}x{cols}/{bits}bit/quantize"), |b| {
-            b.iter(|| input.quantize(black_box(&prep), bits))
+        let prep = prepare(&m, &(0..cols).map(|i| (i as f32).cos()).collect::<Vec<_>>())
+            .expect("input length");
+        let mut q = FastInput::default();
+        g.bench_function(format!("{cols}/quantize"), |b| {
+            b.iter(|| q.quantize(black_box(&prep)))
         });
     }
     g.finish();

@@ -3,10 +3,11 @@
 use crate::archive::{self, engram_table_names, RawArchive, Tensor};
 use crate::config::Config;
 use crate::constrain::ToolMarkers;
-use crate::cq::CqMatrix;
+use crate::cq::{CqMatrix, FastSet};
 use crate::error::{ArchiveError, Error, Result};
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::{Arc, OnceLock};
 
 /// The mHC routing weights of all layers (SPEC §3, §4.3 steps 2–3 and 8).
 #[derive(Debug, Clone)]
@@ -119,6 +120,10 @@ pub struct Model {
     /// The tool-call markers: the archive's `cqlm.tool_call_markers`, else the
     /// default `<tool_call>` … `</tool_call>`.
     pub tool_markers: ToolMarkers,
+    /// The fused §6.1 fast forms of the CQ products, built by the CPU engine
+    /// the first time one runs in fast precision (`crate::cpu`), then shared by
+    /// every engine of this model.
+    pub(crate) fast: OnceLock<Arc<FastSet>>,
 }
 
 struct Take<'a> {
@@ -246,6 +251,7 @@ impl Model {
             tokenizer,
             chat_template,
             tool_markers: tool_markers.unwrap_or_default(),
+            fast: OnceLock::new(),
         })
     }
 

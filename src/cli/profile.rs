@@ -23,6 +23,11 @@ pub struct Args {
     /// timestamp queries exist (the fallback used where they don't).
     #[arg(long)]
     per_dispatch: bool,
+    /// Profile the prefill of the prompt (`--prompt-len` tokens in chunks of
+    /// `--prefill-chunk`, logits after the last) instead of decode steps, averaged
+    /// per prompt token; `--tokens` is then unused. CPU backend only.
+    #[arg(long)]
+    prefill: bool,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -49,6 +54,26 @@ pub fn run(a: Args) -> Result<()> {
         .map(|i| ((i.wrapping_mul(2654435761) >> 7) % vocab) as u32)
         .collect();
     let (prompt, decode) = ids.split_at(a.prompt_len);
+    if a.prefill {
+        let AnyEngine::Cpu(e) = &mut p else {
+            bail!("--prefill profiles the CPU engine only (add --backend cpu)");
+        };
+        if prompt.is_empty() {
+            bail!("--prefill needs --prompt-len of at least 1");
+        }
+        let profile = e.profile_prefill(prompt)?;
+        let backend = p.as_dyn().describe();
+        return report(
+            &a,
+            &profile,
+            &backend,
+            p.as_dyn().precision().as_str(),
+            0,
+            None,
+            None,
+            "prefill",
+        );
+    }
     p.as_dyn().prefill(prompt)?;
     let first = p.as_dyn().position();
     let h0 = p.as_dyn().host_time();
@@ -78,8 +103,27 @@ pub fn run(a: Args) -> Result<()> {
         _ => None,
     };
     let backend = p.as_dyn().describe();
+    let precision = p.as_dyn().precision().as_str();
+    report(
+        &a, &profile, &backend, precision, first, dispatches, host_us, "decode",
+    )
+}
+
+/// Print (and chart) a profile of `kind` passes (`decode` steps from position
+/// `first`, or a `prefill`).
+#[allow(clippy::too_many_arguments)]
+fn report(
+    a: &Args,
+    profile: &KernelProfile,
+    backend: &str,
+    precision: &str,
+    first: u64,
+    dispatches: Option<usize>,
+    host_us: Option<f64>,
+    kind: &str,
+) -> Result<()> {
     if let Some(path) = &a.svg {
-        svg_chart(path, &profile, &backend)
+        svg_chart(path, profile, backend)
             .with_context(|| format!("writing the chart {}", path.display()))?;
     }
     if a.json {
@@ -99,7 +143,8 @@ pub fn run(a: Args) -> Result<()> {
             .collect();
         let v = serde_json::json!({
             "backend": backend,
-            "precision": p.as_dyn().precision().as_str(),
+            "precision": precision,
+            "pass": kind,
             "method": profile.method,
             "prompt_len": a.prompt_len,
             "tokens": profile.tokens,
@@ -114,7 +159,7 @@ pub fn run(a: Args) -> Result<()> {
         });
         println!("{v}");
     } else {
-        print_table(&profile, &backend, first, dispatches);
+        print_table(profile, backend, first, dispatches, kind, a.prompt_len);
         if let Some(h) = host_us {
             println!("host      {h:.1} µs per token recording and submitting (not the wait)");
         }
@@ -131,14 +176,25 @@ fn fmt_bytes(b: u64) -> String {
     }
 }
 
-fn print_table(p: &KernelProfile, backend: &str, first: u64, dispatches: Option<usize>) {
+fn print_table(
+    p: &KernelProfile,
+    backend: &str,
+    first: u64,
+    dispatches: Option<usize>,
+    kind: &str,
+    prompt_len: usize,
+) {
     println!("backend   {backend}");
     println!("method    {}", p.method);
-    println!(
-        "steps     {} decode steps with logits at positions {first}..{}, averaged per token",
-        p.tokens,
-        first + p.tokens as u64
-    );
+    if kind == "prefill" {
+        println!("prefill   {prompt_len} prompt tokens in chunks, logits after the last, averaged per token");
+    } else {
+        println!(
+            "steps     {} decode steps with logits at positions {first}..{}, averaged per token",
+            p.tokens,
+            first + p.tokens as u64
+        );
+    }
     println!();
     let w = p
         .rows
@@ -151,11 +207,16 @@ fn print_table(p: &KernelProfile, backend: &str, first: u64, dispatches: Option<
         "{:<w$}  {:>6}  {:>12}  {:>6}  {:>11}  {:>8}",
         "kernel", "calls", "µs/token", "share", "bytes", "GB/s"
     );
+    // A prefill's kernels run once per chunk, not per token.
+    let calls = |c: usize| match kind {
+        "prefill" => "-".to_string(),
+        _ => c.to_string(),
+    };
     for r in &p.rows {
         println!(
             "{:<w$}  {:>6}  {:>12.1}  {:>5.1}%  {:>11}  {:>8.3}",
             r.name,
-            r.calls_per_token,
+            calls(r.calls_per_token),
             r.seconds_per_token * 1e6,
             100.0 * p.share(r),
             fmt_bytes(r.bytes_per_token),
@@ -166,7 +227,7 @@ fn print_table(p: &KernelProfile, backend: &str, first: u64, dispatches: Option<
     println!(
         "{:<w$}  {:>6}  {:>12.1}  {:>5.1}%  {:>11}  {:>8.3}",
         "kernels",
-        p.calls_per_token(),
+        calls(p.calls_per_token()),
         sum * 1e6,
         100.0 * sum / p.step_seconds.max(f64::MIN_POSITIVE),
         fmt_bytes(p.bytes_per_token()),

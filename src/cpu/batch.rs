@@ -41,6 +41,9 @@ impl CpuBatch {
         let mut scratch = Scratch::default();
         scratch.grow(&model.config, slots.max(1))?;
         scratch.prep.precision = precision;
+        if precision == Precision::Fast {
+            super::fast::fast_set(&model);
+        }
         let states = (0..slots.max(1))
             .map(|_| State::new(&model))
             .collect::<Result<Vec<_>>>()?;

@@ -61,8 +61,13 @@ impl CpuEngine {
     }
 
     /// Run the CQ matvecs in `precision` from the next step on (SPEC §6.1 fast:
-    /// int8 activations inside the 1, 2 and 4-bit matvecs; default exact).
+    /// int8 activations inside the 1, 2 and 4-bit matvecs; default exact). The
+    /// first fast engine of a model repacks its matrices for the fast kernels
+    /// here (once; later engines of the model share them).
     pub fn set_precision(&mut self, precision: Precision) {
+        if precision == Precision::Fast {
+            super::fast::fast_set(&self.model);
+        }
         self.scratch.prep.precision = precision;
     }
 
@@ -112,6 +117,41 @@ impl CpuEngine {
         super::profile::profile(tokens, |t, tally| {
             self.step_timed(t, true, tally).map(|_| ())
         })
+    }
+
+    /// Prefill `ids` (all `< vocab`) in chunks as [`crate::Engine::step_many`]
+    /// does, logits after the last one, and time the kernels of each chunk
+    /// ([`CpuEngine::step_timed`]'s cuts), averaged per prompt token.
+    ///
+    /// # Errors
+    /// [`Error::TokenOutOfRange`] naming the first id `>= vocab` (nothing runs),
+    /// else as [`crate::Engine::step_many`].
+    pub fn profile_prefill(&mut self, ids: &[u32]) -> Result<KernelProfile> {
+        let vocab = self.model.config.vocab;
+        if let Some(&token) = ids.iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::TokenOutOfRange { token, vocab });
+        }
+        let chunk = chunk_len(&self.model.config, self.prefill_chunk);
+        let parts: Vec<&[u32]> = ids.chunks(chunk).collect();
+        let last = parts.len().saturating_sub(1);
+        self.logits_valid = false;
+        let mut i = 0;
+        let profile = super::profile::profile_runs(ids.len(), parts.len(), |tally| {
+            let (st, s) = (&mut self.state, &mut self.scratch);
+            let out = (i == last).then_some(&mut self.logits[..]);
+            let r = forward(
+                &self.model,
+                st,
+                s,
+                parts[i],
+                &mut StepHooks::new(None, Some(tally)),
+                out,
+            );
+            i += 1;
+            r
+        })?;
+        self.logits_valid = true;
+        Ok(profile)
     }
 
     fn step_hooked(

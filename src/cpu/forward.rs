@@ -13,11 +13,13 @@
 //! inside the chunk is [`ChunkAttention`]. The batched matvec is bit-identical
 //! to the single one, so a chunk gives exactly the values of one step per token.
 
+use super::fast::{fast_set as model_fast_set, Product};
 use super::hooks::StepHooks;
 use super::par::{per_rows, row};
 use super::prep::BatchPrep;
 use super::scratch::Scratch;
 use super::state::State;
+use crate::cq::FastSet;
 use crate::engram::table_rows_for;
 use crate::error::Result;
 use crate::kernels::attention::qk_norm_rope;
@@ -28,6 +30,7 @@ use crate::kernels::mlp;
 use crate::kernels::prepare::{pre_op, PrepareMode};
 use crate::kernels::rope::rope_table;
 use crate::pool::SharedSlice;
+use crate::precision::Precision;
 use crate::profile::bytes;
 use crate::weights::{LayerWeights, Model};
 
@@ -207,6 +210,7 @@ fn engram(
     }
     let e = &s.e[..n * ed];
     hooks.rows(t0, "engram.e", None, e, ed);
+    let fast = fast_set(model, &s.prep);
     s.prep.clear();
     let mats: Vec<_> = match hooks.is_timed() {
         true => ew.sites.iter().flat_map(|x| [&x.wv, &x.wk]).collect(),
@@ -218,10 +222,12 @@ fn engram(
     for (i, site) in ew.sites.iter().enumerate() {
         let (keys, values) = (&mut s.site_key[i][..n * h], &mut s.site_value[i][..n * h]);
         let site_v = &mut s.site_v[..n * h];
-        s.prep.matmul(&site.wv, e, n, 0, h, site_v)?;
-        hooks.clock.lap_matvec(&site.wv, h, n);
-        s.prep.matmul(&site.wk, e, n, 0, h, keys)?;
-        hooks.clock.lap_matvec(&site.wk, h, n);
+        let product = Product::Site(i);
+        let parts = product.parts(model);
+        let fast = fast.map(|f| product.fast(model, f));
+        s.prep
+            .project(fast, &parts, e, n, &mut [&mut site_v[..], &mut keys[..]])?;
+        hooks.clock.lap_product(&parts, n);
         let mut t = 0;
         for g in segs.iter_mut() {
             for j in 0..g.ids.len() {
@@ -269,15 +275,16 @@ fn layer(
     hooks
         .clock
         .prepare(&mut s.prep, (xhat, n), &phis, (4 * h, 1, false))?;
-    for (phi, p, width) in [
-        (&m.phi_pre, &mut s.p_pre, 4),
-        (&m.phi_post, &mut s.p_post, 4),
-        (&m.phi_res, &mut s.p_res, 16),
-    ] {
-        s.prep
-            .matmul(phi, xhat, n, width * l, width, &mut p[..n * width])?;
-        hooks.clock.lap_matvec(phi, width, n);
-    }
+    let product = Product::Phi(l);
+    let parts = product.parts(model);
+    let outs = &mut [
+        &mut s.p_pre[..n * 4],
+        &mut s.p_post[..n * 4],
+        &mut s.p_res[..n * 16],
+    ];
+    let fast = fast_set(model, &s.prep).map(|f| product.fast(model, f));
+    s.prep.project(fast, &parts, xhat, n, outs)?;
+    hooks.clock.lap_product(&parts, n);
 
     // 3–4: pre-mix and engram gate.
     let site = w
@@ -311,8 +318,12 @@ fn layer(
     hooks
         .clock
         .prepare(&mut s.prep, (o, n), &[&lw.wo], (qd, 1, false))?;
-    s.prep.matmul(&lw.wo, o, n, 0, h, &mut s.attn[..n * h])?;
-    hooks.clock.lap_matvec(&lw.wo, h, n);
+    let product = Product::Wo(l);
+    let parts = product.parts(model);
+    let fast = fast_set(model, &s.prep).map(|f| product.fast(model, f));
+    s.prep
+        .project(fast, &parts, o, n, &mut [&mut s.attn[..n * h]])?;
+    hooks.clock.lap_product(&parts, n);
 
     // 5 (end)–7: residual, Hadamard MLP, update = out − u.
     let (b, u, attn) = (&s.b, &s.u, &s.attn);
@@ -386,15 +397,17 @@ fn attention(
     hooks
         .clock
         .prepare(&mut s.prep, (a, n), &mats, (h, 1, true))?;
-    for (mat, out, rows) in [
-        (&lw.wq, &mut s.q, qd),
-        (&lw.wk, &mut s.k, kvd),
-        (&lw.wv, &mut s.v, kvd),
-        (&lw.wg, &mut s.g, qd),
-    ] {
-        s.prep.matmul(mat, a, n, 0, rows, &mut out[..n * rows])?;
-        hooks.clock.lap_matvec(mat, rows, n);
-    }
+    let product = Product::Qkvg(l);
+    let parts = product.parts(model);
+    let outs = &mut [
+        &mut s.q[..n * qd],
+        &mut s.k[..n * kvd],
+        &mut s.v[..n * kvd],
+        &mut s.g[..n * qd],
+    ];
+    let fast = fast_set(model, &s.prep).map(|f| product.fast(model, f));
+    s.prep.project(fast, &parts, a, n, outs)?;
+    hooks.clock.lap_product(&parts, n);
 
     let (cos, sin) = (&s.cos, &s.sin);
     per_rows(n, qd, [(&mut s.q, qd), (&mut s.k, kvd)], &|_, t, [q, k]| {
@@ -468,7 +481,15 @@ fn logits_into(
         .clock
         .prepare(prep, (a, k), &[&w.embed], (h, 4, true))?;
     let vocab = model.config.vocab;
-    prep.matmul(&w.embed, a, k, 0, vocab, &mut logits[..k * vocab])?;
-    hooks.clock.lap_matvec(&w.embed, vocab, k);
+    let product = Product::Logits;
+    let parts = product.parts(model);
+    let fast = fast_set(model, prep).map(|f| product.fast(model, f));
+    prep.project(fast, &parts, a, k, &mut [&mut logits[..k * vocab]])?;
+    hooks.clock.lap_product(&parts, k);
     Ok(())
+}
+
+/// The model's fast products when `prep` runs in fast precision.
+fn fast_set<'m>(model: &'m Model, prep: &BatchPrep) -> Option<&'m FastSet> {
+    (prep.precision == Precision::Fast).then(|| &**model_fast_set(model))
 }

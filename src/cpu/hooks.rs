@@ -129,12 +129,28 @@ impl<'a> Clock<'a> {
         }
     }
 
-    /// A matvec of `rows` rows of `m` for `n` inputs ran from the last boundary
-    /// until now.
-    pub(super) fn lap_matvec(&mut self, m: &CqMatrix, rows: usize, n: usize) {
+    /// A product of `parts` (matrices and their rows) for `n` inputs ran from
+    /// the last boundary until now (named by its first part's width).
+    pub(super) fn lap_product(&mut self, parts: &[(&CqMatrix, std::ops::Range<usize>)], n: usize) {
+        let Some((m, _)) = parts.first() else {
+            return;
+        };
         self.lap(bytes::matvec_name(m.bits()), || {
             let input = m.padded() as u64 * 4;
-            bytes::matvec_dispatch(rows, m.row_bytes(), m.groups(), m.bits(), 1, n, input)
+            parts
+                .iter()
+                .map(|(m, r)| {
+                    bytes::matvec_dispatch(
+                        r.len(),
+                        m.row_bytes(),
+                        m.groups(),
+                        m.bits(),
+                        1,
+                        n,
+                        input,
+                    )
+                })
+                .sum()
         });
     }
 

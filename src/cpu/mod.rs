@@ -5,12 +5,14 @@
 //! token and a prefill chunk alike), `attention` (the chunk's KV store and
 //! causal attention), `scratch` (its token-major work buffers), `state`
 //! (position, history, KV cache, rings), `hooks` ([`Probe`], the kernel clock
-//! and the non-finite tracking), `prep` (the prepared-input cache), `par`
+//! and the non-finite tracking), `prep` (the prepared-input cache and the
+//! products), `fast` (the products' fused §6.1 fast forms), `par`
 //! (token-parallel helpers) and `profile`.
 
 mod attention;
 mod batch;
 mod engine;
+mod fast;
 mod forward;
 mod hooks;
 mod par;

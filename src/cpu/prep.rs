@@ -1,22 +1,23 @@
 //! [`BatchPrep`], the prepared-input cache of a forward pass: its tokens'
 //! activation prepared for each distinct CQ group width (and laid out for the
 //! batched kernels when they run), so matrices that share an input and a group
-//! (e.g. `wq wk wv wg`) prepare it once; and [`BatchPrep::matmul`], which runs
-//! them in the engine's precision (SPEC §6.1 fast: the input quantized once too).
+//! (e.g. `wq wk wv wg`) prepare it once; and [`BatchPrep::project`], which runs
+//! a product (several matrices of one input) in the engine's precision (SPEC
+//! §6.1 fast: the input quantized once, the product's fused fast matrices).
 
 use super::par::{per_token, row};
-use crate::cq::{prepare_into, BatchIn, BatchLayout, CqMatrix, FastInput, FastKernel};
+use crate::cq::{prepare_into, BatchIn, BatchLayout, CqMatrix, FastInput, FastKernel, FastProduct};
 use crate::error::Result;
 use crate::kernels::kv::grow;
 use crate::pool::{Pool, SharedSlice};
 use crate::precision::Precision;
 use crate::simd::CpuSimd;
+use std::ops::Range;
 
 /// How many floats of [`super::par::per_token`]'s work one value of a fast
-/// input's preparation counts as (the transform, the int8 quantization and the
-/// kernel order: several passes over each value), so a pass of a few tokens
-/// splits it over the pool.
-const FAST_PREP_WEIGHT: usize = 16;
+/// input's preparation counts as (the transform and the int8 quantization),
+/// so a pass of a few tokens splits it over the pool.
+const FAST_PREP_WEIGHT: usize = 8;
 
 /// The forward's inputs prepared for each distinct (group, padded, batched-kernel
 /// layout), once per activation: `wq wk wv wg` (and the three Φ) share one.
@@ -26,16 +27,18 @@ pub(super) struct BatchPrep {
     pub(super) precision: Precision,
     slots: Vec<PrepSlot>,
     used: usize,
-    /// Fast precision: per (group, padded, bits), every token's input quantized.
+    /// Fast precision: per (group, padded), every token's input quantized.
     fast: Vec<FastSlot>,
     fast_used: usize,
     /// One prepared input per pool part, before it is laid out.
     tmp: Vec<f32>,
+    /// A fused product's outputs, `[n, rows]`, before they go to their parts.
+    fused: Vec<f32>,
 }
 
 #[derive(Debug, Default)]
 struct FastSlot {
-    key: (usize, usize, u32),
+    key: (usize, usize),
     inputs: Vec<FastInput>,
 }
 
@@ -55,31 +58,75 @@ impl BatchPrep {
         self.fast_used = 0;
     }
 
-    /// Whether `m`'s matvecs run in fast precision.
-    fn fast_for(&self, m: &CqMatrix) -> bool {
-        self.precision == Precision::Fast && m.has_fast()
-    }
-
     /// Prepare (and for fast precision quantize) `xs` for `m` now, as
-    /// [`BatchPrep::matmul`] would (the kernel clock times it apart).
+    /// [`BatchPrep::project`] would (the kernel clock times it apart).
     ///
     /// # Errors
     /// As [`BatchPrep::get`].
     pub(super) fn prime(&mut self, xs: &[f32], n: usize, m: &CqMatrix) -> Result<()> {
-        if self.fast_for(m) {
+        if self.precision == Precision::Fast && m.bits() <= 4 {
             self.fast_get(xs, n, m).map(|_| ())
         } else {
             self.get(xs, n, m).map(|_| ())
         }
     }
 
-    /// `m`'s rows `first .. first + count` for the `n` inputs `xs` (`[n,
-    /// m.cols()]`) into `out` (`[n, count]`), in this cache's precision (exact
-    /// for matrices without a fast form).
+    /// The product of `parts` (matrices and their rows, sharing the input)
+    /// for the `n` inputs `xs` (`[n, cols]`): part `i` into `outs[i]` (`[n,
+    /// rows]`). In fast precision the parts that `fast` fuses run there (the
+    /// input quantized once); the others, and all in exact precision, run
+    /// exactly.
     ///
     /// # Errors
     /// [`crate::Error::Alloc`] if a buffer can't grow.
-    pub(super) fn matmul(
+    pub(super) fn project(
+        &mut self,
+        fast: Option<&FastProduct>,
+        parts: &[(&CqMatrix, Range<usize>)],
+        xs: &[f32],
+        n: usize,
+        outs: &mut [&mut [f32]],
+    ) -> Result<()> {
+        let fast = fast.filter(|_| self.precision == Precision::Fast);
+        for (i, (m, rows)) in parts.iter().enumerate() {
+            if !fast.is_some_and(|f| f.covers(i)) {
+                let out = &mut outs[i][..n * rows.len()];
+                self.matmul_exact(m, xs, n, rows.start, rows.len(), out)?;
+            }
+        }
+        let Some(fast) = fast else {
+            return Ok(());
+        };
+        let kernel = FastKernel::for_simd(CpuSimd::selected());
+        for (fm, ids) in &fast.fused {
+            let slot = self.fast_get(xs, n, parts[ids[0]].0)?;
+            let inputs = &self.fast[slot].inputs[..n];
+            let whole = ids.len() == 1 && fm.rows() == parts[ids[0]].1.len();
+            if whole {
+                fm.matmul(kernel, inputs, &mut outs[ids[0]][..n * fm.rows()]);
+                continue;
+            }
+            let rows = fm.rows();
+            grow(&mut self.fused, n * rows, "fused product outputs")?;
+            fm.matmul(kernel, inputs, &mut self.fused[..n * rows]);
+            for (k, &id) in ids.iter().enumerate() {
+                let r = fm.part(k);
+                let w = r.len();
+                for t in 0..n {
+                    let src = &self.fused[t * rows + r.start..][..w];
+                    outs[id][t * w..(t + 1) * w].copy_from_slice(src);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `m`'s rows `first .. first + count` for the `n` inputs `xs` (`[n,
+    /// m.cols()]`) into `out` (`[n, count]`), exactly.
+    ///
+    /// # Errors
+    /// [`crate::Error::Alloc`] if a buffer can't grow.
+    fn matmul_exact(
         &mut self,
         m: &CqMatrix,
         xs: &[f32],
@@ -89,75 +136,43 @@ impl BatchPrep {
         out: &mut [f32],
     ) -> Result<()> {
         let simd = CpuSimd::selected();
-        if self.fast_for(m) {
-            let kernel = FastKernel::for_simd(simd);
-            let inputs = self.fast_get(xs, n, m)?;
-            // Four inputs per pass over the rows: each row leaves memory once.
-            for (xs, o) in inputs.chunks(4).zip(out.chunks_mut(4 * count)) {
-                m.matmul_rows_fast(kernel, xs, first, count, o);
-            }
-            return Ok(());
-        }
         let (input, lay) = self.get(xs, n, m)?;
         m.matmul_rows_in(simd, input, lay, n, first, count, out);
         Ok(())
     }
 
-    /// Every token's input prepared for `m` and quantized for its bits (§6.1),
-    /// once per activation and (group, padded, bits).
-    fn fast_get(&mut self, xs: &[f32], n: usize, m: &CqMatrix) -> Result<&[FastInput]> {
+    /// The slot holding every token's input prepared for `m` and quantized
+    /// (§6.1), once per activation and (group, padded).
+    fn fast_get(&mut self, xs: &[f32], n: usize, m: &CqMatrix) -> Result<usize> {
         let (group, padded, cols) = (m.group(), m.padded(), m.cols());
-        let key = (group, padded, m.bits());
-        let hit = self.fast[..self.fast_used]
+        let key = (group, padded);
+        if let Some(i) = self.fast[..self.fast_used]
             .iter()
-            .position(|s| s.key == key);
-        let i = match hit {
-            Some(i) => i,
-            None => {
-                if self.fast_used == self.fast.len() {
-                    self.fast.push(FastSlot::default());
-                }
-                let parts = Pool::global().threads();
-                grow(&mut self.tmp, parts * padded, "prepared inputs")?;
-                // Another width's slot of the same input and group already holds
-                // the values and scales: only the kernel order differs.
-                let same = self.fast[..self.fast_used]
-                    .iter()
-                    .position(|s| (s.key.0, s.key.1) == (group, padded));
-                let (done, rest) = self.fast.split_at_mut(self.fast_used);
-                let slot = &mut rest[0];
-                slot.key = key;
-                if slot.inputs.len() < n {
-                    slot.inputs.resize_with(n, FastInput::default);
-                }
-                // Tokens split over the pool (each quantization is a transform,
-                // a pass for the scales and one for the kernel order).
-                let bits = m.bits();
-                let inputs = SharedSlice::new(&mut slot.inputs[..n]);
-                let tmp = SharedSlice::new(&mut self.tmp[..parts * padded]);
-                let work = FAST_PREP_WEIGHT * padded;
-                match same {
-                    Some(j) => {
-                        let from = &done[j].inputs;
-                        per_token(n, work, &|_, t| {
-                            // SAFETY: token t owns its input.
-                            let x = unsafe { &mut inputs.range(t..t + 1)[0] };
-                            x.relay(&from[t], bits);
-                        });
-                    }
-                    None => per_token(n, work, &|part, t| {
-                        // SAFETY: token t owns its input, part `part` its scratch.
-                        let (x, scratch) =
-                            unsafe { (&mut inputs.range(t..t + 1)[0], row(&tmp, part, padded)) };
-                        prepare_into(&xs[t * cols..(t + 1) * cols], group, scratch);
-                        x.quantize(scratch, bits);
-                    }),
-                }
-                self.fast_used += 1;
-                self.fast_used - 1
-            }
-        };
-        Ok(&self.fast[i].inputs[..n])
+            .position(|s| s.key == key)
+        {
+            return Ok(i);
+        }
+        if self.fast_used == self.fast.len() {
+            self.fast.push(FastSlot::default());
+        }
+        let parts = Pool::global().threads();
+        grow(&mut self.tmp, parts * padded, "prepared inputs")?;
+        let slot = &mut self.fast[self.fast_used];
+        slot.key = key;
+        if slot.inputs.len() < n {
+            slot.inputs.resize_with(n, FastInput::default);
+        }
+        // Tokens split over the pool (each is a transform and a quantization).
+        let inputs = SharedSlice::new(&mut slot.inputs[..n]);
+        let tmp = SharedSlice::new(&mut self.tmp[..parts * padded]);
+        per_token(n, FAST_PREP_WEIGHT * padded, &|part, t| {
+            // SAFETY: token t owns its input, part `part` its scratch.
+            let (x, scratch) = unsafe { (&mut inputs.range(t..t + 1)[0], row(&tmp, part, padded)) };
+            prepare_into(&xs[t * cols..(t + 1) * cols], group, scratch);
+            x.quantize(scratch);
+        });
+        self.fast_used += 1;
+        Ok(self.fast_used - 1)
     }
 
     /// `prepare(x_t)` for `m`, every token `t` of `xs` (`[n, m.cols()]`), as

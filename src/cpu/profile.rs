@@ -27,3 +27,25 @@ pub(super) fn profile(
         "cpu: std::time::Instant at kernel boundaries",
     ))
 }
+
+/// Run `run` (a timed pass of several tokens, reporting to the tally) `runs`
+/// times and average the kernels over the `tokens` they process together.
+///
+/// # Errors
+/// The first error of `run`; passes before it stay processed.
+pub(super) fn profile_runs(
+    tokens: usize,
+    runs: usize,
+    mut run: impl FnMut(&mut KernelTally) -> Result<()>,
+) -> Result<KernelProfile> {
+    let mut tally = KernelTally::default();
+    let t0 = Instant::now();
+    for _ in 0..runs {
+        run(&mut tally)?;
+    }
+    Ok(tally.into_profile(
+        tokens,
+        t0.elapsed().as_secs_f64(),
+        "cpu: std::time::Instant at kernel boundaries",
+    ))
+}

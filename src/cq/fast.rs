@@ -1,176 +1,101 @@
 //! SPEC §6.1 fast precision for CQ matvecs: the prepared input quantized to
-//! int8 in blocks of [`BLOCK`] values ([`FastInput`]), the codebook held as int8
-//! levels with one f32 scale ([`FastRows`], built at load), exact int32 dot
-//! products per block, combined in f32.
+//! int8 in blocks of [`BLOCK`] values ([`FastInput`]), the codebook held as
+//! int8 levels with one f32 scale, exact int32 dot products per block,
+//! combined in f32 ([`FastMatrix`], repacked at load).
 //!
-//! One arithmetic, four implementations that give identical bits: the scalar
-//! reference [`CqMatrix::row_dot_fast_scalar`] and the AVX2, 256-bit VNNI and
-//! 512-bit VNNI kernels of `x86` below. The arithmetic is laid out for the
-//! kernels' registers. A row's packed bytes are read in **chunks** of [`CHUNK`]
-//! bytes (`512 / bits` columns); a chunk has 16 **lanes** of 4 consecutive
-//! bytes, and each lane lies inside one block. A byte holds `8 / bits` indices,
-//! its **planes** (plane `p` at bits `p·bits ..`); so lane `λ` of chunk `c`
-//! covers the columns `c·W + β·per + p` (`W = 512 / bits`, `per = 8 / bits`)
-//! for its bytes `β = 4λ .. 4λ + 4` and every plane `p`.
+//! **The arithmetic** (one row `r` against one input; what every kernel
+//! computes bit for bit, [`FastMatrix::row_dot_scalar`] being its reference):
 //!
-//! Per lane: `p_λ` = the exact int32 sum of the lane's products `level · q`;
-//! `g_λ ← fma(f32(p_λ), a_b, g_λ)` (`a_b` the scale of the lane's block) every
-//! chunk; where a group ends (every chunk when a group is at most `W` columns,
-//! else after `group / W` chunks) `acc_λ ← fma(g_λ, nf_λ, acc_λ)` and `g_λ ← 0`
-//! (`nf_λ` the norm of the lane's group times the codebook scale); the row is
-//! `sum8(acc_λ + acc_{λ+8})` with `sum8(l) = ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`.
-//! Columns past the row's end are zero (a lane there adds exactly nothing).
+//! ```text
+//! acc = 0
+//! for each group g:                      (in order)
+//!     s = 0
+//!     for each block b of g:             (in order)
+//!         p = Σ_{c in b} level[idx(r, c)] · q[c]        (exact, int32)
+//!         s = fma(f32(p), scale[b], s)
+//!     acc = fma(s, nf[r, g], acc)        (nf = norm · codebook scale)
+//! row = acc
+//! ```
 //!
-//! In the kernels a plane is one mask (`and`, after one 4-bit shift for the
-//! planes in a byte's high nibble) and one `pshufb` of a 16-entry table that
-//! holds level `i` at `i << (p·bits mod 4)`, so no lane order is shuffled: the
-//! input is laid out to match instead ([`FastInput`]).
+//! **The layout** ([`FastMatrix`]): rows are repacked into **tiles** of
+//! [`TILE`] rows. A tile stores, per block and per 32-bit word of a row's
+//! indices in that block (`bits` words: `32 / bits` columns each), one 64-byte
+//! line: row `i` of the tile at bytes `4i .. 4i + 4`. A word's byte `β` holds,
+//! at bits `p · bits`, the index of the word's column `4p + β`: its **plane**
+//! `p` (`8 / bits` planes) is then four *consecutive* columns, so the input
+//! stays in natural order and one broadcast 32-bit load of it serves all 16
+//! rows. A plane is one mask (after a 4-bit shift for the planes in a byte's
+//! high nibble) and one `vpshufb` of a 16-entry table that holds level `i` at
+//! `i << (p·bits mod 4)`. Each group of four rows (one 128-bit lane of the
+//! lookup) has its own table, so a tile may hold rows of several matrices
+//! ([`FastMatrix::new`] fuses matrices that share an input, each padded to a
+//! multiple of four rows). Results accumulate per row in a register lane: no
+//! horizontal sums, and one conversion and `fma` per block and input.
 
 use super::matrix::CqMatrix;
-use crate::kernels::kv::quantize_int8;
+use crate::kernels::kv::quantize_int8_scalar;
+use crate::pool::{Pool, SharedSlice};
+use std::ops::Range;
 
 /// Values per int8 activation block (SPEC §6.1: at most 32, within one group).
 pub const BLOCK: usize = 32;
 
-/// Packed bytes per kernel chunk (one 512-bit register; 16 lanes of 4 bytes).
-pub const CHUNK: usize = 64;
+/// Rows per tile (one 512-bit register of 32-bit lanes).
+pub const TILE: usize = 16;
 
-/// Lanes per chunk.
-const LANES: usize = 16;
+/// Rows that share one lookup table (a 128-bit lane of `vpshufb`); fused
+/// parts are padded to a multiple of this.
+pub const QUAD: usize = 4;
 
-/// A matrix's rows in fast form: the plane tables of its int8 codebook levels
-/// and the norms times the codebook scale.
-#[derive(Debug, Clone)]
-pub(crate) struct FastRows {
-    /// Level `i` (`round_half_even(c_i / s_c)`, `s_c = max|c| / 127`) at every
-    /// `i << s` for the plane shifts `s` of this width (module doc).
-    pub(crate) table: [i8; 16],
-    /// `table` plus 128 as unsigned bytes (the VNNI kernels' operand).
-    pub(crate) biased: [u8; 16],
-    /// `norm[r, g] · s_c`, `[rows, groups]`, then [`LANES`] zeros (the kernels
-    /// read a whole register of norms from a row's last groups).
-    pub(crate) nf: Vec<f32>,
-}
+/// Bytes of one tile line: a 32-bit word of every row of the tile.
+const LINE: usize = 4 * TILE;
 
-impl FastRows {
-    /// The fast form of a matrix of `bits`-bit indices and `group`-column groups,
-    /// or `None` where §6.1 does not apply or pay: 8-bit codebooks (adjacent
-    /// levels of 256 merge in int8), groups that are not whole blocks, and
-    /// non-finite norms (a kernel lane past a row's end multiplies a zero by the
-    /// next row's norm).
-    pub(crate) fn build(bits: u32, group: usize, codebook: &[f32], norms: &[f32]) -> Option<Self> {
-        if bits > 4 || !group.is_multiple_of(BLOCK) {
-            return None;
-        }
-        let mut levels = [0i8; 16];
-        let scale = quantize_int8(codebook, &mut levels[..codebook.len()]);
-        let mut nf: Vec<f32> = norms.iter().map(|n| n * scale).collect();
-        if nf.iter().any(|v| !v.is_finite()) {
-            return None;
-        }
-        nf.extend([0.0; LANES]);
-        let mut table = [0i8; 16];
-        for p in 0..8 / bits {
-            let shift = (p * bits) % 4;
-            for (i, &l) in levels[..1 << bits].iter().enumerate() {
-                table[i << shift] = l;
-            }
-        }
-        let biased = table.map(|l| (i16::from(l) + 128) as u8);
-        Some(FastRows { table, biased, nf })
-    }
-}
+/// Below this many weight bytes times inputs, a product runs on the caller
+/// alone (a hand-out to the pool costs more).
+const PARALLEL_BYTES: usize = 1 << 14;
 
-/// Columns per chunk at `bits`.
-fn chunk_cols(bits: u32) -> usize {
-    CHUNK * 8 / bits as usize
-}
-
-/// A prepared input quantized per §6.1 for matrices of one bit width: the int8
-/// values in natural order and in the kernels' chunk order for `bits`, the
-/// block scales and per chunk lane the scale and the VNNI kernels' bias.
-/// Buffers are reused.
+/// A prepared input quantized per §6.1: int8 codes in natural order, and per
+/// block its scale and the VNNI kernels' bias. Buffers are reused.
 #[derive(Debug, Default, Clone)]
 pub struct FastInput {
-    bits: u32,
     len: usize,
     q: Vec<i8>,
     scales: Vec<f32>,
-    /// Per chunk `c` and plane `p`, [`CHUNK`] values: byte `β`'s is column
-    /// `c·W + β·per + p` (0 past the end).
-    qp: Vec<i8>,
-    /// Per chunk, per lane: the scale of the lane's block (0 past the end).
-    lane_scales: Vec<f32>,
-    /// Per chunk, per lane: −128 · Σ of the lane's values (the VNNI kernels
-    /// start their sums there to take back their `+128` level bias).
+    /// Per block, `−128 · Σ q` (the VNNI kernels start a block's sum there to
+    /// take back their `+128` level bias).
     bias: Vec<i32>,
 }
 
 impl FastInput {
-    /// Quantize `prep` (a prepared input, a whole number of blocks long) for
-    /// `bits`-bit matrices: block `b`'s scale is `max(1e-12, max|x|) / 127` and its
-    /// values `clamp(round_half_even(x / scale), ±127)` (§4.3's store); a block
-    /// holding a NaN gets a NaN scale, so the NaN reaches the output.
+    /// Quantize `prep` (a prepared input, a whole number of blocks long): block
+    /// `b`'s scale is `max(1e-12, max|x|) / 127` and its codes
+    /// `clamp(round_half_even(x / scale), ±127)` (§4.3's store); a block holding
+    /// a NaN gets a NaN scale, so the NaN reaches the output.
     ///
     /// # Panics
-    /// If `prep.len()` is not a multiple of [`BLOCK`] or `bits` is not 1, 2 or 4.
-    pub fn quantize(&mut self, prep: &[f32], bits: u32) {
+    /// If `prep.len()` is not a multiple of [`BLOCK`].
+    pub fn quantize(&mut self, prep: &[f32]) {
         assert!(prep.len().is_multiple_of(BLOCK), "fast input: whole blocks");
-        assert!(matches!(bits, 1 | 2 | 4), "fast input: bits");
+        let blocks = prep.len() / BLOCK;
         self.len = prep.len();
         self.q.resize(prep.len(), 0);
-        self.scales.clear();
-        for (x, q) in prep.chunks_exact(BLOCK).zip(self.q.chunks_exact_mut(BLOCK)) {
-            // A NaN would quantize to code 0 and vanish: its block's scale is NaN
-            // instead, so the matvec's output is NaN as the exact one's would be.
-            let scale = quantize_int8(x, q);
+        self.scales.resize(blocks, 0.0);
+        self.bias.resize(blocks, 0);
+        #[cfg(target_arch = "x86_64")]
+        if x86::quantize(prep, &mut self.q, &mut self.scales, &mut self.bias) {
+            return;
+        }
+        self.quantize_scalar(prep);
+    }
+
+    /// [`FastInput::quantize`]'s scalar loop (the SIMD ones equal it).
+    fn quantize_scalar(&mut self, prep: &[f32]) {
+        let blocks = prep.chunks_exact(BLOCK).zip(self.q.chunks_exact_mut(BLOCK));
+        for (b, (x, q)) in blocks.enumerate() {
+            let scale = quantize_int8_scalar(x, q);
             let nan = x.iter().any(|v| v.is_nan());
-            self.scales.push(if nan { f32::NAN } else { scale });
-        }
-        self.lay_out(bits);
-    }
-
-    /// The same quantized input as `other` laid out for `bits`-bit matrices (the
-    /// values and scales do not depend on the width, only the kernel order).
-    ///
-    /// # Panics
-    /// If `bits` is not 1, 2 or 4.
-    pub fn relay(&mut self, other: &FastInput, bits: u32) {
-        assert!(matches!(bits, 1 | 2 | 4), "fast input: bits");
-        self.len = other.len;
-        self.q.clear();
-        self.q.extend_from_slice(&other.q);
-        self.scales.clear();
-        self.scales.extend_from_slice(&other.scales);
-        self.lay_out(bits);
-    }
-
-    /// The chunk order, lane scales and lane biases of `q` for `bits`.
-    fn lay_out(&mut self, bits: u32) {
-        self.bits = bits;
-        let w = chunk_cols(bits);
-        let chunks = self.len.div_ceil(w);
-        self.qp.clear();
-        self.qp.resize(chunks * w, 0);
-        match bits {
-            4 => deinterleave::<2>(&self.q, &mut self.qp),
-            2 => deinterleave::<4>(&self.q, &mut self.qp),
-            _ => deinterleave::<8>(&self.q, &mut self.qp),
-        }
-        // A lane's values are 4 · per consecutive columns of one block.
-        let span = 4 * 8 / bits as usize;
-        self.lane_scales.clear();
-        self.bias.clear();
-        for lane in 0..chunks * LANES {
-            let col = lane * span;
-            if col < self.len {
-                let sum: i32 = self.q[col..col + span].iter().map(|&q| i32::from(q)).sum();
-                self.bias.push(-128 * sum);
-                self.lane_scales.push(self.scales[col / BLOCK]);
-            } else {
-                self.bias.push(0);
-                self.lane_scales.push(0.0);
-            }
+            self.scales[b] = if nan { f32::NAN } else { scale };
+            self.bias[b] = -128 * q.iter().map(|&v| i32::from(v)).sum::<i32>();
         }
     }
 
@@ -183,32 +108,19 @@ impl FastInput {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
-}
 
-/// `q` in chunk order into `qp` (zeroed, whole chunks long) for `PER` planes a
-/// byte: per chunk of `64 · PER` columns, plane `p`'s [`CHUNK`] values, byte
-/// `β`'s being column `β · PER + p`.
-fn deinterleave<const PER: usize>(q: &[i8], qp: &mut [i8]) {
-    for (src, out) in q.chunks(CHUNK * PER).zip(qp.chunks_exact_mut(CHUNK * PER)) {
-        for (beta, v) in src.chunks_exact(PER).enumerate() {
-            for (p, &x) in v.iter().enumerate() {
-                out[p * CHUNK + beta] = x;
-            }
-        }
+    /// The int8 codes, natural order.
+    pub fn codes(&self) -> &[i8] {
+        &self.q[..self.len]
+    }
+
+    /// The block scales.
+    pub fn scales(&self) -> &[f32] {
+        &self.scales[..self.len / BLOCK]
     }
 }
 
-/// `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`.
-fn sum8(l: [f32; 8]) -> f32 {
-    ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
-}
-
-/// `sum8(l_k + l_{k+8})`, the lane sum every kernel ends with.
-fn sum16(l: [f32; LANES]) -> f32 {
-    sum8(std::array::from_fn(|k| l[k] + l[k + 8]))
-}
-
-/// Which fast row kernel runs (see [`FastKernel::for_simd`]).
+/// Which fast kernel runs (see [`FastKernel::for_simd`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FastKernel {
     /// The scalar reference.
@@ -217,7 +129,7 @@ pub enum FastKernel {
     Avx2,
     /// AVX-VNNI or AVX-512 VNNI at 256 bits: `vpdpbusd` on biased levels.
     Vnni,
-    /// AVX-512 VNNI at 512 bits: a whole chunk per instruction.
+    /// AVX-512 VNNI at 512 bits: a whole tile per instruction.
     Vnni512,
 }
 
@@ -261,168 +173,286 @@ impl FastKernel {
     }
 }
 
-impl CqMatrix {
-    /// Whether this matrix has a fast form (1, 2 or 4 bits, whole blocks per group).
-    pub fn has_fast(&self) -> bool {
-        self.fast.is_some()
+/// The rows of one or more CQ matrices that share an input, repacked into
+/// tiles for the §6.1 kernels (module doc). Output row `off + i` of a part is
+/// row `range.start + i` of its matrix; parts start at multiples of [`QUAD`]
+/// and the rows between parts are zero.
+#[derive(Debug, Clone)]
+pub struct FastMatrix {
+    bits: u32,
+    group: usize,
+    groups: usize,
+    /// Blocks per row.
+    blocks: usize,
+    /// Output rows: the last part's end.
+    rows: usize,
+    tiles: usize,
+    /// Each part's output rows.
+    parts: Vec<Range<usize>>,
+    /// `[tiles, blocks, bits]` lines of [`LINE`] bytes.
+    data: Vec<u8>,
+    /// `[tiles, groups, TILE]`: norm times codebook scale (0 on padding rows).
+    nf: Vec<f32>,
+    /// Per tile, per quad of rows, the 16-entry plane table of its levels.
+    tables: Vec<[i8; LINE]>,
+    /// `tables` plus 128, as unsigned bytes (the VNNI kernels' operand).
+    biased: Vec<[u8; LINE]>,
+}
+
+impl FastMatrix {
+    /// All rows of `m`, or `None` where §6.1 does not apply (8-bit codebooks:
+    /// adjacent levels of 256 merge in int8).
+    pub fn of(m: &CqMatrix) -> Option<FastMatrix> {
+        FastMatrix::new(&[(m, 0..m.rows())])
     }
 
-    /// Rows `first .. first + out.len()` of the fast matvec (§6.1) of `x` (this
-    /// matrix's prepared input quantized for its bits), with `kernel`, rows split
-    /// over the pool like the exact matvec.
-    ///
-    /// # Panics
-    /// If the matrix has no fast form, `x` is for another width or length, the
-    /// rows run past `rows`, or this CPU lacks `kernel`.
-    pub fn matvec_rows_fast(
-        &self,
-        kernel: FastKernel,
-        x: &FastInput,
-        first: usize,
-        out: &mut [f32],
-    ) {
-        assert!(self.fast.is_some(), "matvec_fast: no fast form");
-        assert_eq!(x.bits, self.bits, "matvec_fast: input bits");
-        assert_eq!(x.len, self.padded(), "matvec_fast: input length");
-        assert!(
-            first + out.len() <= self.rows,
-            "matvec_fast: rows out of range"
-        );
-        assert!(
-            FastKernel::available().contains(&kernel),
-            "matvec_fast: {kernel:?} is not available on this CPU"
-        );
-        self.split_rows(first, out, |f, o| {
-            let k = o.len();
-            let cell = std::cell::Cell::from_mut(o).as_slice_of_cells();
-            self.rows_fast(kernel, f, std::slice::from_ref(x), k, &|_, i, v| {
-                cell[i].set(v)
-            })
-        });
+    /// Rows `range` of each matrix of `parts`, fused in that order, or `None`
+    /// where §6.1 does not apply: a part of 8 bits, parts of different widths,
+    /// groups or padded lengths (they must share one input), an empty list or a
+    /// range outside its matrix.
+    pub fn new(parts: &[(&CqMatrix, Range<usize>)]) -> Option<FastMatrix> {
+        let (first, _) = parts.first()?;
+        let (bits, group, groups) = (first.bits(), first.group(), first.groups());
+        let fits = |(m, r): &(&CqMatrix, Range<usize>)| {
+            (m.bits(), m.group(), m.groups()) == (bits, group, groups)
+                && r.start <= r.end
+                && r.end <= m.rows()
+        };
+        if bits > 4 || !group.is_multiple_of(BLOCK) || !parts.iter().all(fits) {
+            return None;
+        }
+        let mut ranges = Vec::with_capacity(parts.len());
+        let mut at = 0;
+        for (_, r) in parts {
+            ranges.push(at..at + r.len());
+            at = (at + r.len()).next_multiple_of(QUAD);
+        }
+        let rows = ranges.last().map_or(0, |r| r.end);
+        let tiles = rows.div_ceil(TILE);
+        let blocks = groups * group / BLOCK;
+        let b = bits as usize;
+        let mut fm = FastMatrix {
+            bits,
+            group,
+            groups,
+            blocks,
+            rows,
+            tiles,
+            parts: ranges,
+            data: vec![0; tiles * blocks * b * LINE],
+            nf: vec![0.0; tiles * groups * TILE],
+            tables: vec![[0; LINE]; tiles],
+            biased: vec![[128; LINE]; tiles],
+        };
+        let per = 8 / b;
+        let word_cols = 32 / b;
+        for ((m, src), out) in parts.iter().zip(fm.parts.clone()) {
+            let mut levels = [0i8; 16];
+            let scale = quantize_int8_scalar(m.codebook(), &mut levels[..1 << b]);
+            for (r_in, r) in src.clone().zip(out) {
+                let (tile, lane) = (r / TILE, r % TILE);
+                let quad = lane / QUAD;
+                for p in 0..per {
+                    let shift = (p * b) % 4;
+                    for (i, &l) in levels[..1 << b].iter().enumerate() {
+                        fm.tables[tile][quad * 16 + (i << shift)] = l;
+                        fm.biased[tile][quad * 16 + (i << shift)] = (i16::from(l) + 128) as u8;
+                    }
+                }
+                for g in 0..groups {
+                    fm.nf[(tile * groups + g) * TILE + lane] = m.norms()[r_in * groups + g] * scale;
+                }
+                for c in 0..groups * group {
+                    let (blk, j) = (c / BLOCK, c % BLOCK);
+                    let (k, jj) = (j / word_cols, j % word_cols);
+                    let (p, beta) = (jj / 4, jj % 4);
+                    let at = ((tile * blocks + blk) * b + k) * LINE + 4 * lane + beta;
+                    fm.data[at] |= (m.index(r_in, c) as u8) << (p * b);
+                }
+            }
+        }
+        Some(fm)
     }
 
-    /// [`CqMatrix::matvec_rows_fast`] for several inputs at once (a prefill
-    /// chunk): rows `first .. first + count` for each of `xs` into `out`
-    /// (`[xs.len(), count]`). Each row's indices are decoded once for several
-    /// inputs, and every value is bit-identical to the one-input call.
+    /// Output rows (the last part's end).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// The output rows of part `i`.
     ///
     /// # Panics
-    /// As [`CqMatrix::matvec_rows_fast`], or if `out.len() != xs.len() · count`.
-    pub fn matmul_rows_fast(
-        &self,
-        kernel: FastKernel,
-        xs: &[FastInput],
-        first: usize,
-        count: usize,
-        out: &mut [f32],
-    ) {
-        assert!(self.fast.is_some(), "matmul_fast: no fast form");
-        assert_eq!(out.len(), xs.len() * count, "matmul_fast: output length");
-        assert!(first + count <= self.rows, "matmul_fast: rows out of range");
-        assert!(
-            FastKernel::available().contains(&kernel),
-            "matmul_fast: {kernel:?} is not available on this CPU"
+    /// If there is no part `i`.
+    pub fn part(&self, i: usize) -> Range<usize> {
+        self.parts[i].clone()
+    }
+
+    /// Bits per index (1, 2 or 4).
+    pub fn bits(&self) -> u32 {
+        self.bits
+    }
+
+    /// The input length (groups · group).
+    pub fn padded(&self) -> usize {
+        self.groups * self.group
+    }
+
+    /// Bytes the kernels read for one input: index lines, norms, tables.
+    pub fn bytes(&self) -> usize {
+        self.data.len() + self.nf.len() * 4 + self.tables.len() * LINE
+    }
+
+    /// Every output row for each input of `xs` (quantized from this matrix's
+    /// prepared input) into `out` (`[xs.len(), rows]`), with `kernel`, tiles
+    /// split over the CPU pool when the work is worth it. Every value is
+    /// bit-identical to [`FastMatrix::row_dot_scalar`].
+    ///
+    /// # Panics
+    /// If an input has another length, `out` has another length, or this CPU
+    /// lacks `kernel`.
+    pub fn matmul(&self, kernel: FastKernel, xs: &[FastInput], out: &mut [f32]) {
+        assert_eq!(
+            out.len(),
+            xs.len() * self.rows,
+            "fast matmul: output length"
         );
         for x in xs {
-            assert_eq!(
-                (x.bits, x.len),
-                (self.bits, self.padded()),
-                "matmul_fast: input"
-            );
+            assert_eq!(x.len, self.padded(), "fast matmul: input length");
         }
-        if xs.len() == 1 {
-            return self.matvec_rows_fast(kernel, &xs[0], first, out);
+        assert!(
+            FastKernel::available().contains(&kernel),
+            "fast matmul: {kernel:?} is not available on this CPU"
+        );
+        if xs.is_empty() || self.rows == 0 {
+            return;
         }
-        // Rows are split over the pool; a part writes its rows of every input.
-        let shared = crate::pool::SharedSlice::new(out);
-        crate::pool::Pool::global().for_ranges(count, 4, &|r| {
-            let put = |t: usize, i: usize, v: f32| {
-                // SAFETY: the parts' row ranges are disjoint: only this part
-                // writes row r.start + i of any input.
-                unsafe { shared.set(t * count + r.start + i, v) }
-            };
-            self.rows_fast(kernel, first + r.start, xs, r.len(), &put);
-        });
+        let pool = Pool::global();
+        let work = self.data.len() * xs.len();
+        let shared = SharedSlice::new(out);
+        // SAFETY (both arms): the tile ranges are disjoint, so each output
+        // element is written by one part only.
+        if work < PARALLEL_BYTES || pool.threads() == 1 || self.tiles < 2 {
+            unsafe { self.tiles_dot(kernel, 0..self.tiles, xs, &shared) };
+        } else {
+            pool.for_ranges(self.tiles, 1, &|r| unsafe {
+                self.tiles_dot(kernel, r, xs, &shared)
+            });
+        }
     }
 
-    /// Rows `first .. first + k` for each input `t` of `xs`, handed to
-    /// `put(t, i, value)` (`i < k`), with `kernel`.
-    fn rows_fast(
+    /// [`FastMatrix::matmul`] of one input.
+    ///
+    /// # Panics
+    /// As [`FastMatrix::matmul`].
+    pub fn matvec(&self, kernel: FastKernel, x: &FastInput, out: &mut [f32]) {
+        self.matmul(kernel, std::slice::from_ref(x), out);
+    }
+
+    /// Tiles `tiles` against every input into `out` (`[xs.len(), rows]`).
+    ///
+    /// # Safety
+    /// No other thread touches these tiles' output rows meanwhile; `kernel`
+    /// is available.
+    unsafe fn tiles_dot(
         &self,
         kernel: FastKernel,
-        first: usize,
+        tiles: Range<usize>,
         xs: &[FastInput],
-        k: usize,
-        put: &impl Fn(usize, usize, f32),
+        out: &SharedSlice<'_, f32>,
     ) {
         #[cfg(target_arch = "x86_64")]
         if kernel != FastKernel::Scalar {
-            let f = self.fast.as_ref().expect("fast form");
-            let rb = self.row_bytes();
-            let rows = &self.packed[first * rb..(first + k) * rb];
-            let nf = &f.nf[first * self.groups..];
-            let geo = x86::Geometry::new(self.bits, self.group, self.groups, rb, k);
-            // SAFETY: `available` listed the kernel, so the CPU has its
-            // features; `nf` holds these rows' norms and the zero padding.
-            unsafe { x86::rows_dot(kernel, self.bits, geo, rows, nf, f, xs, put) };
+            // SAFETY: forwarded; `available` listed the kernel.
+            unsafe { x86::tiles_dot(kernel, self, tiles, xs, out) };
             return;
         }
-        for i in 0..k {
+        let _ = kernel;
+        for r in tiles.start * TILE..(tiles.end * TILE).min(self.rows) {
             for (t, x) in xs.iter().enumerate() {
-                put(t, i, self.row_dot_fast_scalar(first + i, x));
+                // SAFETY: the caller owns these rows.
+                unsafe { out.set(t * self.rows + r, self.row_dot_scalar(r, x)) };
             }
         }
     }
 
-    /// Row `r` of the fast matvec by the scalar reference of the module doc's
-    /// arithmetic (what the SIMD kernels must equal bit for bit), from the
-    /// input's natural order.
+    /// Output row `r` against `x` by the module doc's arithmetic, one
+    /// column at a time (the reference every kernel equals bit for bit).
     ///
     /// # Panics
-    /// As [`CqMatrix::matvec_rows_fast`].
-    pub fn row_dot_fast_scalar(&self, r: usize, x: &FastInput) -> f32 {
-        let f = self.fast.as_ref().expect("matvec_fast: no fast form");
-        assert_eq!((x.bits, x.len), (self.bits, self.padded()), "fast input");
-        let rb = self.row_bytes();
-        let row = &self.packed[r * rb..(r + 1) * rb];
-        let nf = &f.nf[r * self.groups..(r + 1) * self.groups];
-        let bits = self.bits as usize;
-        let mask = (1u8 << bits) - 1;
-        let per = 8 / bits;
-        let w = chunk_cols(self.bits);
-        let chunks_per_group = (self.group / w).max(1);
-        // Plane 0's shift is 0, so the table's first 2^bits entries are the levels.
-        let levels = &f.table[..1 << bits];
-        let mut acc = [0.0f32; LANES];
-        let mut g = [0.0f32; LANES];
-        for c in 0..self.padded().div_ceil(w) {
-            for (lane, gl) in g.iter_mut().enumerate() {
-                let first_col = c * w + 4 * lane * per;
-                if first_col >= self.padded() {
-                    continue;
-                }
+    /// If `r >= rows` or `x` has another length.
+    pub fn row_dot_scalar(&self, r: usize, x: &FastInput) -> f32 {
+        assert!(r < self.rows, "fast row: out of range");
+        assert_eq!(x.len, self.padded(), "fast row: input length");
+        let b = self.bits as usize;
+        let (tile, lane) = (r / TILE, r % TILE);
+        let table = &self.tables[tile][lane / QUAD * 16..][..16];
+        let word_cols = 32 / b;
+        let blocks_per_group = self.group / BLOCK;
+        let mut acc = 0.0f32;
+        for g in 0..self.groups {
+            let mut s = 0.0f32;
+            for blk in g * blocks_per_group..(g + 1) * blocks_per_group {
                 let mut p = 0i32;
-                for beta in 4 * lane..4 * lane + 4 {
-                    let byte = row[c * CHUNK + beta];
-                    for plane in 0..per {
-                        let idx = (byte >> (plane * bits)) & mask;
-                        let col = c * w + beta * per + plane;
-                        p += i32::from(levels[usize::from(idx)]) * i32::from(x.q[col]);
-                    }
+                for j in 0..BLOCK {
+                    let (k, jj) = (j / word_cols, j % word_cols);
+                    let (plane, beta) = (jj / 4, jj % 4);
+                    let byte =
+                        self.data[((tile * self.blocks + blk) * b + k) * LINE + 4 * lane + beta];
+                    let idx = (byte >> (plane * b)) & ((1 << b) - 1);
+                    let q = x.q[blk * BLOCK + j];
+                    p += i32::from(table[usize::from(idx)]) * i32::from(q);
                 }
-                *gl = (p as f32).mul_add(x.scales[first_col / BLOCK], *gl);
+                s = (p as f32).mul_add(x.scales[blk], s);
             }
-            if (c + 1) % chunks_per_group == 0 {
-                for (lane, (a, gl)) in acc.iter_mut().zip(&mut g).enumerate() {
-                    let first_col = c * w + 4 * lane * per;
-                    if first_col < self.padded() {
-                        *a = gl.mul_add(nf[first_col / self.group], *a);
-                    }
-                    *gl = 0.0;
-                }
+            acc = s.mul_add(self.nf[(tile * self.groups + g) * TILE + lane], acc);
+        }
+        acc
+    }
+}
+
+/// The fused fast forms of the matrix products of a model that share an
+/// input, in an order its engine defines (see `crate::cpu`), each `None`
+/// where no part has a fast form.
+#[derive(Debug, Default)]
+pub struct FastSet {
+    /// The products.
+    pub products: Vec<FastProduct>,
+}
+
+/// One product's fast matrices: each fuses some of the product's parts (by
+/// index) that share a width; the parts in none of them run exactly.
+#[derive(Debug, Default)]
+pub struct FastProduct {
+    /// A fused matrix and the product's part indices it holds, in its order.
+    pub fused: Vec<(FastMatrix, Vec<usize>)>,
+}
+
+impl FastProduct {
+    /// The fused fast forms of `parts` (each a matrix and its rows): parts of
+    /// one (bits, group, padded) fuse; 8-bit parts stay exact.
+    pub fn new(parts: &[(&CqMatrix, Range<usize>)]) -> FastProduct {
+        let mut fused: Vec<(FastMatrix, Vec<usize>)> = Vec::new();
+        let mut done = vec![false; parts.len()];
+        for i in 0..parts.len() {
+            if done[i] || parts[i].0.bits() > 4 {
+                continue;
+            }
+            let key = |m: &CqMatrix| (m.bits(), m.group(), m.padded());
+            let ids: Vec<usize> = (i..parts.len())
+                .filter(|&j| !done[j] && key(parts[j].0) == key(parts[i].0))
+                .collect();
+            let these: Vec<_> = ids.iter().map(|&j| parts[j].clone()).collect();
+            if let Some(fm) = FastMatrix::new(&these) {
+                ids.iter().for_each(|&j| done[j] = true);
+                fused.push((fm, ids));
             }
         }
-        sum16(acc)
+        FastProduct { fused }
+    }
+
+    /// Whether part `i` runs in a fused fast matrix.
+    pub fn covers(&self, i: usize) -> bool {
+        self.fused.iter().any(|(_, ids)| ids.contains(&i))
     }
 }
 

@@ -2,7 +2,6 @@
 //! gather (`dequantize_row`). Its kernels live beside it: `prepare.rs`,
 //! `scalar.rs` (the reference loops) and `matvec.rs` (SIMD dispatch and threads).
 
-use super::fast::FastRows;
 use super::fwht::nfwht;
 use super::scalar::Lut;
 use half::f16;
@@ -25,8 +24,6 @@ pub struct CqMatrix {
     pub(super) norms: Vec<f32>,
     pub(super) packed: Vec<u8>,
     pub(super) lut: Lut,
-    /// The §6.1 fast form (1, 2, 4 bits with whole blocks per group).
-    pub(super) fast: Option<FastRows>,
 }
 
 impl CqMatrix {
@@ -109,7 +106,6 @@ impl CqMatrix {
         packed: Vec<u8>,
     ) -> CqMatrix {
         let lut = Lut::build(bits, &codebook);
-        let fast = FastRows::build(bits, group, &codebook, &norms);
         CqMatrix {
             rows,
             cols,
@@ -120,7 +116,6 @@ impl CqMatrix {
             norms,
             packed,
             lut,
-            fast,
         }
     }
 

@@ -17,7 +17,7 @@ pub mod quantize;
 mod scalar;
 mod simd;
 
-pub use fast::{FastInput, FastKernel, BLOCK};
+pub use fast::{FastInput, FastKernel, FastMatrix, FastProduct, FastSet, BLOCK, QUAD, TILE};
 pub use fwht::{fwht, fwht_scalar, nfwht};
 pub use matrix::CqMatrix;
 pub(crate) use matvec::{BatchIn, BatchLayout};

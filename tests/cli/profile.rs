@@ -95,8 +95,9 @@ fn cpu_profile_covers_every_kernel_of_the_step() {
         .filter(|r| r.name.starts_with("matvec"))
         .map(|r| r.calls_per_token)
         .sum();
-    // wv and wk per site; Φ pre/post/res and wq wk wv wg wo per layer; the vocabulary.
-    assert_eq!(matvecs, 2 * e.sites.len() + 8 * l + 1);
+    // One product per shared input: wv and wk per site; Φ pre/post/res, then
+    // wq wk wv wg, then wo per layer; the vocabulary.
+    assert_eq!(matvecs, e.sites.len() + 3 * l + 1);
     assert_eq!(
         p.calls_per_token(),
         calls(&p, "prepare") + matvecs + 5 * l + e.sites.len() + 1 + e.tables()

@@ -4,7 +4,7 @@
 //! against exact within §6.1's one-matvec bound.
 
 use crate::cq_kernels::random_matrix;
-use cqlm::cq::{prepare, CqMatrix, FastInput, FastKernel};
+use cqlm::cq::{prepare, CqMatrix, FastInput, FastKernel, FastMatrix, FastProduct};
 use cqlm::simd::CpuSimd;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -49,14 +49,48 @@ fn kernels() -> Vec<FastKernel> {
     k
 }
 
+/// `n` random inputs for `m`, prepared and quantized.
+fn inputs(rng: &mut ChaCha8Rng, m: &CqMatrix, n: usize) -> Vec<(Vec<f32>, FastInput)> {
+    (0..n)
+        .map(|_| {
+            let x: Vec<f32> = (0..m.cols())
+                .map(|_| rng.random_range(-3.0f32..3.0))
+                .collect();
+            let prep = prepare(m, &x).unwrap();
+            let mut q = FastInput::default();
+            q.quantize(&prep);
+            (prep, q)
+        })
+        .collect()
+}
+
+/// Every kernel's product of `fm` with `xs` (poisoned first), against the
+/// scalar reference row by row, bit for bit.
+fn assert_kernels_equal_scalar(fm: &FastMatrix, xs: &[FastInput], what: &str) {
+    for &k in &kernels() {
+        let mut out = vec![f32::NAN; xs.len() * fm.rows()];
+        fm.matmul(k, xs, &mut out);
+        for (t, x) in xs.iter().enumerate() {
+            for r in 0..fm.rows() {
+                let (got, want) = (out[t * fm.rows() + r], fm.row_dot_scalar(r, x));
+                assert_eq!(
+                    got.to_bits(),
+                    want.to_bits(),
+                    "{k:?}, {what}: input {t} of {}, row {r}: {got} vs {want}",
+                    xs.len()
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn fast_kernels_match_a_naive_f64_loop_and_each_other() {
     let mut rng = ChaCha8Rng::seed_from_u64(61);
-    let ks = kernels();
-    eprintln!("fast kernels on this CPU: {ks:?}");
+    eprintln!("fast kernels on this CPU: {:?}", kernels());
     for bits in [1u32, 2, 4] {
-        // Odd sizes: row counts that split unevenly, groups of 1 to many blocks,
-        // block counts that are not a multiple of 8, a ragged last group.
+        // Odd sizes: row counts that leave a partial tile, groups of 1 to many
+        // blocks, block counts that are not a multiple of 8, a ragged last group.
         for (rows, cols, group) in [
             (7, 96, 32),
             (33, 200, 64),
@@ -65,74 +99,79 @@ fn fast_kernels_match_a_naive_f64_loop_and_each_other() {
             (3, 300, 512),
         ] {
             let m = random_matrix(&mut rng, rows, cols, bits, group);
-            assert!(m.has_fast());
-            let x: Vec<f32> = (0..cols).map(|_| rng.random_range(-3.0f32..3.0)).collect();
-            let prep = prepare(&m, &x).unwrap();
-            let mut q = FastInput::default();
-            q.quantize(&prep, bits);
-            // The same input quantized for another width, then laid out for this
-            // one (what an input shared by matrices of two widths gets).
-            let mut other = FastInput::default();
-            other.quantize(&prep, if bits == 4 { 2 } else { 4 });
-            let mut relaid = FastInput::default();
-            relaid.relay(&other, bits);
-            let mut a = vec![f32::NAN; rows];
-            let mut b = vec![f32::NAN; rows];
-            m.matvec_rows_fast(FastKernel::Scalar, &q, 0, &mut a);
-            m.matvec_rows_fast(FastKernel::Scalar, &relaid, 0, &mut b);
-            assert_eq!(a, b, "relaid input, bits {bits}");
-            let mut outs = Vec::new();
-            for &k in &ks {
-                let mut out = vec![f32::NAN; rows];
-                m.matvec_rows_fast(k, &q, 0, &mut out);
-                outs.push(out);
-            }
-            for (r, &got) in outs[0].iter().enumerate() {
-                // The integer sums are exact; what is left is f32 rounding
-                // in the combination of the blocks (a few ulps of their size).
-                let (want, magnitude) = naive_fast_row(&m, r, &prep);
-                let tol = 1e-6 * magnitude;
-                assert!(
-                    (got as f64 - want).abs() <= tol,
-                    "bits {bits} {rows}x{cols}/{group} row {r}: {got} vs {want}"
-                );
-                assert_eq!(m.row_dot_fast_scalar(r, &q).to_bits(), got.to_bits());
-            }
-            // Several inputs at once (the prefill's matmul: whole tiles of
-            // inputs and a remainder) give each input's one-input values.
-            let inputs: Vec<FastInput> = (0..7)
-                .map(|_| {
-                    let x: Vec<f32> = (0..cols).map(|_| rng.random_range(-3.0f32..3.0)).collect();
-                    let mut q = FastInput::default();
-                    q.quantize(&prepare(&m, &x).unwrap(), bits);
-                    q
-                })
-                .collect();
-            for &k in &ks {
-                let mut out = vec![f32::NAN; rows * inputs.len()];
-                m.matmul_rows_fast(k, &inputs, 0, rows, &mut out);
-                for (t, x) in inputs.iter().enumerate() {
-                    for r in 0..rows {
-                        assert_eq!(
-                            out[t * rows + r].to_bits(),
-                            m.row_dot_fast_scalar(r, x).to_bits(),
-                            "{k:?} matmul, input {t} row {r}: bits {bits} {rows}x{cols}/{group}"
-                        );
-                    }
+            let fm = FastMatrix::of(&m).expect("a fast form");
+            assert_eq!(fm.rows(), rows);
+            let what = format!("bits {bits} {rows}x{cols}/{group}");
+            // 1 to 11 inputs at once: whole passes of every kernel's width and
+            // the remainders (the prefill's matmul), each input's own values.
+            let xs = inputs(&mut rng, &m, 11);
+            for (prep, q) in &xs {
+                for r in 0..rows {
+                    // The integer sums are exact; what is left is f32 rounding in
+                    // the combination of the blocks (a few ulps of their size).
+                    let got = fm.row_dot_scalar(r, q);
+                    let (want, magnitude) = naive_fast_row(&m, r, prep);
+                    assert!(
+                        (got as f64 - want).abs() <= 1e-6 * magnitude,
+                        "{what} row {r}: {got} vs {want}"
+                    );
                 }
             }
-            for (k, out) in ks.iter().zip(&outs).skip(1) {
-                let same = out
-                    .iter()
-                    .zip(&outs[0])
-                    .all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(
-                    same,
-                    "{k:?} differs from the scalar fast kernel: bits {bits} {rows}x{cols}/{group}"
-                );
+            let qs: Vec<FastInput> = xs.into_iter().map(|(_, q)| q).collect();
+            for n in [1, 2, 3, 5, 8, 11] {
+                assert_kernels_equal_scalar(&fm, &qs[..n], &what);
             }
         }
     }
+}
+
+#[test]
+fn fused_parts_give_each_matrix_its_own_rows() {
+    // Three matrices of one width with their own codebooks, odd row ranges (the
+    // parts start at multiples of four rows, so a tile holds rows of several),
+    // fused: each part's outputs are its matrix's rows by the naive loop.
+    let mut rng = ChaCha8Rng::seed_from_u64(66);
+    for bits in [1u32, 2, 4] {
+        let ms: Vec<CqMatrix> = [9, 30, 6]
+            .iter()
+            .map(|&rows| random_matrix(&mut rng, rows, 256, bits, 64))
+            .collect();
+        let ranges = [2..9, 5..26, 0..6];
+        let parts: Vec<_> = ms.iter().zip(ranges.clone()).collect();
+        let fm = FastMatrix::new(&parts).expect("a fast form");
+        assert_eq!((fm.part(0), fm.part(1), fm.part(2)), (0..7, 8..29, 32..38));
+        let xs = inputs(&mut rng, &ms[0], 9);
+        for (prep, q) in &xs {
+            for (i, (m, range)) in ms.iter().zip(ranges.clone()).enumerate() {
+                for (k, r) in range.enumerate() {
+                    let got = fm.row_dot_scalar(fm.part(i).start + k, q);
+                    let (want, magnitude) = naive_fast_row(m, r, prep);
+                    assert!(
+                        (got as f64 - want).abs() <= 1e-6 * magnitude,
+                        "bits {bits}, part {i} row {r}: {got} vs {want}"
+                    );
+                }
+            }
+        }
+        let qs: Vec<FastInput> = xs.into_iter().map(|(_, q)| q).collect();
+        assert_kernels_equal_scalar(&fm, &qs, &format!("fused, bits {bits}"));
+    }
+}
+
+#[test]
+fn a_product_fuses_parts_of_one_width_and_leaves_the_rest_exact() {
+    let mut rng = ChaCha8Rng::seed_from_u64(67);
+    let two = random_matrix(&mut rng, 8, 128, 2, 32);
+    let eight = random_matrix(&mut rng, 8, 128, 8, 32);
+    let four = random_matrix(&mut rng, 8, 128, 4, 32);
+    let two_b = random_matrix(&mut rng, 4, 128, 2, 32);
+    let p = FastProduct::new(&[(&two, 0..8), (&eight, 0..8), (&four, 0..8), (&two_b, 0..4)]);
+    let fused: Vec<&[usize]> = p.fused.iter().map(|(_, ids)| &ids[..]).collect();
+    assert_eq!(fused, [&[0usize, 3][..], &[2][..]]);
+    assert!(p.covers(0) && p.covers(2) && p.covers(3) && !p.covers(1));
+    // Parts that can't share an input (another padded length) don't fuse.
+    let wide = random_matrix(&mut rng, 4, 256, 2, 32);
+    assert!(FastMatrix::new(&[(&two, 0..8), (&wide, 0..4)]).is_none());
 }
 
 #[test]
@@ -146,9 +185,10 @@ fn one_fast_matvec_is_within_1e_2_of_exact() {
             let mut exact = vec![0.0; 64];
             m.matvec_rows_prepared(&prep, 0, &mut exact);
             let mut q = FastInput::default();
-            q.quantize(&prep, bits);
+            q.quantize(&prep);
             let mut fast = vec![f32::NAN; 64];
-            m.matvec_rows_fast(FastKernel::for_simd(CpuSimd::selected()), &q, 0, &mut fast);
+            let fm = FastMatrix::of(&m).unwrap();
+            fm.matvec(FastKernel::for_simd(CpuSimd::selected()), &q, &mut fast);
             let num: f64 = fast
                 .iter()
                 .zip(&exact)
@@ -164,7 +204,47 @@ fn one_fast_matvec_is_within_1e_2_of_exact() {
 #[test]
 fn eight_bit_matrices_have_no_fast_form() {
     let mut rng = ChaCha8Rng::seed_from_u64(63);
-    assert!(!random_matrix(&mut rng, 4, 64, 8, 32).has_fast());
+    assert!(FastMatrix::of(&random_matrix(&mut rng, 4, 64, 8, 32)).is_none());
+}
+
+#[test]
+fn the_fast_input_is_the_scalar_int8_store_of_each_block() {
+    // FastInput::quantize has its own SIMD loops: per block of 32 they must give
+    // quantize_int8_scalar's codes and scale (a NaN block: a NaN scale) and the
+    // bias −128·Σq, for random values, exact ties, zeros, NaN and infinities.
+    use cqlm::kernels::kv::quantize_int8_scalar;
+    let mut rng = ChaCha8Rng::seed_from_u64(68);
+    let mut x: Vec<f32> = (0..32 * 12)
+        .map(|_| rng.random_range(-5.0f32..5.0))
+        .collect();
+    for (i, v) in x[32..64].iter_mut().enumerate() {
+        *v = (i as f32 % 20.0) - 9.5; // ties: the step is 1 below
+    }
+    x[32] = 127.0;
+    x[64..96].fill(0.0);
+    x[100] = f32::NAN;
+    x[140] = f32::INFINITY;
+    x[180] = f32::NEG_INFINITY;
+    x[200] = f32::NAN;
+    x[201] = f32::INFINITY;
+    x[250] = 1e-30;
+    let mut q = FastInput::default();
+    q.quantize(&x);
+    for (b, block) in x.chunks_exact(32).enumerate() {
+        let mut want = [0i8; 32];
+        let scale = quantize_int8_scalar(block, &mut want);
+        let scale = if block.iter().any(|v| v.is_nan()) {
+            f32::NAN
+        } else {
+            scale
+        };
+        assert_eq!(&q.codes()[32 * b..32 * b + 32], &want, "codes of block {b}");
+        assert_eq!(
+            q.scales()[b].to_bits(),
+            scale.to_bits(),
+            "scale of block {b}"
+        );
+    }
 }
 
 #[test]
@@ -208,10 +288,11 @@ fn a_nan_input_gives_nan_outputs_in_every_fast_kernel() {
         let mut prep: Vec<f32> = (0..256).map(|_| rng.random_range(-1.0f32..1.0)).collect();
         prep[77] = f32::NAN;
         let mut q = FastInput::default();
-        q.quantize(&prep, bits);
+        q.quantize(&prep);
+        let fm = FastMatrix::of(&m).unwrap();
         for &k in FastKernel::available() {
             let mut out = vec![0.0f32; 9];
-            m.matvec_rows_fast(k, &q, 0, &mut out);
+            fm.matvec(k, &q, &mut out);
             assert!(out.iter().all(|v| v.is_nan()), "{k:?} bits {bits}: {out:?}");
         }
     }
