@@ -10,18 +10,47 @@
 /// # Panics
 /// If `x.len()` is not a power of two (a programming error: every caller passes a group or `hadamard_dim`).
 pub fn fwht(x: &mut [f32]) {
+    fwht_then_scale(x, None);
+}
+
+/// [`fwht`], then every value times `scale` when given (in the SIMD paths as
+/// the last stage stores it: the same multiply as a pass after).
+fn fwht_then_scale(x: &mut [f32], scale: Option<f32>) {
     let n = x.len();
     assert!(
         n <= 1 || n.is_power_of_two(),
         "fwht length {n} is not a power of two"
     );
     #[cfg(target_arch = "x86_64")]
-    if n >= 8 && crate::simd::CpuSimd::selected() != crate::simd::CpuSimd::Scalar {
-        // SAFETY: a non-scalar selection implies AVX2 was detected; n is a power of two >= 8.
-        unsafe { fwht_avx2(x) };
-        return;
+    {
+        use crate::simd::CpuSimd;
+        match CpuSimd::selected() {
+            CpuSimd::Avx512 if n >= 16 => {
+                // SAFETY: the selection implies AVX-512F; n is a power of two >= 16.
+                unsafe { x86::fwht_avx512(x, scale) };
+                return;
+            }
+            CpuSimd::Scalar => {}
+            _ if n >= 8 => {
+                // SAFETY: a non-scalar selection implies AVX2; n is a power of two >= 8.
+                unsafe { fwht_avx2(x) };
+                scale_by(x, scale);
+                return;
+            }
+            _ => {}
+        }
     }
     fwht_scalar(x);
+    scale_by(x, scale);
+}
+
+/// Every value of `x` times `scale`, when given.
+fn scale_by(x: &mut [f32], scale: Option<f32>) {
+    if let Some(s) = scale {
+        for v in x.iter_mut() {
+            *v *= s;
+        }
+    }
 }
 
 /// The plain butterfly loops of [`fwht`] (the reference the SIMD path is tested against).
@@ -88,10 +117,110 @@ unsafe fn fwht_avx2(x: &mut [f32]) {
 /// # Panics
 /// If `x.len()` is not a power of two.
 pub fn nfwht(x: &mut [f32]) {
-    fwht(x);
     let s = 1.0 / (x.len() as f32).sqrt();
-    for v in x.iter_mut() {
-        *v *= s;
+    fwht_then_scale(x, Some(s));
+}
+
+/// The AVX-512 transform: the first four stages inside each 16-lane register,
+/// then up to four stages at a time across 16 registers (radix 16), each pass
+/// one load and one store of every value. Every output is the same `u + v` or
+/// `u − v` of the same inputs, stage by stage in the same order, as
+/// [`fwht_scalar`].
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// Stages 1, 2, 4 and 8 of the 16 lanes of `v`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn in_register(v: __m512) -> __m512 {
+        // Each stage: t = the partner lanes; the lower lane of a pair keeps
+        // u + v (here v + t), the upper one u − v (here t − v).
+        let t = _mm512_permute_ps::<0b10_11_00_01>(v);
+        let v = _mm512_mask_sub_ps(_mm512_add_ps(v, t), 0xAAAA, t, v);
+        let t = _mm512_permute_ps::<0b01_00_11_10>(v);
+        let v = _mm512_mask_sub_ps(_mm512_add_ps(v, t), 0xCCCC, t, v);
+        let t = _mm512_shuffle_f32x4::<0b10_11_00_01>(v, v);
+        let v = _mm512_mask_sub_ps(_mm512_add_ps(v, t), 0xF0F0, t, v);
+        let t = _mm512_shuffle_f32x4::<0b01_00_11_10>(v, v);
+        _mm512_mask_sub_ps(_mm512_add_ps(v, t), 0xFF00, t, v)
+    }
+
+    /// One pass: in every run of `stride · SPAN` registers from `p`, the
+    /// `stride` sets of `SPAN` registers `stride` apart go through the stages of
+    /// strides `stride .. stride · SPAN` (after [`in_register`] when `first`),
+    /// and are stored times `s` when `scale`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn pass<const SPAN: usize>(
+        p: *mut f32,
+        regs: usize,
+        stride: usize,
+        first: bool,
+        scale: Option<__m512>,
+    ) {
+        for base in (0..regs).step_by(stride * SPAN) {
+            for off in 0..stride {
+                let at = |k: usize| (base + off + k * stride) * 16;
+                let mut r = [_mm512_setzero_ps(); SPAN];
+                for (k, rk) in r.iter_mut().enumerate() {
+                    // SAFETY: at(k) + 16 ≤ 16 · regs for k < SPAN.
+                    *rk = unsafe { _mm512_loadu_ps(p.add(at(k))) };
+                    if first {
+                        *rk = in_register(*rk);
+                    }
+                }
+                let mut h = 1;
+                while h < SPAN {
+                    for k in 0..SPAN {
+                        if k & h == 0 {
+                            let (a, b) = (r[k], r[k + h]);
+                            r[k] = _mm512_add_ps(a, b);
+                            r[k + h] = _mm512_sub_ps(a, b);
+                        }
+                    }
+                    h *= 2;
+                }
+                for (k, &rk) in r.iter().enumerate() {
+                    let v = scale.map_or(rk, |s| _mm512_mul_ps(rk, s));
+                    // SAFETY: as for the loads.
+                    unsafe { _mm512_storeu_ps(p.add(at(k)), v) };
+                }
+            }
+        }
+    }
+
+    /// `x ← H·x`, then times `scale` when given; `x.len()` a power of two ≥ 16.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn fwht_avx512(x: &mut [f32], scale: Option<f32>) {
+        let p = x.as_mut_ptr();
+        let regs = x.len() / 16;
+        // The stride in registers at which the next stage pairs them.
+        let mut stride = 1;
+        loop {
+            // Up to four stages a pass: strides `stride .. stride · span`.
+            let span = (regs / stride).min(16);
+            let last = stride * span == regs;
+            let s = scale.filter(|_| last).map(|v| _mm512_set1_ps(v));
+            let first = stride == 1;
+            // SAFETY: the passes stay inside the `regs` registers of `x`.
+            unsafe {
+                match span {
+                    16 => pass::<16>(p, regs, stride, first, s),
+                    8 => pass::<8>(p, regs, stride, first, s),
+                    4 => pass::<4>(p, regs, stride, first, s),
+                    2 => pass::<2>(p, regs, stride, first, s),
+                    _ => pass::<1>(p, regs, stride, first, s),
+                }
+            }
+            if last {
+                return;
+            }
+            stride *= span;
+        }
     }
 }
 
@@ -148,7 +277,7 @@ mod tests {
 
     #[test]
     fn every_path_is_bit_identical_to_the_scalar_loops() {
-        for n in [1usize, 2, 4, 8, 16, 64, 128, 2048] {
+        for n in [1usize, 2, 4, 8, 16, 32, 64, 128, 256, 2048, 4096, 1 << 16] {
             let x = pseudo_random(n, 99 + n as u64);
             let mut a = x.clone();
             let mut b = x.clone();
@@ -165,6 +294,26 @@ mod tests {
                 // SAFETY: AVX2 detected, n a power of two >= 8.
                 unsafe { fwht_avx2(&mut c) };
                 assert!(c.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()));
+            }
+            #[cfg(target_arch = "x86_64")]
+            if n >= 16 && std::arch::is_x86_feature_detected!("avx512f") {
+                let mut c = x.clone();
+                // SAFETY: AVX-512F detected, n a power of two >= 16.
+                unsafe { x86::fwht_avx512(&mut c, None) };
+                assert!(
+                    c.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()),
+                    "n = {n}"
+                );
+                // With the scale folded into the last store: the scalar multiply.
+                let mut c = x.clone();
+                let s = 1.0 / (n as f32).sqrt();
+                unsafe { x86::fwht_avx512(&mut c, Some(s)) };
+                assert!(
+                    c.iter()
+                        .zip(&b)
+                        .all(|(p, q)| p.to_bits() == (q * s).to_bits()),
+                    "n = {n}"
+                );
             }
         }
     }
