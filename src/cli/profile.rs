@@ -5,6 +5,7 @@ use anyhow::{bail, Context, Result};
 use cqlm::builder::AnyEngine;
 use cqlm::gpu::profile::GpuTiming;
 use cqlm::profile::KernelProfile;
+use cqlm::Engine;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, clap::Args)]
@@ -61,6 +62,10 @@ pub fn run(a: Args) -> Result<()> {
         if prompt.is_empty() {
             bail!("--prefill needs --prompt-len of at least 1");
         }
+        // Once unprofiled first: the scratch buffers' first touch is not the
+        // prefill's cost.
+        e.prefill(prompt)?;
+        e.reset();
         let profile = e.profile_prefill(prompt)?;
         let backend = p.as_dyn().describe();
         return report(

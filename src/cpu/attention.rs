@@ -15,7 +15,7 @@
 //!   to its own from the new rows), and [`ChunkAttention::finish`] then writes the
 //!   new rows into the cache token by token, so the ring ends as stepping leaves it.
 
-use super::par::per_token;
+use super::par::per_token_weighted;
 use crate::config::Config;
 use crate::error::Result;
 use crate::kernels::attention::{attend, attend_kv_head};
@@ -143,7 +143,9 @@ impl ChunkAttention {
         let g = c.heads / c.kv_heads;
         let o = SharedSlice::new(o);
         let scores = SharedSlice::new(scores);
-        per_token(n, rows * c.kv_dim(), &|part, t| {
+        // Later tokens attend more rows: the pool parts take runs of tokens
+        // of about equal rows in all.
+        per_token_weighted(&self.slot_at, &|part, t| {
             let slots = &self.slots[self.slot_at[t]..self.slot_at[t + 1]];
             let (qt, gt) = (&q[t * qd..(t + 1) * qd], &gate[t * qd..(t + 1) * qd]);
             for j in 0..c.kv_heads {

@@ -99,11 +99,12 @@ pub(super) fn forward_many(
     }
 
     // 4.1 Embedding.
-    let ids = segs.iter().flat_map(|g| g.ids.iter());
-    for (t, &id) in ids.enumerate() {
-        let lanes = &mut s.lanes[t * 4 * h..(t + 1) * 4 * h];
-        gather(&w.embed, id as usize, (h as f32).sqrt(), 4, h, lanes);
-    }
+    s.ids.clear();
+    s.ids.extend(segs.iter().flat_map(|g| g.ids.iter()));
+    let ids = &s.ids;
+    per_rows(n, 4 * h, [(&mut s.lanes, 4 * h)], &|_, t, [lanes]| {
+        gather(&w.embed, ids[t] as usize, (h as f32).sqrt(), 4, h, lanes);
+    });
     for t in 0..n {
         // The four lanes start equal: the probe sees one.
         hooks.rows(t0 + t as u64, "x0", None, &s.lanes[t * 4 * h..][..h], h);
@@ -199,11 +200,14 @@ fn engram(
             t += 1;
         }
     }
-    for (k, table) in ew.tables.iter().enumerate() {
-        for t in 0..n {
-            let e = &mut s.e[t * ed + k * ec.dim..][..ec.dim];
-            gather(table, s.table_idx[t * tables + k], 1.0, 1, ec.dim, e);
+    let table_idx = &s.table_idx;
+    per_rows(n, ed, [(&mut s.e, ed)], &|_, t, [e]| {
+        for (k, table) in ew.tables.iter().enumerate() {
+            let row = table_idx[t * tables + k];
+            gather(table, row, 1.0, 1, ec.dim, &mut e[k * ec.dim..][..ec.dim]);
         }
+    });
+    for table in &ew.tables {
         hooks
             .clock
             .lap("gather", || n as u64 * bytes::gather(table, 1));

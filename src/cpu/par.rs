@@ -25,6 +25,34 @@ pub(super) fn per_token(n: usize, work: usize, f: &(dyn Fn(usize, usize) + Sync)
     });
 }
 
+/// Call `f(part, t)` for every token `t < n`, where token `t`'s work is
+/// `at[t + 1] − at[t]` (`at`: `n + 1` ascending prefix sums), the tokens split
+/// over the pool in contiguous runs of about equal work when the work is worth
+/// it ([`PARALLEL_FLOATS`] units in all).
+pub(super) fn per_token_weighted(at: &[usize], f: &(dyn Fn(usize, usize) + Sync)) {
+    let pool = Pool::global();
+    let parts = pool.threads();
+    let n = at.len().saturating_sub(1);
+    let total = at[n] - at[0];
+    if n < 2 || parts == 1 || total < PARALLEL_FLOATS / 64 {
+        (0..n).for_each(|t| f(0, t));
+        return;
+    }
+    // Part p starts at the first token whose work begins at or after p/parts
+    // of the total.
+    let start = |p: usize| match p {
+        p if p >= parts => n,
+        p => at
+            .partition_point(|&w| w - at[0] < total * p / parts)
+            .min(n),
+    };
+    pool.run(&|part| {
+        for t in start(part)..start(part + 1) {
+            f(part, t);
+        }
+    });
+}
+
 /// Row `t` (of width `w`) of a shared token-major buffer.
 ///
 /// # Safety

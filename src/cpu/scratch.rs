@@ -59,6 +59,8 @@ pub(super) struct Scratch {
     /// Per segment: its first token in the pass, and its first position.
     pub(super) seg_start: Vec<usize>,
     pub(super) seg_pos: Vec<u64>,
+    /// The pass's ids, all segments in order.
+    pub(super) ids: Vec<u32>,
     /// The last token's lanes of each segment (several segments' logits).
     pub(super) last_lanes: Vec<f32>,
     /// Attention scores, `heads · cache_rows` per pool part.

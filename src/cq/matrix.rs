@@ -183,19 +183,41 @@ impl CqMatrix {
     pub fn dequantize_row_into(&self, r: usize, out: &mut [f32]) {
         assert!(r < self.rows, "dequantize_row: row out of range");
         assert_eq!(out.len(), self.cols, "dequantize_row: output length");
-        let mut tmp = vec![0.0f32; self.group];
-        for k in 0..self.groups {
-            let n = self.norms[r * self.groups + k];
-            for (c, t) in tmp.iter_mut().enumerate() {
-                *t = n * self.codebook[self.index(r, k * self.group + c)];
-            }
-            nfwht(&mut tmp);
+        let row = &self.packed[r * self.row_bytes()..(r + 1) * self.row_bytes()];
+        let group_bytes = self.group * self.bits as usize / 8;
+        let mut tail = Vec::new();
+        for (k, bytes) in row.chunks_exact(group_bytes).enumerate() {
             let start = k * self.group;
             if start >= self.cols {
                 break;
             }
-            let end = (start + self.group).min(self.cols);
-            out[start..end].copy_from_slice(&tmp[..end - start]);
+            // A whole group is formed in place; a ragged last one in a copy.
+            let end = start + self.group;
+            let norm = self.norms[r * self.groups + k];
+            if end <= self.cols {
+                let g = &mut out[start..end];
+                self.group_levels(bytes, norm, g);
+                nfwht(g);
+            } else {
+                tail.resize(self.group, 0.0);
+                self.group_levels(bytes, norm, &mut tail);
+                nfwht(&mut tail);
+                out[start..].copy_from_slice(&tail[..self.cols - start]);
+            }
+        }
+    }
+
+    /// `norm · codebook[idx]` of every index of one group's packed `bytes`
+    /// into `out` (SPEC §2's index order: LSB first).
+    fn group_levels(&self, bytes: &[u8], norm: f32, out: &mut [f32]) {
+        let bits = self.bits as usize;
+        let per = 8 / bits;
+        let mask = ((1u16 << bits) - 1) as u8;
+        let cb = &self.codebook;
+        for (o, &byte) in out.chunks_exact_mut(per).zip(bytes) {
+            for (p, v) in o.iter_mut().enumerate() {
+                *v = norm * cb[usize::from((byte >> (p * bits)) & mask)];
+            }
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Slice-wide `exp`, `σ` and `silu` for the step's elementwise work, 8 lanes at a
-//! time with AVX2+FMA where [`crate::simd::CpuSimd::selected`] allows, else the
-//! scalar functions of [`super`] (the reference).
+//! time with AVX2+FMA (16 with AVX-512, the same arithmetic lane by lane) where
+//! [`crate::simd::CpuSimd::selected`] allows, else the scalar functions of
+//! [`super`] (the reference).
 //!
 //! The vector `exp` is the Cephes single-precision scheme: `n = round(x·log2 e)`,
 //! `r = x − n·ln 2` in two parts, a degree-6 polynomial, times `2ⁿ`. Its error is
@@ -14,8 +15,19 @@ fn vector() -> bool {
     cfg!(target_arch = "x86_64") && CpuSimd::selected() != CpuSimd::Scalar
 }
 
+/// Whether the 16-lane forms run (the same lane arithmetic as the 8-lane ones).
+fn wide() -> bool {
+    cfg!(target_arch = "x86_64") && CpuSimd::selected() == CpuSimd::Avx512
+}
+
 /// `x[i] ← exp(x[i])`.
 pub fn exp_in_place(x: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if wide() {
+        // SAFETY: the AVX-512 selection implies AVX-512F (and AVX2, FMA).
+        unsafe { x86::exp_slice_512(x) };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if vector() {
         // SAFETY: a non-scalar selection implies AVX2 and FMA were detected.
@@ -31,6 +43,12 @@ pub fn exp_in_place(x: &mut [f32]) {
 /// If the lengths differ.
 pub fn silu_of_product(z: &mut [f32], d: &[f32]) {
     assert_eq!(z.len(), d.len(), "silu_of_product: lengths");
+    #[cfg(target_arch = "x86_64")]
+    if wide() {
+        // SAFETY: as in exp_in_place.
+        unsafe { x86::silu_of_product_512(z, d) };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if vector() {
         // SAFETY: as in exp_in_place.
@@ -48,6 +66,12 @@ pub fn silu_of_product(z: &mut [f32], d: &[f32]) {
 /// If the lengths differ.
 pub fn gate_in_place(o: &mut [f32], g: &[f32]) {
     assert_eq!(o.len(), g.len(), "gate_in_place: lengths");
+    #[cfg(target_arch = "x86_64")]
+    if wide() {
+        // SAFETY: as in exp_in_place.
+        unsafe { x86::gate_512(o, g) };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if vector() {
         // SAFETY: as in exp_in_place.
@@ -166,6 +190,106 @@ pub(crate) mod x86 {
         _mm256_blendv_ps(out, x, nan)
     }
 
+    /// `x[i] ← exp(x[i])`, 16 lanes at a time.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(crate) unsafe fn exp_slice_512(x: &mut [f32]) {
+        let n = x.len() / 16 * 16;
+        let p = x.as_mut_ptr();
+        for i in (0..n).step_by(16) {
+            _mm512_storeu_ps(p.add(i), exp16(_mm512_loadu_ps(p.add(i))));
+        }
+        // SAFETY: the same features.
+        unsafe { exp_slice(&mut x[n..]) };
+    }
+
+    /// `z[i] ← silu(d[i] · z[i])`, 16 lanes at a time; `d.len() == z.len()`.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(crate) unsafe fn silu_of_product_512(z: &mut [f32], d: &[f32]) {
+        let n = z.len() / 16 * 16;
+        let p = z.as_mut_ptr();
+        for i in (0..n).step_by(16) {
+            let v = _mm512_mul_ps(
+                _mm512_loadu_ps(d.as_ptr().add(i)),
+                _mm512_loadu_ps(p.add(i)),
+            );
+            _mm512_storeu_ps(p.add(i), _mm512_mul_ps(v, sigmoid16(v)));
+        }
+        // SAFETY: the same features.
+        unsafe { silu_of_product(&mut z[n..], &d[n..]) };
+    }
+
+    /// `o[i] ← o[i] · σ(g[i])`, 16 lanes at a time; `g.len() == o.len()`.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(crate) unsafe fn gate_512(o: &mut [f32], g: &[f32]) {
+        let n = o.len() / 16 * 16;
+        let p = o.as_mut_ptr();
+        for i in (0..n).step_by(16) {
+            let s = sigmoid16(_mm512_loadu_ps(g.as_ptr().add(i)));
+            _mm512_storeu_ps(p.add(i), _mm512_mul_ps(_mm512_loadu_ps(p.add(i)), s));
+        }
+        // SAFETY: the same features.
+        unsafe { gate(&mut o[n..], &g[n..]) };
+    }
+
+    /// [`exp8`] of 16 lanes: the same operations lane by lane, so the same
+    /// values.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn exp16(x: __m512) -> __m512 {
+        let xc = _mm512_min_ps(
+            _mm512_max_ps(x, _mm512_set1_ps(-87.336_55)),
+            _mm512_set1_ps(88.376_26),
+        );
+        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm512_mul_ps(xc, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+        );
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), xc);
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
+        let mut y = _mm512_set1_ps(1.987_569_1e-4);
+        for c in [
+            1.398_199_9e-3,
+            8.333_452e-3,
+            4.166_579_6e-2,
+            0.166_666_65,
+            0.5,
+        ] {
+            y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(c));
+        }
+        let y = _mm512_fmadd_ps(
+            y,
+            _mm512_mul_ps(r, r),
+            _mm512_add_ps(r, _mm512_set1_ps(1.0)),
+        );
+        let pow2 = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(
+            _mm512_cvtps_epi32(n),
+            _mm512_set1_epi32(127),
+        )));
+        let mut out = _mm512_mul_ps(y, pow2);
+        let over = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, _mm512_set1_ps(88.722_84));
+        let under = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(-103.972_08));
+        let outside = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, _mm512_set1_ps(88.376_26))
+            | _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(-87.336_55));
+        if outside != 0 {
+            let mut lanes = [0.0f32; 16];
+            _mm512_storeu_ps(lanes.as_mut_ptr(), x);
+            lanes.iter_mut().for_each(|v| *v = v.exp());
+            out = _mm512_mask_blend_ps(outside, out, _mm512_loadu_ps(lanes.as_ptr()));
+        }
+        out = _mm512_mask_blend_ps(over, out, _mm512_set1_ps(f32::INFINITY));
+        out = _mm512_mask_blend_ps(under, out, _mm512_setzero_ps());
+        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
+        _mm512_mask_blend_ps(nan, out, x)
+    }
+
+    /// [`sigmoid8`] of 16 lanes.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn sigmoid16(x: __m512) -> __m512 {
+        let one = _mm512_set1_ps(1.0);
+        let e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), x));
+        _mm512_div_ps(one, _mm512_add_ps(one, e))
+    }
+
     /// `σ(x) = 1 / (1 + exp(−x))` of 8 lanes.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
@@ -221,6 +345,44 @@ mod tests {
             }
             let u = ulps(y, (x as f64).exp());
             assert!(u <= 2.0, "exp({x}) = {y}: {u} ulp off");
+        }
+    }
+
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn the_16_lane_forms_equal_the_8_lane_ones_bit_for_bit() {
+        if !(std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma"))
+        {
+            return;
+        }
+        let mut xs: Vec<f32> = (0..4001).map(|i| -110.0 + i as f32 * 0.05).collect();
+        xs.extend([
+            88.5,
+            88.73,
+            -87.5,
+            -104.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+        ]);
+        let d: Vec<f32> = (0..xs.len()).map(|i| 0.5 + (i % 7) as f32 * 0.25).collect();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        // SAFETY: the features were detected above.
+        unsafe {
+            let (mut a, mut b) = (xs.clone(), xs.clone());
+            x86::exp_slice(&mut a);
+            x86::exp_slice_512(&mut b);
+            assert_eq!(bits(&a), bits(&b), "exp");
+            let (mut a, mut b) = (xs.clone(), xs.clone());
+            x86::silu_of_product(&mut a, &d);
+            x86::silu_of_product_512(&mut b, &d);
+            assert_eq!(bits(&a), bits(&b), "silu");
+            let (mut a, mut b) = (xs.clone(), xs.clone());
+            x86::gate(&mut a, &d);
+            x86::gate_512(&mut b, &d);
+            assert_eq!(bits(&a), bits(&b), "gate");
         }
     }
 
