@@ -15,7 +15,7 @@
 
 use super::fast::{fast_set as model_fast_set, Product};
 use super::hooks::StepHooks;
-use super::par::{per_rows, row};
+use super::par::{per_rows, per_token, row};
 use super::prep::BatchPrep;
 use super::scratch::Scratch;
 use super::state::State;
@@ -25,7 +25,7 @@ use crate::error::Result;
 use crate::kernels::attention::qk_norm_rope;
 use crate::kernels::engram::conv;
 use crate::kernels::gather::gather;
-use crate::kernels::mhc::{premix, route, EngramGate};
+use crate::kernels::mhc::{mix_lanes, post_gates, premix, sinkhorn_routes, EngramGate};
 use crate::kernels::mlp;
 use crate::kernels::prepare::{pre_op, PrepareMode};
 use crate::kernels::rope::rope_table;
@@ -329,36 +329,42 @@ fn layer(
         .project(fast, &parts, o, n, &mut [&mut s.attn[..n * h]])?;
     hooks.clock.lap_product(&parts, n);
 
-    // 5 (end)–7: residual, Hadamard MLP, update = out − u.
+    // 5 (end)–7: residual, Hadamard MLP, update = out − u; and step 8's
+    // Sinkhorn routes, which need only p_res: beside the MLP.
     let (b, u, attn) = (&s.b, &s.u, &s.attn);
     let (hd, z) = (c.hadamard_dim, SharedSlice::new(&mut s.z));
     let outs = [(&mut s.after, h), (&mut s.out, h), (&mut s.update, h)];
-    per_rows(n, hd + 4 * h, outs, &|part, t, [after, out, update]| {
-        // SAFETY: pool part `part` owns its MLP scratch.
-        let z = unsafe { row(&z, part, hd) };
-        let tok = t * h..(t + 1) * h;
-        let (b, u, attn) = (&b[tok.clone()], &u[tok.clone()], &attn[tok]);
-        let norms = (lw.attn_out_scale, &lw.attn_post_norm, &lw.mlp_norm);
-        let d = [&lw.mlp_d1[..], &lw.mlp_d2, &lw.mlp_d3];
-        mlp::block(
-            b, u, attn, norms.0, norms.1, norms.2, d, z, after, out, update,
-        );
-    });
+    let mlp = || {
+        per_rows(n, hd + 4 * h, outs, &|part, t, [after, out, update]| {
+            // SAFETY: pool part `part` owns its MLP scratch.
+            let z = unsafe { row(&z, part, hd) };
+            let tok = t * h..(t + 1) * h;
+            let (b, u, attn) = (&b[tok.clone()], &u[tok.clone()], &attn[tok]);
+            let norms = (lw.attn_out_scale, &lw.attn_post_norm, &lw.mlp_norm);
+            let d = [&lw.mlp_d1[..], &lw.mlp_d2, &lw.mlp_d3];
+            mlp::block(
+                b, u, attn, norms.0, norms.1, norms.2, d, z, after, out, update,
+            );
+        })
+    };
+    let (a_res, b_res) = (m.a_res[l], &m.b_res[16 * l..16 * l + 16]);
+    let (p_res, iters) = (&s.p_res[..n * 16], c.sinkhorn_iters);
+    let route_out = &mut s.route[..n * 16];
+    let routes = || routes_of(a_res, p_res, b_res, iters, route_out);
+    beside(n, mlp, routes);
     hooks.rows(t0, "after_attn", lo, &s.after[..n * h], h);
     hooks.rows(t0, "mlp_out", lo, &s.out[..n * h], h);
     hooks.clock.lap("mlp", || n as u64 * bytes::mlp(h, hd));
     hooks.rows(t0, "update", lo, &s.update[..n * h], h);
 
-    // 8–9: routing, in place on the lanes.
-    let (p_post, p_res, update) = (&s.p_post, &s.p_res, &s.update);
-    let outs = [(&mut s.lanes, 4 * h), (&mut s.route, 16)];
-    per_rows(n, 9 * h, outs, &|_, t, [lanes, r]| {
-        let (pp, pr) = (&p_post[t * 4..t * 4 + 4], &p_res[t * 16..t * 16 + 16]);
-        let (b_post, b_res) = (&m.b_post[4 * l..4 * l + 4], &m.b_res[16 * l..16 * l + 16]);
-        let (a_post, a_res, iters) = (m.a_post[l], m.a_res[l], c.sinkhorn_iters);
-        let u = &update[t * h..(t + 1) * h];
-        let weights = route(l, a_post, b_post, a_res, b_res, iters, pp, pr, u, lanes);
-        r.copy_from_slice(weights.as_flattened());
+    // 8 (the gates)–9: routing, in place on the lanes.
+    let (p_post, update, routes) = (&s.p_post, &s.update, &s.route);
+    per_rows(n, 5 * h, [(&mut s.lanes, 4 * h)], &|_, t, [lanes]| {
+        let b_post = &m.b_post[4 * l..4 * l + 4];
+        let hpost = post_gates(l, m.a_post[l], &p_post[t * 4..t * 4 + 4], b_post);
+        let r = &routes[t * 16..t * 16 + 16];
+        let r: [[f32; 4]; 4] = std::array::from_fn(|i| std::array::from_fn(|j| r[4 * i + j]));
+        mix_lanes(&hpost, &r, &update[t * h..(t + 1) * h], lanes);
     });
     if hooks.is_probed() {
         hooks.rows(t0, "route", lo, &s.route[..n * 16], 16);
@@ -496,4 +502,50 @@ fn logits_into(
 /// The model's fast products when `prep` runs in fast precision.
 fn fast_set<'m>(model: &'m Model, prep: &BatchPrep) -> Option<&'m FastSet> {
     (prep.precision == Precision::Fast).then(|| &**model_fast_set(model))
+}
+
+/// Run two independent works of a pass of `n` tokens, `a` (which splits its
+/// tokens over the pool itself) and `b`: for one token, whose work does not
+/// split, on two pool parts at once; else one after the other.
+fn beside(n: usize, a: impl FnOnce() + Send, b: impl FnOnce() + Send) {
+    let pool = crate::pool::Pool::global();
+    if n > 1 || pool.threads() < 2 {
+        a();
+        b();
+        return;
+    }
+    let jobs = std::sync::Mutex::new((Some(a), Some(b)));
+    pool.run(&|part| {
+        let mut j = jobs.lock().unwrap_or_else(|e| e.into_inner());
+        match part {
+            0 => {
+                let a = j.0.take();
+                drop(j);
+                a.into_iter().for_each(|a| a());
+            }
+            1 => {
+                let b = j.1.take();
+                drop(j);
+                b.into_iter().for_each(|b| b());
+            }
+            _ => {}
+        }
+    });
+}
+
+/// SPEC §4.3 step 8's route of every token (`p_res`: `[n, 16]`) into `out`,
+/// the tokens split over the pool: one at a time while few, else in runs of
+/// 16 (the router puts tokens in SIMD lanes).
+fn routes_of(a: f32, p_res: &[f32], b: &[f32], iters: usize, out: &mut [f32]) {
+    let n = p_res.len() / 16;
+    let per = if n < 16 { 1 } else { 16 };
+    let out = SharedSlice::new(out);
+    // A route is ~40 half-rounds of 16 exponentials: far more work than its
+    // 16 values say.
+    per_token(n.div_ceil(per), 1 << 15, &|_, g| {
+        let r = g * per * 16..((g + 1) * per).min(n) * 16;
+        // SAFETY: run g owns its tokens' routes.
+        let o = unsafe { out.range(r.clone()) };
+        sinkhorn_routes(a, &p_res[r], b, iters, o);
+    });
 }
