@@ -32,8 +32,6 @@ pub(super) struct BatchPrep {
     fast_used: usize,
     /// One prepared input per pool part, before it is laid out.
     tmp: Vec<f32>,
-    /// A fused product's outputs, `[n, rows]`, before they go to their parts.
-    fused: Vec<f32>,
 }
 
 #[derive(Debug, Default)]
@@ -101,22 +99,11 @@ impl BatchPrep {
         for (fm, ids) in &fast.fused {
             let slot = self.fast_get(xs, n, parts[ids[0]].0)?;
             let inputs = &self.fast[slot].inputs[..n];
-            let whole = ids.len() == 1 && fm.rows() == parts[ids[0]].1.len();
-            if whole {
-                fm.matmul(kernel, inputs, &mut outs[ids[0]][..n * fm.rows()]);
-                continue;
+            let outs = &mut *outs;
+            for &i in ids {
+                outs[i] = &mut std::mem::take(&mut outs[i])[..n * parts[i].1.len()];
             }
-            let rows = fm.rows();
-            grow(&mut self.fused, n * rows, "fused product outputs")?;
-            fm.matmul(kernel, inputs, &mut self.fused[..n * rows]);
-            for (k, &id) in ids.iter().enumerate() {
-                let r = fm.part(k);
-                let w = r.len();
-                for t in 0..n {
-                    let src = &self.fused[t * rows + r.start..][..w];
-                    outs[id][t * w..(t + 1) * w].copy_from_slice(src);
-                }
-            }
+            fm.matmul_parts(kernel, inputs, outs, ids);
         }
         Ok(())
     }

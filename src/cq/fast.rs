@@ -34,7 +34,7 @@
 
 use super::matrix::CqMatrix;
 use crate::kernels::kv::quantize_int8_scalar;
-use crate::pool::{Pool, SharedSlice};
+use crate::pool::Pool;
 use std::ops::Range;
 
 /// Values per int8 activation block (SPEC §6.1: at most 32, within one group).
@@ -208,8 +208,8 @@ impl FastMatrix {
 
     /// Rows `range` of each matrix of `parts`, fused in that order, or `None`
     /// where §6.1 does not apply: a part of 8 bits, parts of different widths,
-    /// groups or padded lengths (they must share one input), an empty list or a
-    /// range outside its matrix.
+    /// groups or padded lengths (they must share one input), an empty list, a
+    /// range outside its matrix, or more than 8 parts.
     pub fn new(parts: &[(&CqMatrix, Range<usize>)]) -> Option<FastMatrix> {
         let (first, _) = parts.first()?;
         let (bits, group, groups) = (first.bits(), first.group(), first.groups());
@@ -218,7 +218,8 @@ impl FastMatrix {
                 && r.start <= r.end
                 && r.end <= m.rows()
         };
-        if bits > 4 || !group.is_multiple_of(BLOCK) || !parts.iter().all(fits) {
+        let many = parts.len() > MAX_PARTS;
+        if bits > 4 || !group.is_multiple_of(BLOCK) || !parts.iter().all(fits) || many {
             return None;
         }
         let mut ranges = Vec::with_capacity(parts.len());
@@ -316,6 +317,54 @@ impl FastMatrix {
             xs.len() * self.rows,
             "fast matmul: output length"
         );
+        let mut sink = Sink::default();
+        sink.push(0..self.rows, out.as_mut_ptr(), self.rows);
+        self.run(kernel, xs, &sink);
+    }
+
+    /// [`FastMatrix::matmul`] with each part's rows straight to its own
+    /// output: part `k` into `outs[ids[k]]` (`[xs.len(), part rows]`).
+    ///
+    /// # Panics
+    /// As [`FastMatrix::matmul`], or if `ids` does not name one distinct
+    /// output of the right length per part.
+    pub fn matmul_parts(
+        &self,
+        kernel: FastKernel,
+        xs: &[FastInput],
+        outs: &mut [&mut [f32]],
+        ids: &[usize],
+    ) {
+        assert_eq!(
+            ids.len(),
+            self.parts.len(),
+            "fast matmul: one output a part"
+        );
+        let mut sink = Sink::default();
+        for (k, &id) in ids.iter().enumerate() {
+            assert!(!ids[..k].contains(&id), "fast matmul: outputs shared");
+            let part = self.parts[k].clone();
+            let out = &mut outs[id];
+            assert_eq!(
+                out.len(),
+                xs.len() * part.len(),
+                "fast matmul: output length"
+            );
+            sink.push(part.clone(), out.as_mut_ptr(), part.len());
+        }
+        self.run(kernel, xs, &sink);
+    }
+
+    /// [`FastMatrix::matmul`] of one input.
+    ///
+    /// # Panics
+    /// As [`FastMatrix::matmul`].
+    pub fn matvec(&self, kernel: FastKernel, x: &FastInput, out: &mut [f32]) {
+        self.matmul(kernel, std::slice::from_ref(x), out);
+    }
+
+    /// Every tile against every input into `sink`, split over the pool.
+    fn run(&self, kernel: FastKernel, xs: &[FastInput], sink: &Sink) {
         for x in xs {
             assert_eq!(x.len, self.padded(), "fast matmul: input length");
         }
@@ -328,49 +377,49 @@ impl FastMatrix {
         }
         let pool = Pool::global();
         let work = self.data.len() * xs.len();
-        let shared = SharedSlice::new(out);
         // SAFETY (both arms): the tile ranges are disjoint, so each output
-        // element is written by one part only.
+        // element is written by one part only; the sink's outputs are
+        // borrowed mutably by the callers above for this call.
         if work < PARALLEL_BYTES || pool.threads() == 1 || self.tiles < 2 {
-            unsafe { self.tiles_dot(kernel, 0..self.tiles, xs, &shared) };
+            unsafe { self.tiles_dot(kernel, 0..self.tiles, xs, sink) };
         } else {
             pool.for_ranges(self.tiles, 1, &|r| unsafe {
-                self.tiles_dot(kernel, r, xs, &shared)
+                self.tiles_dot(kernel, r, xs, sink)
             });
         }
     }
 
-    /// [`FastMatrix::matmul`] of one input.
-    ///
-    /// # Panics
-    /// As [`FastMatrix::matmul`].
-    pub fn matvec(&self, kernel: FastKernel, x: &FastInput, out: &mut [f32]) {
-        self.matmul(kernel, std::slice::from_ref(x), out);
-    }
-
-    /// Tiles `tiles` against every input into `out` (`[xs.len(), rows]`).
+    /// Tiles `tiles` against every input into `sink`.
     ///
     /// # Safety
     /// No other thread touches these tiles' output rows meanwhile; `kernel`
-    /// is available.
+    /// is available; the sink's outputs are live.
     unsafe fn tiles_dot(
         &self,
         kernel: FastKernel,
         tiles: Range<usize>,
         xs: &[FastInput],
-        out: &SharedSlice<'_, f32>,
+        sink: &Sink,
     ) {
         #[cfg(target_arch = "x86_64")]
         if kernel != FastKernel::Scalar {
             // SAFETY: forwarded; `available` listed the kernel.
-            unsafe { x86::tiles_dot(kernel, self, tiles, xs, out) };
+            unsafe { x86::tiles_dot(kernel, self, tiles, xs, sink) };
             return;
         }
         let _ = kernel;
-        for r in tiles.start * TILE..(tiles.end * TILE).min(self.rows) {
+        for tile in tiles {
             for (t, x) in xs.iter().enumerate() {
-                // SAFETY: the caller owns these rows.
-                unsafe { out.set(t * self.rows + r, self.row_dot_scalar(r, x)) };
+                let v = std::array::from_fn(|i| {
+                    let r = tile * TILE + i;
+                    if r < self.rows {
+                        self.row_dot_scalar(r, x)
+                    } else {
+                        0.0
+                    }
+                });
+                // SAFETY: forwarded.
+                unsafe { sink.put(tile, t, &v) };
             }
         }
     }
@@ -410,6 +459,47 @@ impl FastMatrix {
     }
 }
 
+/// The most parts one fused matrix holds.
+const MAX_PARTS: usize = 8;
+
+/// Where a product's rows go: row `r` of a range `start..end` and input `t`
+/// at `ptr + t · stride + (r − start)`.
+#[derive(Default)]
+struct Sink {
+    ranges: [(Range<usize>, usize, usize); MAX_PARTS],
+    len: usize,
+}
+
+// SAFETY: a sink only forwards raw output addresses; its users write disjoint
+// elements through it (see `put`).
+unsafe impl Sync for Sink {}
+
+impl Sink {
+    /// Rows `range` of input `t` to `ptr + t · stride`.
+    fn push(&mut self, range: Range<usize>, ptr: *mut f32, stride: usize) {
+        self.ranges[self.len] = (range, ptr as usize, stride);
+        self.len += 1;
+    }
+
+    /// Tile `tile`'s values `v` (rows `16 · tile ..`) of input `t`.
+    ///
+    /// # Safety
+    /// The outputs are live and no other thread writes these elements.
+    unsafe fn put(&self, tile: usize, t: usize, v: &[f32; TILE]) {
+        let r0 = tile * TILE;
+        for (range, ptr, stride) in &self.ranges[..self.len] {
+            let (lo, hi) = (range.start.max(r0), range.end.min(r0 + TILE));
+            if lo < hi {
+                // SAFETY: the caller's.
+                unsafe {
+                    let dst = (*ptr as *mut f32).add(t * stride + lo - range.start);
+                    std::ptr::copy_nonoverlapping(v.as_ptr().add(lo - r0), dst, hi - lo);
+                }
+            }
+        }
+    }
+}
+
 /// The fused fast forms of the matrix products of a model that share an
 /// input, in an order its engine defines (see `crate::cpu`), each `None`
 /// where no part has a fast form.
@@ -441,10 +531,12 @@ impl FastProduct {
             let ids: Vec<usize> = (i..parts.len())
                 .filter(|&j| !done[j] && key(parts[j].0) == key(parts[i].0))
                 .collect();
-            let these: Vec<_> = ids.iter().map(|&j| parts[j].clone()).collect();
-            if let Some(fm) = FastMatrix::new(&these) {
-                ids.iter().for_each(|&j| done[j] = true);
-                fused.push((fm, ids));
+            for ids in ids.chunks(MAX_PARTS) {
+                let these: Vec<_> = ids.iter().map(|&j| parts[j].clone()).collect();
+                if let Some(fm) = FastMatrix::new(&these) {
+                    ids.iter().for_each(|&j| done[j] = true);
+                    fused.push((fm, ids.to_vec()));
+                }
             }
         }
         FastProduct { fused }

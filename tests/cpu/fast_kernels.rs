@@ -155,6 +155,30 @@ fn fused_parts_give_each_matrix_its_own_rows() {
         }
         let qs: Vec<FastInput> = xs.into_iter().map(|(_, q)| q).collect();
         assert_kernels_equal_scalar(&fm, &qs, &format!("fused, bits {bits}"));
+        // Each part straight to an output of its own (in another order), the
+        // rows of the whole product.
+        for &k in FastKernel::available() {
+            let mut whole = vec![f32::NAN; qs.len() * fm.rows()];
+            fm.matmul(k, &qs, &mut whole);
+            let mut bufs: Vec<Vec<f32>> = (0..3)
+                .map(|i| vec![f32::NAN; qs.len() * fm.part(2 - i).len()])
+                .collect();
+            let mut outs: Vec<&mut [f32]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+            fm.matmul_parts(k, &qs, &mut outs, &[2, 1, 0]);
+            for (i, buf) in bufs.iter().enumerate() {
+                let part = fm.part(2 - i);
+                for t in 0..qs.len() {
+                    let want = &whole[t * fm.rows() + part.start..t * fm.rows() + part.end];
+                    let got = &buf[t * part.len()..(t + 1) * part.len()];
+                    assert_eq!(
+                        got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        "{k:?}, bits {bits}: part {} of input {t}",
+                        2 - i
+                    );
+                }
+            }
+        }
     }
 }
 
@@ -210,11 +234,14 @@ fn eight_bit_matrices_have_no_fast_form() {
 #[test]
 fn the_fast_input_is_the_scalar_int8_store_of_each_block() {
     // FastInput::quantize has its own SIMD loops: per block of 32 they must give
-    // quantize_int8_scalar's codes and scale (a NaN block: a NaN scale) and the
-    // bias −128·Σq, for random values, exact ties, zeros, NaN and infinities.
+    // quantize_int8_scalar's codes and scale (a NaN block: a NaN scale), for
+    // random values, exact ties, zeros, tiny values, NaN and infinities. (Its
+    // bias, −128·Σq, is what the VNNI kernels start from: a wrong one fails
+    // their bit-for-bit tests against the scalar reference.)
     use cqlm::kernels::kv::quantize_int8_scalar;
     let mut rng = ChaCha8Rng::seed_from_u64(68);
-    let mut x: Vec<f32> = (0..32 * 12)
+    // 40 blocks: two runs of 16 (the AVX-512 loop's) and a tail of 8.
+    let mut x: Vec<f32> = (0..32 * 40)
         .map(|_| rng.random_range(-5.0f32..5.0))
         .collect();
     for (i, v) in x[32..64].iter_mut().enumerate() {
@@ -228,6 +255,16 @@ fn the_fast_input_is_the_scalar_int8_store_of_each_block() {
     x[200] = f32::NAN;
     x[201] = f32::INFINITY;
     x[250] = 1e-30;
+    // The same in the second run of 16 and in the tail.
+    for base in [512, 1024] {
+        x[base + 40] = f32::NAN;
+        x[base + 70..base + 102].fill(0.0);
+        x[base + 150] = f32::INFINITY;
+        x[base + 200] = f32::NEG_INFINITY;
+    }
+    for v in &mut x[700..732] {
+        *v *= 1e-20; // a block of tiny values
+    }
     let mut q = FastInput::default();
     q.quantize(&x);
     for (b, block) in x.chunks_exact(32).enumerate() {

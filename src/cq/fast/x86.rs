@@ -2,8 +2,7 @@
 //! abstraction ([`Reg`]) that holds either the 16 rows of a tile (zmm) or half
 //! of them (ymm); and the input quantization on AVX-512 and AVX2.
 
-use super::{FastInput, FastKernel, FastMatrix, BLOCK, LINE, TILE};
-use crate::pool::SharedSlice;
+use super::{FastInput, FastKernel, FastMatrix, Sink, BLOCK, LINE, TILE};
 use std::arch::x86_64::*;
 use std::ops::Range;
 use std::sync::OnceLock;
@@ -311,24 +310,16 @@ unsafe fn tile<R: Reg, const BITS: u32, const T: usize>(
 }
 
 /// Tiles `tiles` against every input of `xs`, `TP` inputs at a time (then
-/// the rest one by one), each tile's rows written to `out` (`[xs.len(),
-/// rows]`).
+/// the rest one by one), each tile's rows handed to `sink`.
 #[inline(always)]
 unsafe fn drive<R: Reg, const BITS: u32, const TP: usize>(
     fm: &FastMatrix,
     tiles: Range<usize>,
     xs: &[FastInput],
-    out: &SharedSlice<'_, f32>,
+    sink: &Sink,
 ) {
     unsafe {
         let halves = TILE / R::ROWS;
-        // Writes the rows of `tile` that exist.
-        let put = |tile: usize, t: usize, v: &[f32; TILE]| {
-            let r0 = tile * TILE;
-            let n = TILE.min(fm.rows - r0);
-            let o = out.range(t * fm.rows + r0..t * fm.rows + r0 + n);
-            o.copy_from_slice(&v[..n]);
-        };
         for tl in tiles {
             let mut t = 0;
             while t + TP <= xs.len() {
@@ -338,7 +329,7 @@ unsafe fn drive<R: Reg, const BITS: u32, const TP: usize>(
                     tile::<R, BITS, TP>(fm, tl, half, group, &mut v);
                 }
                 for (k, v) in v.iter().enumerate() {
-                    put(tl, t + k, v);
+                    sink.put(tl, t + k, v);
                 }
                 t += TP;
             }
@@ -347,7 +338,7 @@ unsafe fn drive<R: Reg, const BITS: u32, const TP: usize>(
                 for half in 0..halves {
                     tile::<R, BITS, 1>(fm, tl, half, [x], &mut v);
                 }
-                put(tl, t, &v[0]);
+                sink.put(tl, t, &v[0]);
             }
         }
     }
@@ -357,17 +348,12 @@ unsafe fn drive<R: Reg, const BITS: u32, const TP: usize>(
 macro_rules! entry {
     ($name:ident, $features:literal, $reg:ty, $tp:literal) => {
         #[target_feature(enable = $features)]
-        unsafe fn $name(
-            fm: &FastMatrix,
-            tiles: Range<usize>,
-            xs: &[FastInput],
-            out: &SharedSlice<'_, f32>,
-        ) {
+        unsafe fn $name(fm: &FastMatrix, tiles: Range<usize>, xs: &[FastInput], sink: &Sink) {
             unsafe {
                 match fm.bits {
-                    4 => drive::<$reg, 4, $tp>(fm, tiles, xs, out),
-                    2 => drive::<$reg, 2, $tp>(fm, tiles, xs, out),
-                    _ => drive::<$reg, 1, $tp>(fm, tiles, xs, out),
+                    4 => drive::<$reg, 4, $tp>(fm, tiles, xs, sink),
+                    2 => drive::<$reg, 2, $tp>(fm, tiles, xs, sink),
+                    _ => drive::<$reg, 1, $tp>(fm, tiles, xs, sink),
                 }
             }
         }
@@ -388,14 +374,14 @@ pub(super) unsafe fn tiles_dot(
     fm: &FastMatrix,
     tiles: Range<usize>,
     xs: &[FastInput],
-    out: &SharedSlice<'_, f32>,
+    sink: &Sink,
 ) {
     unsafe {
         match (kernel, vnni()) {
-            (FastKernel::Vnni512, _) => run_512(fm, tiles, xs, out),
-            (FastKernel::Vnni, Vnni::Avx) => run_vex(fm, tiles, xs, out),
-            (FastKernel::Vnni, Vnni::Avx512) => run_evex(fm, tiles, xs, out),
-            _ => run_avx2(fm, tiles, xs, out),
+            (FastKernel::Vnni512, _) => run_512(fm, tiles, xs, sink),
+            (FastKernel::Vnni, Vnni::Avx) => run_vex(fm, tiles, xs, sink),
+            (FastKernel::Vnni, Vnni::Avx512) => run_evex(fm, tiles, xs, sink),
+            _ => run_avx2(fm, tiles, xs, sink),
         }
     }
 }
@@ -426,21 +412,128 @@ fn block_scale(max: f32, nan: bool) -> f32 {
     }
 }
 
+/// Lane `j` of the result: the `MAX`imum (else the integer sum, `v` then
+/// holding i32 lanes) of the 16 lanes of `v[j]`. A tree over the 16 registers
+/// (each step halves the lanes per register and pairs the registers), then one
+/// permutation to the natural order.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn reduce16<const MAX: bool>(v: [__m512; 16]) -> __m512 {
+    let op = |a: __m512, b: __m512| {
+        if MAX {
+            _mm512_max_ps(a, b)
+        } else {
+            _mm512_castsi512_ps(_mm512_add_epi32(
+                _mm512_castps_si512(a),
+                _mm512_castps_si512(b),
+            ))
+        }
+    };
+    // 128-bit lanes 0|2 and 1|3 of registers 2k and 2k+1.
+    let mut x = [_mm512_setzero_ps(); 8];
+    for (k, xk) in x.iter_mut().enumerate() {
+        let (a, b) = (v[2 * k], v[2 * k + 1]);
+        *xk = op(
+            _mm512_shuffle_f32x4::<0b01_00_01_00>(a, b),
+            _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b),
+        );
+    }
+    // 128-bit lane c of y[k] holds register 4k + c's 4 partials.
+    let mut y = [_mm512_setzero_ps(); 4];
+    for (k, yk) in y.iter_mut().enumerate() {
+        let (a, b) = (x[2 * k], x[2 * k + 1]);
+        *yk = op(
+            _mm512_shuffle_f32x4::<0b10_00_10_00>(a, b),
+            _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b),
+        );
+    }
+    let z0 = op(
+        _mm512_unpacklo_ps(y[0], y[1]),
+        _mm512_unpackhi_ps(y[0], y[1]),
+    );
+    let z1 = op(
+        _mm512_unpacklo_ps(y[2], y[3]),
+        _mm512_unpackhi_ps(y[2], y[3]),
+    );
+    let (z0, z1) = (_mm512_castps_pd(z0), _mm512_castps_pd(z1));
+    // Lane 4c + j holds register c + 4j.
+    let w = op(
+        _mm512_castpd_ps(_mm512_unpacklo_pd(z0, z1)),
+        _mm512_castpd_ps(_mm512_unpackhi_pd(z0, z1)),
+    );
+    let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    _mm512_permutexvar_ps(order, w)
+}
+
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn quantize_512(prep: &[f32], q: &mut [i8], scales: &mut [f32], bias: &mut [i32]) {
-    let abs = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fff_ffff));
     let (lo, hi) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
+    let tiny = _mm512_set1_ps(1e-12);
+    let blocks = prep.len() / BLOCK;
+    // 16 blocks at a time: their maxima and sums reduced together.
+    let whole = blocks / 16 * 16;
+    for b0 in (0..whole).step_by(16) {
+        // SAFETY (the block): 16 blocks of 32 values in, of codes out.
+        unsafe {
+            let x = prep.as_ptr().add(b0 * BLOCK);
+            let mut m = [tiny; 16];
+            let mut nan = 0u32;
+            for (k, mk) in m.iter_mut().enumerate() {
+                let v0 = _mm512_loadu_ps(x.add(k * BLOCK));
+                let v1 = _mm512_loadu_ps(x.add(k * BLOCK + 16));
+                // `max` keeps its second operand, the running maximum, on NaN.
+                *mk = _mm512_max_ps(_mm512_abs_ps(v1), _mm512_max_ps(_mm512_abs_ps(v0), tiny));
+                let bad = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v0, v0)
+                    | _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v1, v1);
+                nan |= u32::from(bad != 0) << k;
+            }
+            let max = reduce16::<true>(m);
+            let scale = _mm512_div_ps(max, _mm512_set1_ps(127.0));
+            _mm512_storeu_ps(scales.as_mut_ptr().add(b0), scale);
+            let mut sums = [_mm512_setzero_ps(); 16];
+            for (k, sk) in sums.iter_mut().enumerate() {
+                let s = _mm512_set1_ps(*scales.get_unchecked(b0 + k));
+                let mut t = _mm512_setzero_si512();
+                for h in 0..2 {
+                    let v = _mm512_loadu_ps(x.add(k * BLOCK + 16 * h));
+                    let r = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                        _mm512_div_ps(v, s),
+                    );
+                    let r = _mm512_min_ps(hi, _mm512_max_ps(lo, r));
+                    // A NaN's code is 0, as `as i8` gives.
+                    let r = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_ORD_Q>(r, r), r);
+                    let c = _mm512_cvtps_epi32(r);
+                    let dst = q.as_mut_ptr().add((b0 + k) * BLOCK + 16 * h);
+                    _mm_storeu_si128(dst as *mut __m128i, _mm512_cvtepi32_epi8(c));
+                    t = _mm512_add_epi32(t, c);
+                }
+                *sk = _mm512_castsi512_ps(t);
+            }
+            let sum = _mm512_castps_si512(reduce16::<false>(sums));
+            let b = _mm512_mullo_epi32(sum, _mm512_set1_epi32(-128));
+            _mm512_storeu_si512(bias.as_mut_ptr().add(b0) as *mut __m512i, b);
+            if nan != 0 {
+                for k in 0..16 {
+                    if nan >> k & 1 == 1 {
+                        scales[b0 + k] = f32::NAN;
+                    }
+                }
+            }
+        }
+    }
+    // The rest block by block.
     for (b, (x, c)) in prep
         .chunks_exact(BLOCK)
         .zip(q.chunks_exact_mut(BLOCK))
         .enumerate()
+        .skip(whole)
     {
         // SAFETY: 32 values in, 32 codes out.
         unsafe {
             let v0 = _mm512_loadu_ps(x.as_ptr());
             let v1 = _mm512_loadu_ps(x.as_ptr().add(16));
-            let m = _mm512_max_ps(_mm512_and_ps(v0, abs), _mm512_set1_ps(1e-12));
-            let m = _mm512_max_ps(_mm512_and_ps(v1, abs), m);
+            let m = _mm512_max_ps(_mm512_abs_ps(v0), tiny);
+            let m = _mm512_max_ps(_mm512_abs_ps(v1), m);
             let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v0, v0)
                 | _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v1, v1);
             let max = _mm512_reduce_max_ps(m);
