@@ -127,7 +127,7 @@ pub fn nfwht(x: &mut [f32]) {
 /// `u − v` of the same inputs, stage by stage in the same order, as
 /// [`fwht_scalar`].
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(crate) mod x86 {
     use std::arch::x86_64::*;
 
     /// Stages 1, 2, 4 and 8 of the 16 lanes of `v`.
@@ -146,26 +146,26 @@ mod x86 {
         _mm512_mask_sub_ps(_mm512_add_ps(v, t), 0xFF00, t, v)
     }
 
-    /// One pass: in every run of `stride · SPAN` registers from `p`, the
-    /// `stride` sets of `SPAN` registers `stride` apart go through the stages of
-    /// strides `stride .. stride · SPAN` (after [`in_register`] when `first`),
-    /// and are stored times `s` when `scale`.
+    /// One pass: in every run of `stride · SPAN` registers, the `stride` sets
+    /// of `SPAN` registers `stride` apart go through the stages of strides
+    /// `stride .. stride · SPAN` (after [`in_register`] when `first`); register
+    /// `i` (of 16 values at `16 · i`) comes from `load(i)` and goes to
+    /// `store(i, v)`.
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn pass<const SPAN: usize>(
-        p: *mut f32,
         regs: usize,
         stride: usize,
         first: bool,
-        scale: Option<__m512>,
+        load: &impl Fn(usize) -> __m512,
+        store: &mut impl FnMut(usize, __m512),
     ) {
         for base in (0..regs).step_by(stride * SPAN) {
             for off in 0..stride {
-                let at = |k: usize| (base + off + k * stride) * 16;
+                let at = |k: usize| base + off + k * stride;
                 let mut r = [_mm512_setzero_ps(); SPAN];
                 for (k, rk) in r.iter_mut().enumerate() {
-                    // SAFETY: at(k) + 16 ≤ 16 · regs for k < SPAN.
-                    *rk = unsafe { _mm512_loadu_ps(p.add(at(k))) };
+                    *rk = load(at(k));
                     if first {
                         *rk = in_register(*rk);
                     }
@@ -182,11 +182,68 @@ mod x86 {
                     h *= 2;
                 }
                 for (k, &rk) in r.iter().enumerate() {
-                    let v = scale.map_or(rk, |s| _mm512_mul_ps(rk, s));
-                    // SAFETY: as for the loads.
-                    unsafe { _mm512_storeu_ps(p.add(at(k)), v) };
+                    store(at(k), rk);
                 }
             }
+        }
+    }
+
+    /// The transform of `16 · regs` values (a power of two ≥ 16), passes of up
+    /// to four stages (radix 16): the first pass reads register `i` from
+    /// `load(i)`, the last hands it to `store(i, v)` (untransformed by any
+    /// scale), the passes between keep the values in `buf` (16 · regs floats,
+    /// unused with one pass).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F; `buf` holds `16 · regs` floats.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn fwht_hooked(
+        regs: usize,
+        buf: *mut f32,
+        load: impl Fn(usize) -> __m512,
+        mut store: impl FnMut(usize, __m512),
+    ) {
+        // The stride in registers at which the next stage pairs them.
+        let mut stride = 1;
+        loop {
+            let span = (regs / stride).min(16);
+            let first = stride == 1;
+            let last = stride * span == regs;
+            // SAFETY (every arm): `buf` holds the registers; the caller's
+            // hooks stay inside their own buffers.
+            let mid_load = |i: usize| unsafe { _mm512_loadu_ps(buf.add(16 * i)) };
+            let mut mid_store =
+                |i: usize, v: __m512| unsafe { _mm512_storeu_ps(buf.add(16 * i), v) };
+            macro_rules! run {
+                ($span:literal) => {
+                    unsafe {
+                        match (first, last) {
+                            (true, true) => pass::<$span>(regs, stride, true, &load, &mut store),
+                            (true, false) => {
+                                pass::<$span>(regs, stride, true, &load, &mut mid_store)
+                            }
+                            (false, true) => {
+                                pass::<$span>(regs, stride, false, &mid_load, &mut store)
+                            }
+                            (false, false) => {
+                                pass::<$span>(regs, stride, false, &mid_load, &mut mid_store)
+                            }
+                        }
+                    }
+                };
+            }
+            match span {
+                16 => run!(16),
+                8 => run!(8),
+                4 => run!(4),
+                2 => run!(2),
+                _ => run!(1),
+            }
+            if last {
+                return;
+            }
+            stride *= span;
         }
     }
 
@@ -197,29 +254,22 @@ mod x86 {
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn fwht_avx512(x: &mut [f32], scale: Option<f32>) {
         let p = x.as_mut_ptr();
-        let regs = x.len() / 16;
-        // The stride in registers at which the next stage pairs them.
-        let mut stride = 1;
-        loop {
-            // Up to four stages a pass: strides `stride .. stride · span`.
-            let span = (regs / stride).min(16);
-            let last = stride * span == regs;
-            let s = scale.filter(|_| last).map(|v| _mm512_set1_ps(v));
-            let first = stride == 1;
-            // SAFETY: the passes stay inside the `regs` registers of `x`.
-            unsafe {
-                match span {
-                    16 => pass::<16>(p, regs, stride, first, s),
-                    8 => pass::<8>(p, regs, stride, first, s),
-                    4 => pass::<4>(p, regs, stride, first, s),
-                    2 => pass::<2>(p, regs, stride, first, s),
-                    _ => pass::<1>(p, regs, stride, first, s),
-                }
-            }
-            if last {
-                return;
-            }
-            stride *= span;
+        let s = _mm512_set1_ps(scale.unwrap_or(1.0));
+        // SAFETY: every register index is inside `x`.
+        unsafe {
+            fwht_hooked(
+                x.len() / 16,
+                p,
+                |i| _mm512_loadu_ps(p.add(16 * i)),
+                |i, v| {
+                    let v = if scale.is_some() {
+                        _mm512_mul_ps(v, s)
+                    } else {
+                        v
+                    };
+                    _mm512_storeu_ps(p.add(16 * i), v)
+                },
+            )
         }
     }
 }

@@ -18,6 +18,8 @@ mod scalar;
 mod simd;
 
 pub use fast::{FastInput, FastKernel, FastMatrix, FastProduct, FastSet, BLOCK, QUAD, TILE};
+#[cfg(target_arch = "x86_64")]
+pub(crate) use fwht::x86 as fwht_x86;
 pub use fwht::{fwht, fwht_scalar, nfwht};
 pub use matrix::CqMatrix;
 pub(crate) use matvec::{BatchIn, BatchLayout};

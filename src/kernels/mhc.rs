@@ -3,7 +3,7 @@
 //! (`crate::gpu::kernels::mhc`): [`premix`] (`premix`: pre-mix and engram gate)
 //! and [`route`] (`route`: Sinkhorn routing and the lane update).
 
-use super::norm::inv_rms;
+use super::norm::inv_rms_wide;
 use super::sigmoid;
 
 /// An engram site's inputs to [`premix`] (SPEC §4.3 step 4): the site's key and
@@ -58,7 +58,7 @@ pub fn premix(
             "premix: site lengths"
         );
         // ⟨zcrms(u, norm_u), zcrms(key, norm_k)⟩, each factor as `zcrms_into` forms it.
-        let (ru, rk) = (inv_rms(u), inv_rms(s.key));
+        let (ru, rk) = (inv_rms_wide(u), inv_rms_wide(s.key));
         let dot: f32 = u
             .iter()
             .zip(s.norm_u)
