@@ -29,7 +29,13 @@ impl CpuSimd {
                     && std::arch::is_x86_feature_detected!("fma");
                 if avx2 {
                     v.push(CpuSimd::Avx2);
-                    if std::arch::is_x86_feature_detected!("avx512f") {
+                    // F for the 16-lane float kernels, BW and VL for the
+                    // byte and 256-bit forms beside them (every AVX-512 CPU
+                    // since Skylake-X has the three).
+                    if std::arch::is_x86_feature_detected!("avx512f")
+                        && std::arch::is_x86_feature_detected!("avx512bw")
+                        && std::arch::is_x86_feature_detected!("avx512vl")
+                    {
                         v.push(CpuSimd::Avx512);
                     }
                 }
@@ -68,6 +74,52 @@ impl CpuSimd {
         }
     }
 }
+
+/// Define a function whose body (plain loops over slices) is compiled three
+/// times, for AVX-512, AVX2 + FMA and the baseline, and run at the
+/// [`CpuSimd::selected`] level: the compiler vectorizes the loops to the
+/// widest registers. Vectorizing does not reorder float operations (nor fuse a
+/// multiply and an add), so every version gives the same bits; the body is
+/// the reference.
+///
+/// ```ignore
+/// simd_fn! {
+///     /// Doc.
+///     pub fn scale(x: &mut [f32], s: f32) { for v in x { *v *= s; } }
+/// }
+/// ```
+macro_rules! simd_fn {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
+        $(#[$m])*
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[inline(always)]
+            #[allow(clippy::too_many_arguments)]
+            fn body($($arg: $ty),*) $(-> $ret)? $body
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn wide($($arg: $ty),*) $(-> $ret)? {
+                    body($($arg),*)
+                }
+                #[target_feature(enable = "avx2,fma")]
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn narrow($($arg: $ty),*) $(-> $ret)? {
+                    body($($arg),*)
+                }
+                match $crate::simd::CpuSimd::selected() {
+                    // SAFETY: the selected level implies the features.
+                    $crate::simd::CpuSimd::Avx512 => return unsafe { wide($($arg),*) },
+                    $crate::simd::CpuSimd::Avx2 => return unsafe { narrow($($arg),*) },
+                    $crate::simd::CpuSimd::Scalar => {}
+                }
+            }
+            body($($arg),*)
+        }
+    };
+}
+
+pub(crate) use simd_fn;
 
 /// Vector helpers shared by the SIMD kernels of `cq` and `kernels`.
 #[cfg(target_arch = "x86_64")]

@@ -28,7 +28,7 @@ use crate::kernels::gather::gather;
 use crate::kernels::mhc::{mix_lanes, post_gates, premix, sinkhorn_routes, EngramGate};
 use crate::kernels::mlp;
 use crate::kernels::prepare::{pre_op, PrepareMode};
-use crate::kernels::rope::rope_table;
+use crate::kernels::rope::rope_table_at;
 use crate::pool::SharedSlice;
 use crate::precision::Precision;
 use crate::profile::bytes;
@@ -120,18 +120,22 @@ pub(super) fn forward_many(
     if s.attention.len() < segs.len() {
         s.attention.resize_with(segs.len(), Default::default);
     }
+    s.positions.clear();
     for (i, g) in segs.iter().enumerate() {
-        let (start, pos) = (s.seg_start[i], s.seg_pos[i]);
-        for j in 0..g.ids.len() {
-            let t = start + j;
-            let (cos, sin) = (
-                &mut s.cos[t * half..][..half],
-                &mut s.sin[t * half..][..half],
-            );
-            rope_table(pos + j as u64, c.rope_theta, c.head_dim, cos, sin);
-        }
+        let pos = s.seg_pos[i];
+        s.positions.extend((0..g.ids.len() as u64).map(|j| pos + j));
         s.attention[i].plan(c, pos, g.ids.len());
     }
+    let (positions, freqs) = (&s.positions, &s.rope_freqs);
+    // An f64 cosine and sine per entry: far more work than its floats say.
+    per_rows(
+        n,
+        256 * half,
+        [(&mut s.cos, half), (&mut s.sin, half)],
+        &|_, t, [cos, sin]| {
+            rope_table_at(positions[t], freqs, cos, sin);
+        },
+    );
     hooks.clock.mark();
 
     for l in 0..w.layers.len() {

@@ -8,6 +8,7 @@ use super::prep::BatchPrep;
 use crate::config::Config;
 use crate::error::Result;
 use crate::kernels::kv::grow;
+use crate::kernels::rope::rope_freqs;
 use crate::pool::Pool;
 
 /// Tokens per prefill chunk unless `CpuEngine::set_prefill_chunk` says otherwise.
@@ -59,8 +60,11 @@ pub(super) struct Scratch {
     /// Per segment: its first token in the pass, and its first position.
     pub(super) seg_start: Vec<usize>,
     pub(super) seg_pos: Vec<u64>,
-    /// The pass's ids, all segments in order.
+    /// The pass's ids, all segments in order, and their positions.
     pub(super) ids: Vec<u32>,
+    pub(super) positions: Vec<u64>,
+    /// The RoPE frequencies of the config ([`crate::kernels::rope::rope_freqs`]).
+    pub(super) rope_freqs: Vec<f64>,
     /// The last token's lanes of each segment (several segments' logits).
     pub(super) last_lanes: Vec<f32>,
     /// Attention scores, `heads · cache_rows` per pool part.
@@ -108,6 +112,9 @@ impl Scratch {
             (&mut self.sin, hd / 2),
         ] {
             grow(v, n * len, "forward buffers")?;
+        }
+        if self.rope_freqs.len() != hd / 2 {
+            self.rope_freqs = rope_freqs(c.rope_theta, hd).take(hd / 2).collect();
         }
         let parts = Pool::global().threads();
         grow(&mut self.z, parts * c.hadamard_dim, "MLP scratch")?;

@@ -10,28 +10,30 @@ use super::rope::apply_rope;
 use super::vmath::gate_in_place;
 use crate::pool::{Pool, SharedSlice};
 
-/// ZCRMS (`q_norm`, `k_norm`) and RoPE (the position's `cos`/`sin` table,
-/// `head_dim / 2` each) on every query head of `q` and key head of `k`, in place:
-/// the first half of [`qk_store`].
-///
-/// # Panics
-/// If the lengths disagree.
-pub fn qk_norm_rope(
-    q_norm: &[f32],
-    k_norm: &[f32],
-    cos: &[f32],
-    sin: &[f32],
-    q: &mut [f32],
-    k: &mut [f32],
-) {
-    let hd = 2 * cos.len();
-    for qh in q.chunks_exact_mut(hd) {
-        zcrms_in_place(qh, q_norm);
-        apply_rope(qh, cos, sin);
-    }
-    for kh in k.chunks_exact_mut(hd) {
-        zcrms_in_place(kh, k_norm);
-        apply_rope(kh, cos, sin);
+crate::simd::simd_fn! {
+    /// ZCRMS (`q_norm`, `k_norm`) and RoPE (the position's `cos`/`sin` table,
+    /// `head_dim / 2` each) on every query head of `q` and key head of `k`, in place:
+    /// the first half of [`qk_store`].
+    ///
+    /// # Panics
+    /// If the lengths disagree.
+    pub fn qk_norm_rope(
+        q_norm: &[f32],
+        k_norm: &[f32],
+        cos: &[f32],
+        sin: &[f32],
+        q: &mut [f32],
+        k: &mut [f32],
+    ) {
+        let hd = 2 * cos.len();
+        for qh in q.chunks_exact_mut(hd) {
+            zcrms_in_place(qh, q_norm);
+            apply_rope(qh, cos, sin);
+        }
+        for kh in k.chunks_exact_mut(hd) {
+            zcrms_in_place(kh, k_norm);
+            apply_rope(kh, cos, sin);
+        }
     }
 }
 

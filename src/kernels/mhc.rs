@@ -20,54 +20,56 @@ pub struct EngramGate<'a> {
     pub norm_k: &'a [f32],
 }
 
-/// CPU twin of the GPU `premix` entry point (shaders/mhc.wgsl,
-/// `MhcKernels::premix`, inputs as `PremixParams`): SPEC §4.3 step 3,
-/// `hpre[i] = σ(a_pre·p_pre[i] + b_pre[i] + off(i))` and
-/// `u = Σ_i hpre[i] · lanes[i]` (i ascending from 0), then step 4, `b = u` and at
-/// an engram site (`site`) `b += α · value` with
-/// `α = σ(⟨zcrms(u, norm_u), zcrms(key, norm_k)⟩ / sqrt(hidden))`. `a_pre` is
-/// layer `layer`'s value, `b_pre` its 4 values, `p_pre` its 4 projections,
-/// `lanes` the 4 lanes (`4 · hidden`); writes `u` and `b` (`hidden` each).
-///
-/// # Panics
-/// If the lengths disagree.
-#[allow(clippy::too_many_arguments)]
-pub fn premix(
-    layer: usize,
-    a_pre: f32,
-    b_pre: &[f32],
-    p_pre: &[f32],
-    lanes: &[f32],
-    site: Option<EngramGate<'_>>,
-    u: &mut [f32],
-    b: &mut [f32],
-) {
-    let h = u.len();
-    assert!(lanes.len() == 4 * h && b.len() == h, "premix: lengths");
-    let hpre = pre_gates(layer, a_pre, p_pre, b_pre);
-    u.fill(0.0);
-    for (i, lane) in lanes.chunks_exact(h).enumerate() {
-        for (u, x) in u.iter_mut().zip(lane) {
-            *u += hpre[i] * x;
+crate::simd::simd_fn! {
+    /// CPU twin of the GPU `premix` entry point (shaders/mhc.wgsl,
+    /// `MhcKernels::premix`, inputs as `PremixParams`): SPEC §4.3 step 3,
+    /// `hpre[i] = σ(a_pre·p_pre[i] + b_pre[i] + off(i))` and
+    /// `u = Σ_i hpre[i] · lanes[i]` (i ascending from 0), then step 4, `b = u` and at
+    /// an engram site (`site`) `b += α · value` with
+    /// `α = σ(⟨zcrms(u, norm_u), zcrms(key, norm_k)⟩ / sqrt(hidden))`. `a_pre` is
+    /// layer `layer`'s value, `b_pre` its 4 values, `p_pre` its 4 projections,
+    /// `lanes` the 4 lanes (`4 · hidden`); writes `u` and `b` (`hidden` each).
+    ///
+    /// # Panics
+    /// If the lengths disagree.
+    #[allow(clippy::too_many_arguments)]
+    pub fn premix(
+        layer: usize,
+        a_pre: f32,
+        b_pre: &[f32],
+        p_pre: &[f32],
+        lanes: &[f32],
+        site: Option<EngramGate<'_>>,
+        u: &mut [f32],
+        b: &mut [f32],
+    ) {
+        let h = u.len();
+        assert!(lanes.len() == 4 * h && b.len() == h, "premix: lengths");
+        let hpre = pre_gates(layer, a_pre, p_pre, b_pre);
+        u.fill(0.0);
+        for (i, lane) in lanes.chunks_exact(h).enumerate() {
+            for (u, x) in u.iter_mut().zip(lane) {
+                *u += hpre[i] * x;
+            }
         }
-    }
-    b.copy_from_slice(u);
-    if let Some(s) = site {
-        assert!(
-            s.key.len() == h && s.value.len() == h && s.norm_u.len() == h && s.norm_k.len() == h,
-            "premix: site lengths"
-        );
-        // ⟨zcrms(u, norm_u), zcrms(key, norm_k)⟩, each factor as `zcrms_into` forms it.
-        let (ru, rk) = (inv_rms_wide(u), inv_rms_wide(s.key));
-        let dot: f32 = u
-            .iter()
-            .zip(s.norm_u)
-            .zip(s.key.iter().zip(s.norm_k))
-            .map(|((x, g), (y, gk))| (x * ru * (1.0 + g)) * (y * rk * (1.0 + gk)))
-            .sum();
-        let alpha = sigmoid(dot * (1.0 / (h as f32).sqrt()));
-        for (b, v) in b.iter_mut().zip(s.value) {
-            *b += alpha * v;
+        b.copy_from_slice(u);
+        if let Some(s) = site {
+            assert!(
+                s.key.len() == h && s.value.len() == h && s.norm_u.len() == h && s.norm_k.len() == h,
+                "premix: site lengths"
+            );
+            // ⟨zcrms(u, norm_u), zcrms(key, norm_k)⟩, each factor as `zcrms_into` forms it.
+            let (ru, rk) = (inv_rms_wide(u), inv_rms_wide(s.key));
+            let dot: f32 = u
+                .iter()
+                .zip(s.norm_u)
+                .zip(s.key.iter().zip(s.norm_k))
+                .map(|((x, g), (y, gk))| (x * ru * (1.0 + g)) * (y * rk * (1.0 + gk)))
+                .sum();
+            let alpha = sigmoid(dot * (1.0 / (h as f32).sqrt()));
+            for (b, v) in b.iter_mut().zip(s.value) {
+                *b += alpha * v;
+            }
         }
     }
 }
@@ -101,28 +103,30 @@ pub fn route(
     r
 }
 
-/// SPEC §4.3 step 9 in place on the 4 lanes (`4 · hidden`, `hidden =
-/// update.len()`): `lanes'[i] = Σ_j route[i][j] · lanes[j] + hpost[i] · update`
-/// (the sum in `j` order, then the update).
-///
-/// # Panics
-/// If the lengths disagree.
-pub fn mix_lanes(hpost: &[f32; 4], r: &[[f32; 4]; 4], update: &[f32], lanes: &mut [f32]) {
-    let h = update.len();
-    assert_eq!(lanes.len(), 4 * h, "route: lanes");
-    let (l0, rest) = lanes.split_at_mut(h);
-    let (l1, rest) = rest.split_at_mut(h);
-    let (l2, l3) = rest.split_at_mut(h);
-    let mix = |i: usize, a: f32, b: f32, c: f32, d: f32, o: f32| {
-        let [r0, r1, r2, r3] = r[i];
-        (((r0 * a + r1 * b) + r2 * c) + r3 * d) + hpost[i] * o
-    };
-    for ((((x0, x1), x2), x3), &o) in l0.iter_mut().zip(l1).zip(l2).zip(l3).zip(update) {
-        let (a, b, c, d) = (*x0, *x1, *x2, *x3);
-        *x0 = mix(0, a, b, c, d, o);
-        *x1 = mix(1, a, b, c, d, o);
-        *x2 = mix(2, a, b, c, d, o);
-        *x3 = mix(3, a, b, c, d, o);
+crate::simd::simd_fn! {
+    /// SPEC §4.3 step 9 in place on the 4 lanes (`4 · hidden`, `hidden =
+    /// update.len()`): `lanes'[i] = Σ_j route[i][j] · lanes[j] + hpost[i] · update`
+    /// (the sum in `j` order, then the update).
+    ///
+    /// # Panics
+    /// If the lengths disagree.
+    pub fn mix_lanes(hpost: &[f32; 4], r: &[[f32; 4]; 4], update: &[f32], lanes: &mut [f32]) {
+        let h = update.len();
+        assert_eq!(lanes.len(), 4 * h, "route: lanes");
+        let (l0, rest) = lanes.split_at_mut(h);
+        let (l1, rest) = rest.split_at_mut(h);
+        let (l2, l3) = rest.split_at_mut(h);
+        let mix = |i: usize, a: f32, b: f32, c: f32, d: f32, o: f32| {
+            let [r0, r1, r2, r3] = r[i];
+            (((r0 * a + r1 * b) + r2 * c) + r3 * d) + hpost[i] * o
+        };
+        for ((((x0, x1), x2), x3), &o) in l0.iter_mut().zip(l1).zip(l2).zip(l3).zip(update) {
+            let (a, b, c, d) = (*x0, *x1, *x2, *x3);
+            *x0 = mix(0, a, b, c, d, o);
+            *x1 = mix(1, a, b, c, d, o);
+            *x2 = mix(2, a, b, c, d, o);
+            *x3 = mix(3, a, b, c, d, o);
+        }
     }
 }
 

@@ -45,43 +45,46 @@ pub fn hadamard_mlp(
     }
 }
 
-/// CPU twin of the GPU `mlp` entry point (shaders/mlp.wgsl, `MlpKernels::mlp`,
-/// inputs as `MlpParams`) for one token: SPEC §4.3 end of step 5,
-/// `after = b + out_scale · zcrms(attn, post_norm)`; step 6,
-/// `out = `[`hadamard_mlp`]`(after, mlp_norm, d1, d2, d3)`; step 7,
-/// `update = out − u`. `b`, `u`, `attn`, the norms and the outputs hold `hidden`
-/// values; `z` is scratch of `hadamard_dim = d1.len()`.
-///
-/// # Panics
-/// If the lengths disagree.
-#[allow(clippy::too_many_arguments)]
-pub fn block(
-    b: &[f32],
-    u: &[f32],
-    attn: &[f32],
-    out_scale: f32,
-    post_norm: &[f32],
-    mlp_norm: &[f32],
-    [d1, d2, d3]: [&[f32]; 3],
-    z: &mut [f32],
-    after: &mut [f32],
-    out: &mut [f32],
-    update: &mut [f32],
-) {
-    let h = b.len();
-    assert!(
-        u.len() == h && attn.len() == h && post_norm.len() == h && after.len() == h,
-        "mlp block: lengths"
-    );
-    assert_eq!(update.len(), h, "mlp block: update");
-    // `zcrms(attn, post_norm)` element by element as `zcrms_into` forms it.
-    let r = inv_rms_wide(attn);
-    for ((a, b), (x, g)) in after.iter_mut().zip(b).zip(attn.iter().zip(post_norm)) {
-        *a = b + out_scale * (x * r * (1.0 + g));
-    }
-    hadamard_mlp(after, mlp_norm, d1, d2, d3, z, out);
-    for ((d, o), u) in update.iter_mut().zip(out.iter()).zip(u) {
-        *d = o - u;
+crate::simd::simd_fn! {
+    /// CPU twin of the GPU `mlp` entry point (shaders/mlp.wgsl, `MlpKernels::mlp`,
+    /// inputs as `MlpParams`) for one token: SPEC §4.3 end of step 5,
+    /// `after = b + out_scale · zcrms(attn, post_norm)`; step 6,
+    /// `out = `[`hadamard_mlp`]`(after, mlp_norm, d1, d2, d3)`; step 7,
+    /// `update = out − u`. `b`, `u`, `attn`, the norms and the outputs hold `hidden`
+    /// values; `z` is scratch of `hadamard_dim = d1.len()`.
+    ///
+    /// # Panics
+    /// If the lengths disagree.
+    #[allow(clippy::too_many_arguments)]
+    pub fn block(
+        b: &[f32],
+        u: &[f32],
+        attn: &[f32],
+        out_scale: f32,
+        post_norm: &[f32],
+        mlp_norm: &[f32],
+        d: [&[f32]; 3],
+        z: &mut [f32],
+        after: &mut [f32],
+        out: &mut [f32],
+        update: &mut [f32],
+    ) {
+        let h = b.len();
+        let [d1, d2, d3] = d;
+        assert!(
+            u.len() == h && attn.len() == h && post_norm.len() == h && after.len() == h,
+            "mlp block: lengths"
+        );
+        assert_eq!(update.len(), h, "mlp block: update");
+        // `zcrms(attn, post_norm)` element by element as `zcrms_into` forms it.
+        let r = inv_rms_wide(attn);
+        for ((a, b), (x, g)) in after.iter_mut().zip(b).zip(attn.iter().zip(post_norm)) {
+            *a = b + out_scale * (x * r * (1.0 + g));
+        }
+        hadamard_mlp(after, mlp_norm, d1, d2, d3, z, out);
+        for ((d, o), u) in update.iter_mut().zip(out.iter()).zip(u) {
+            *d = o - u;
+        }
     }
 }
 

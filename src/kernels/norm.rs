@@ -7,6 +7,7 @@ pub const EPS: f32 = 1e-6;
 /// the order the GPU reproduces bit for bit for the per-head q/k norms, whose
 /// result decides int8 KV codes (shaders/common.wgsl). Long vectors use
 /// [`inv_rms_wide`].
+#[inline]
 pub fn inv_rms(x: &[f32]) -> f32 {
     let mut acc = [0.0f32; 8];
     let mut chunks = x.chunks_exact(8);
@@ -122,27 +123,31 @@ mod x86 {
     }
 }
 
-/// `out = rms_unit(x) = x / sqrt(mean(x²) + ε)` (the sum of [`inv_rms_wide`]).
-///
-/// # Panics
-/// If `out.len() != x.len()`.
-pub fn rms_unit_into(x: &[f32], out: &mut [f32]) {
-    assert_eq!(x.len(), out.len());
-    let r = inv_rms_wide(x);
-    for (o, v) in out.iter_mut().zip(x) {
-        *o = v * r;
+crate::simd::simd_fn! {
+    /// `out = rms_unit(x) = x / sqrt(mean(x²) + ε)` (the sum of [`inv_rms_wide`]).
+    ///
+    /// # Panics
+    /// If `out.len() != x.len()`.
+    pub fn rms_unit_into(x: &[f32], out: &mut [f32]) {
+        assert_eq!(x.len(), out.len());
+        let r = inv_rms_wide(x);
+        for (o, v) in out.iter_mut().zip(x) {
+            *o = v * r;
+        }
     }
 }
 
-/// `out = zcrms(x, w) = rms_unit(x) ⊙ (1 + w)` (the sum of [`inv_rms_wide`]).
-///
-/// # Panics
-/// If the three lengths differ.
-pub fn zcrms_into(x: &[f32], w: &[f32], out: &mut [f32]) {
-    assert!(x.len() == out.len() && w.len() == x.len());
-    let r = inv_rms_wide(x);
-    for ((o, v), g) in out.iter_mut().zip(x).zip(w) {
-        *o = v * r * (1.0 + g);
+crate::simd::simd_fn! {
+    /// `out = zcrms(x, w) = rms_unit(x) ⊙ (1 + w)` (the sum of [`inv_rms_wide`]).
+    ///
+    /// # Panics
+    /// If the three lengths differ.
+    pub fn zcrms_into(x: &[f32], w: &[f32], out: &mut [f32]) {
+        assert!(x.len() == out.len() && w.len() == x.len());
+        let r = inv_rms_wide(x);
+        for ((o, v), g) in out.iter_mut().zip(x).zip(w) {
+            *o = v * r * (1.0 + g);
+        }
     }
 }
 
@@ -150,6 +155,7 @@ pub fn zcrms_into(x: &[f32], w: &[f32], out: &mut [f32]) {
 ///
 /// # Panics
 /// If the lengths differ.
+#[inline]
 pub fn zcrms_in_place(x: &mut [f32], w: &[f32]) {
     assert_eq!(x.len(), w.len());
     let r = inv_rms(x);

@@ -21,38 +21,40 @@ pub enum PrepareMode {
     MeanLanesZcrms = 3,
 }
 
-/// CPU twin of the matvec pre-op of `mode` (the GPU's `MatvecInput::Raw`): `out`
-/// (`n` values) from `src`, which holds the `n` inputs (or, for
-/// [`PrepareMode::MeanLanesZcrms`], lane `i` at `i · lane_stride`), with gains
-/// `gains` (`n` values; unused by `Copy` and `RmsUnit`).
-///
-/// # Panics
-/// If `src`, `gains` or `out` is too short for `n` (and `lane_stride`).
-pub fn pre_op(
-    mode: PrepareMode,
-    src: &[f32],
-    n: usize,
-    lane_stride: usize,
-    gains: &[f32],
-    out: &mut [f32],
-) {
-    let out = &mut out[..n];
-    match mode {
-        PrepareMode::Copy => out.copy_from_slice(&src[..n]),
-        PrepareMode::RmsUnit => rms_unit_into(&src[..n], out),
-        PrepareMode::Zcrms => zcrms_into(&src[..n], &gains[..n], out),
-        PrepareMode::MeanLanesZcrms => {
-            let s = lane_stride;
-            let (l0, l1, l2, l3) = (
-                &src[..n],
-                &src[s..s + n],
-                &src[2 * s..2 * s + n],
-                &src[3 * s..3 * s + n],
-            );
-            for (col, dst) in out.iter_mut().enumerate() {
-                *dst = (l0[col] + l1[col] + l2[col] + l3[col]) / 4.0;
+crate::simd::simd_fn! {
+    /// CPU twin of the matvec pre-op of `mode` (the GPU's `MatvecInput::Raw`): `out`
+    /// (`n` values) from `src`, which holds the `n` inputs (or, for
+    /// [`PrepareMode::MeanLanesZcrms`], lane `i` at `i · lane_stride`), with gains
+    /// `gains` (`n` values; unused by `Copy` and `RmsUnit`).
+    ///
+    /// # Panics
+    /// If `src`, `gains` or `out` is too short for `n` (and `lane_stride`).
+    pub fn pre_op(
+        mode: PrepareMode,
+        src: &[f32],
+        n: usize,
+        lane_stride: usize,
+        gains: &[f32],
+        out: &mut [f32],
+    ) {
+        let out = &mut out[..n];
+        match mode {
+            PrepareMode::Copy => out.copy_from_slice(&src[..n]),
+            PrepareMode::RmsUnit => rms_unit_into(&src[..n], out),
+            PrepareMode::Zcrms => zcrms_into(&src[..n], &gains[..n], out),
+            PrepareMode::MeanLanesZcrms => {
+                let s = lane_stride;
+                let (l0, l1, l2, l3) = (
+                    &src[..n],
+                    &src[s..s + n],
+                    &src[2 * s..2 * s + n],
+                    &src[3 * s..3 * s + n],
+                );
+                for (col, dst) in out.iter_mut().enumerate() {
+                    *dst = (l0[col] + l1[col] + l2[col] + l3[col]) / 4.0;
+                }
+                zcrms_in_place(out, &gains[..n]);
             }
-            zcrms_in_place(out, &gains[..n]);
         }
     }
 }

@@ -8,8 +8,25 @@
 /// If `cos` and `sin` differ in length.
 pub fn rope_table(t: u64, theta: f64, head_dim: usize, cos: &mut [f32], sin: &mut [f32]) {
     assert_eq!(cos.len(), sin.len());
-    for (i, (c, s)) in cos.iter_mut().zip(sin.iter_mut()).enumerate() {
-        let angle = t as f64 * theta.powf(-2.0 * i as f64 / head_dim as f64);
+    let freqs: Vec<f64> = rope_freqs(theta, head_dim).take(cos.len()).collect();
+    rope_table_at(t, &freqs, cos, sin);
+}
+
+/// `theta^(−2i/head_dim)` for `i = 0, 1, …` (f64): the frequencies of
+/// [`rope_table`], the same for every position.
+pub fn rope_freqs(theta: f64, head_dim: usize) -> impl Iterator<Item = f64> {
+    (0..).map(move |i: usize| theta.powf(-2.0 * i as f64 / head_dim as f64))
+}
+
+/// [`rope_table`] from its frequencies ([`rope_freqs`], one per entry of
+/// `cos` and `sin`): `θ_i = t · freqs[i]` in f64, the same values.
+///
+/// # Panics
+/// If `cos`, `sin` and `freqs` differ in length.
+pub fn rope_table_at(t: u64, freqs: &[f64], cos: &mut [f32], sin: &mut [f32]) {
+    assert!(cos.len() == sin.len() && freqs.len() == cos.len());
+    for ((c, s), f) in cos.iter_mut().zip(sin.iter_mut()).zip(freqs) {
+        let angle = t as f64 * f;
         *c = angle.cos() as f32;
         *s = angle.sin() as f32;
     }
@@ -19,6 +36,7 @@ pub fn rope_table(t: u64, theta: f64, head_dim: usize, cos: &mut [f32], sin: &mu
 ///
 /// # Panics
 /// If `x.len() != 2 · cos.len()`.
+#[inline]
 pub fn apply_rope(x: &mut [f32], cos: &[f32], sin: &[f32]) {
     let half = cos.len();
     assert_eq!(x.len(), 2 * half);

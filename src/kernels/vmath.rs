@@ -78,6 +78,16 @@ pub fn silu_of_product(z: &mut [f32], d: &[f32]) {
     }
 }
 
+/// `x[i] ← silu(x[i])`: [`silu_of_product`] with every factor 1, so the same
+/// values (`1 · x` is `x`).
+pub fn silu_in_place(x: &mut [f32]) {
+    const ONES: [f32; 64] = [1.0; 64];
+    for c in x.chunks_mut(64) {
+        let n = c.len();
+        silu_of_product(c, &ONES[..n]);
+    }
+}
+
 /// `o[i] ← o[i] · σ(g[i])` (the attention output gate).
 ///
 /// # Panics
