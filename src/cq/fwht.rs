@@ -133,17 +133,26 @@ pub(crate) mod x86 {
     /// Stages 1, 2, 4 and 8 of the 16 lanes of `v`.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    fn in_register(v: __m512) -> __m512 {
+    pub(crate) fn in_register(v: __m512) -> __m512 {
         // Each stage: t = the partner lanes; the lower lane of a pair keeps
-        // u + v (here v + t), the upper one u − v (here t − v).
-        let t = _mm512_permute_ps::<0b10_11_00_01>(v);
-        let v = _mm512_mask_sub_ps(_mm512_add_ps(v, t), 0xAAAA, t, v);
-        let t = _mm512_permute_ps::<0b01_00_11_10>(v);
-        let v = _mm512_mask_sub_ps(_mm512_add_ps(v, t), 0xCCCC, t, v);
-        let t = _mm512_shuffle_f32x4::<0b10_11_00_01>(v, v);
-        let v = _mm512_mask_sub_ps(_mm512_add_ps(v, t), 0xF0F0, t, v);
-        let t = _mm512_shuffle_f32x4::<0b01_00_11_10>(v, v);
-        _mm512_mask_sub_ps(_mm512_add_ps(v, t), 0xFF00, t, v)
+        // u + v (here t + v), the upper one u − v (here t − v): one
+        // `fma(v, ±1, t)`, rounded once, exactly the sum or difference.
+        let s1 = _mm512_setr_ps(
+            1.0, -1.0, 1.0, -1.0, 1.0, -1.0, 1.0, -1.0, 1.0, -1.0, 1.0, -1.0, 1.0, -1.0, 1.0, -1.0,
+        );
+        let s2 = _mm512_setr_ps(
+            1.0, 1.0, -1.0, -1.0, 1.0, 1.0, -1.0, -1.0, 1.0, 1.0, -1.0, -1.0, 1.0, 1.0, -1.0, -1.0,
+        );
+        let s4 = _mm512_setr_ps(
+            1.0, 1.0, 1.0, 1.0, -1.0, -1.0, -1.0, -1.0, 1.0, 1.0, 1.0, 1.0, -1.0, -1.0, -1.0, -1.0,
+        );
+        let s8 = _mm512_setr_ps(
+            1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0,
+        );
+        let v = _mm512_fmadd_ps(v, s1, _mm512_permute_ps::<0b10_11_00_01>(v));
+        let v = _mm512_fmadd_ps(v, s2, _mm512_permute_ps::<0b01_00_11_10>(v));
+        let v = _mm512_fmadd_ps(v, s4, _mm512_shuffle_f32x4::<0b10_11_00_01>(v, v));
+        _mm512_fmadd_ps(v, s8, _mm512_shuffle_f32x4::<0b01_00_11_10>(v, v))
     }
 
     /// One pass: in every run of `stride · SPAN` registers, the `stride` sets

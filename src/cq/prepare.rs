@@ -49,3 +49,36 @@ pub fn prepare(p: &CqMatrix, x: &[f32]) -> Result<Vec<f32>> {
     prepare_into(x, p.group(), &mut out);
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prepare_into_is_the_copy_padding_and_transform_of_each_group() {
+        for (cols, group) in [
+            (16usize, 16usize),
+            (40, 32),
+            (300, 64),
+            (2048, 128),
+            (500, 256),
+            (1000, 512),
+        ] {
+            let x: Vec<f32> = (0..cols)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.013)
+                .collect();
+            let padded = cols.div_ceil(group) * group;
+            let mut want = vec![0.0f32; padded];
+            want[..cols].copy_from_slice(&x);
+            for g in want.chunks_exact_mut(group) {
+                crate::cq::fwht_scalar(g);
+                let s = 1.0 / (group as f32).sqrt();
+                g.iter_mut().for_each(|v| *v *= s);
+            }
+            let mut got = vec![f32::NAN; padded];
+            prepare_into(&x, group, &mut got);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{cols} columns, group {group}");
+        }
+    }
+}
