@@ -35,6 +35,8 @@ pub(super) struct ChunkAttention {
     slot_at: Vec<usize>,
     /// The layer-local table (one layer, `cache_rows + n` rows) when not in place.
     table: KvCache,
+    /// The chunk's cache rows when in place.
+    rows: Vec<usize>,
 }
 
 impl ChunkAttention {
@@ -92,15 +94,13 @@ impl ChunkAttention {
         let (n, rows, kvd) = (self.tokens(), c.cache_rows(), c.kv_dim());
         let kv_t = |t: usize| (&k[t * kvd..(t + 1) * kvd], &v[t * kvd..(t + 1) * kvd]);
         if self.in_place {
-            for t in 0..n {
-                let (kt, vt) = kv_t(t);
-                kv.store(
-                    l,
-                    physical_slot(self.t0 + t as u64, c.sink, c.window),
-                    kt,
-                    vt,
-                );
-            }
+            // No token of the chunk after the first evicts a row: the chunk's
+            // rows are distinct, and are stored side by side.
+            self.rows.clear();
+            let t0 = self.t0;
+            self.rows
+                .extend((0..n as u64).map(|t| physical_slot(t0 + t, c.sink, c.window)));
+            kv.store_rows(l, &self.rows, &k[..n * kvd], &v[..n * kvd]);
             return Ok(());
         }
         self.table.reshape(1, c.kv_heads, rows + n, c.head_dim)?;

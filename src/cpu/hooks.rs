@@ -71,12 +71,7 @@ impl<'a> StepHooks<'a> {
         let limit = self.bad.as_ref().map_or(data.len() / w.max(1), |(p, _)| {
             p.saturating_sub(t0) as usize
         });
-        let rows = data.chunks_exact(w.max(1)).take(limit);
-        // A branch-free scan per row (vectorizes; rows are short).
-        if let Some(t) = rows
-            .into_iter()
-            .position(|r| r.iter().fold(false, |bad, v| bad | !v.is_finite()))
-        {
+        if let Some(t) = first_non_finite(data, w.max(1), limit) {
             let tensor = match layer {
                 Some(l) => format!("layer {l} {name}"),
                 None => name.to_string(),
@@ -188,5 +183,15 @@ impl<'a> Clock<'a> {
             total
         });
         Ok(())
+    }
+}
+
+crate::simd::simd_fn! {
+    /// The first of the first `limit` rows (of width `w`) of `data` that holds
+    /// a NaN or an infinity: a branch-free scan per row, vectorized.
+    fn first_non_finite(data: &[f32], w: usize, limit: usize) -> Option<usize> {
+        data.chunks_exact(w)
+            .take(limit)
+            .position(|r| r.iter().fold(false, |bad, v| bad | !v.is_finite()))
     }
 }

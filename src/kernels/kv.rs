@@ -3,6 +3,7 @@
 
 use super::attention::KvHeadView;
 use crate::error::{Error, Result};
+use crate::pool::{Pool, SharedSlice};
 
 /// Physical cache row of logical position `t`: `t` inside the sink, else
 /// `sink + (t − sink) mod window`.
@@ -223,6 +224,66 @@ impl KvCache {
             self.k_scale[cell] =
                 quantize_int8(&k[j * hd..(j + 1) * hd], &mut self.k_codes[codes.clone()]);
             self.v_scale[cell] = quantize_int8(&v[j * hd..(j + 1) * hd], &mut self.v_codes[codes]);
+        }
+    }
+
+    /// [`KvCache::store`] of several positions of `layer` at once: position
+    /// `t`'s keys and values (`k`, `v`: `[slots.len(), kv_heads · head_dim]`) at
+    /// row `slots[t]`, the positions split over the CPU pool when there are
+    /// enough. The same values as storing them one by one, in any order.
+    ///
+    /// # Panics
+    /// If the slots are not a rotation of an ascending run (a chunk's
+    /// positions in a ring are: they are then distinct), a slot or the layer
+    /// is out of the cache, or the lengths disagree.
+    pub fn store_rows(&mut self, layer: usize, slots: &[usize], k: &[f32], v: &[f32]) {
+        let (hd, kvh) = (self.head_dim, self.kv_heads);
+        let w = kvh * hd;
+        assert!(
+            k.len() == slots.len() * w && v.len() == slots.len() * w,
+            "store_rows: lengths"
+        );
+        assert!(
+            layer < self.layers && slots.iter().all(|&r| r < self.rows),
+            "store_rows: out of the cache"
+        );
+        let descents = slots.windows(2).filter(|p| p[1] <= p[0]).count();
+        let rotated = descents == 1 && slots.last() < slots.first();
+        assert!(descents == 0 || rotated, "store_rows: slots not distinct");
+        let base = self.base(layer, 0);
+        let head = self.rows;
+        let (kc, vc) = (
+            SharedSlice::new(&mut self.k_codes),
+            SharedSlice::new(&mut self.v_codes),
+        );
+        let (ks, vs) = (
+            SharedSlice::new(&mut self.k_scale),
+            SharedSlice::new(&mut self.v_scale),
+        );
+        let store = |t: usize| {
+            for j in 0..kvh {
+                let cell = base + j * head + slots[t];
+                let x = t * w + j * hd..t * w + (j + 1) * hd;
+                // SAFETY: distinct slots are distinct cells, so no two
+                // positions touch the same codes or scales.
+                unsafe {
+                    ks.set(
+                        cell,
+                        quantize_int8(&k[x.clone()], kc.range(cell * hd..(cell + 1) * hd)),
+                    );
+                    vs.set(
+                        cell,
+                        quantize_int8(&v[x], vc.range(cell * hd..(cell + 1) * hd)),
+                    );
+                }
+            }
+        };
+        let pool = Pool::global();
+        // About 1 µs a position: worth splitting from a few positions on.
+        if slots.len() < 8 || pool.threads() == 1 {
+            (0..slots.len()).for_each(store);
+        } else {
+            pool.for_ranges(slots.len(), 1, &|r| r.for_each(store));
         }
     }
 

@@ -270,3 +270,34 @@ fn attend_group_matches_a_naive_f64_attention() {
         }
     }
 }
+
+#[test]
+fn storing_a_chunk_of_rows_at_once_equals_storing_them_one_by_one() {
+    use cqlm::kernels::kv::KvCache;
+    let (layers, kvh, rows, hd) = (3, 2, 24, 16);
+    // A chunk of 20 positions that wraps around the ring: rows 10..24, then 4..10.
+    let slots: Vec<usize> = (10..24).chain(4..10).collect();
+    let w = kvh * hd;
+    let k: Vec<f32> = (0..slots.len() * w)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.1)
+        .collect();
+    let v: Vec<f32> = (0..slots.len() * w)
+        .map(|i| ((i * 11 % 97) as f32 - 48.0) * 0.2)
+        .collect();
+    let mut one = KvCache::new(layers, kvh, rows, hd).unwrap();
+    for (t, &s) in slots.iter().enumerate() {
+        one.store(1, s, &k[t * w..(t + 1) * w], &v[t * w..(t + 1) * w]);
+    }
+    let mut all = KvCache::new(layers, kvh, rows, hd).unwrap();
+    all.store_rows(1, &slots, &k, &v);
+    assert_eq!(all.k_codes, one.k_codes);
+    assert_eq!(all.v_codes, one.v_codes);
+    assert_eq!(all.k_scale, one.k_scale);
+    assert_eq!(all.v_scale, one.v_scale);
+    // A slot twice would have two positions write one row: refused.
+    let twice = std::panic::catch_unwind(|| {
+        let mut c = KvCache::new(layers, kvh, rows, hd).unwrap();
+        c.store_rows(0, &[3, 5, 3], &k[..3 * w], &v[..3 * w]);
+    });
+    assert!(twice.is_err());
+}
