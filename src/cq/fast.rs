@@ -247,6 +247,7 @@ impl FastMatrix {
         };
         let per = 8 / b;
         let word_cols = 32 / b;
+        let mut idx = Vec::with_capacity(groups * group);
         for ((m, src), out) in parts.iter().zip(fm.parts.clone()) {
             let mut levels = [0i8; 16];
             let scale = quantize_int8_scalar(m.codebook(), &mut levels[..1 << b]);
@@ -263,12 +264,22 @@ impl FastMatrix {
                 for g in 0..groups {
                     fm.nf[(tile * groups + g) * TILE + lane] = m.norms()[r_in * groups + g] * scale;
                 }
-                for c in 0..groups * group {
-                    let (blk, j) = (c / BLOCK, c % BLOCK);
-                    let (k, jj) = (j / word_cols, j % word_cols);
-                    let (p, beta) = (jj / 4, jj % 4);
-                    let at = ((tile * blocks + blk) * b + k) * LINE + 4 * lane + beta;
-                    fm.data[at] |= (m.index(r_in, c) as u8) << (p * b);
+                // The row's indices, a byte each (SPEC §2's order: LSB first).
+                idx.clear();
+                let row = &m.packed()[r_in * m.row_bytes()..(r_in + 1) * m.row_bytes()];
+                let mask = ((1u16 << b) - 1) as u8;
+                idx.extend(
+                    row.iter()
+                        .flat_map(|&x| (0..per).map(move |p| (x >> (p * b)) & mask)),
+                );
+                // Word k of block blk: byte β holds columns k·word_cols + 4p + β.
+                for (blk, cols) in idx.chunks_exact(BLOCK).enumerate() {
+                    for (k, word) in cols.chunks_exact(word_cols).enumerate() {
+                        let at = ((tile * blocks + blk) * b + k) * LINE + 4 * lane;
+                        for (beta, byte) in fm.data[at..at + 4].iter_mut().enumerate() {
+                            *byte = (0..per).fold(0, |acc, p| acc | word[4 * p + beta] << (p * b));
+                        }
+                    }
                 }
             }
         }
