@@ -208,104 +208,8 @@ pub fn sinkhorn_routes(a: f32, p: &[f32], b: &[f32], iters: usize, out: &mut [f3
 /// The Sinkhorn router with the tokens in the lanes of a register.
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use crate::kernels::vmath::x86::{exp16, exp8, ln16, ln8};
+    use crate::kernels::vmath::x86::{exp, ln, Lanes};
     use std::arch::x86_64::*;
-
-    /// One register of tokens (8 or 16 lanes) and the lane arithmetic the
-    /// router needs; both widths do the same operations lane by lane.
-    trait Lanes: Copy {
-        const N: usize;
-        unsafe fn load(p: *const f32) -> Self;
-        unsafe fn store(self, p: *mut f32);
-        unsafe fn splat(v: f32) -> Self;
-        unsafe fn add(self, o: Self) -> Self;
-        unsafe fn sub(self, o: Self) -> Self;
-        unsafe fn mul(self, o: Self) -> Self;
-        /// `max(self, o)`: `o` when either is NaN.
-        unsafe fn max(self, o: Self) -> Self;
-        unsafe fn exp(self) -> Self;
-        unsafe fn ln(self) -> Self;
-    }
-
-    impl Lanes for __m256 {
-        const N: usize = 8;
-        #[inline(always)]
-        unsafe fn load(p: *const f32) -> Self {
-            unsafe { _mm256_loadu_ps(p) }
-        }
-        #[inline(always)]
-        unsafe fn store(self, p: *mut f32) {
-            unsafe { _mm256_storeu_ps(p, self) }
-        }
-        #[inline(always)]
-        unsafe fn splat(v: f32) -> Self {
-            _mm256_set1_ps(v)
-        }
-        #[inline(always)]
-        unsafe fn add(self, o: Self) -> Self {
-            _mm256_add_ps(self, o)
-        }
-        #[inline(always)]
-        unsafe fn sub(self, o: Self) -> Self {
-            _mm256_sub_ps(self, o)
-        }
-        #[inline(always)]
-        unsafe fn mul(self, o: Self) -> Self {
-            _mm256_mul_ps(self, o)
-        }
-        #[inline(always)]
-        unsafe fn max(self, o: Self) -> Self {
-            _mm256_max_ps(self, o)
-        }
-        #[inline(always)]
-        unsafe fn exp(self) -> Self {
-            unsafe { exp8(self) }
-        }
-        #[inline(always)]
-        unsafe fn ln(self) -> Self {
-            unsafe { ln8(self) }
-        }
-    }
-
-    impl Lanes for __m512 {
-        const N: usize = 16;
-        #[inline(always)]
-        unsafe fn load(p: *const f32) -> Self {
-            unsafe { _mm512_loadu_ps(p) }
-        }
-        #[inline(always)]
-        unsafe fn store(self, p: *mut f32) {
-            unsafe { _mm512_storeu_ps(p, self) }
-        }
-        #[inline(always)]
-        unsafe fn splat(v: f32) -> Self {
-            _mm512_set1_ps(v)
-        }
-        #[inline(always)]
-        unsafe fn add(self, o: Self) -> Self {
-            _mm512_add_ps(self, o)
-        }
-        #[inline(always)]
-        unsafe fn sub(self, o: Self) -> Self {
-            _mm512_sub_ps(self, o)
-        }
-        #[inline(always)]
-        unsafe fn mul(self, o: Self) -> Self {
-            _mm512_mul_ps(self, o)
-        }
-        #[inline(always)]
-        unsafe fn max(self, o: Self) -> Self {
-            _mm512_max_ps(self, o)
-        }
-        #[inline(always)]
-        unsafe fn exp(self) -> Self {
-            unsafe { exp16(self) }
-        }
-        #[inline(always)]
-        unsafe fn ln(self) -> Self {
-            unsafe { ln16(self) }
-        }
-    }
 
     /// `x[k] −= lse(x[k] for k in idx)` for the four entries `idx`:
     /// `lse = m + ln((e0 + e1) + (e2 + e3))`, `m` their maximum (the order
@@ -315,11 +219,11 @@ mod x86 {
         unsafe {
             let m = l[idx[0]].max(l[idx[1]]).max(l[idx[2]]).max(l[idx[3]]);
             // (Plain statements, not closures: the intrinsics stay inline.)
-            let e0 = l[idx[0]].sub(m).exp();
-            let e1 = l[idx[1]].sub(m).exp();
-            let e2 = l[idx[2]].sub(m).exp();
-            let e3 = l[idx[3]].sub(m).exp();
-            let lse = m.add(e0.add(e1).add(e2.add(e3)).ln());
+            let e0 = exp(l[idx[0]].sub(m));
+            let e1 = exp(l[idx[1]].sub(m));
+            let e2 = exp(l[idx[2]].sub(m));
+            let e3 = exp(l[idx[3]].sub(m));
+            let lse = m.add(ln(e0.add(e1).add(e2.add(e3))));
             for k in idx {
                 l[k] = l[k].sub(lse);
             }
@@ -353,7 +257,7 @@ mod x86 {
                 }
             }
             for (k, tk) in t.iter_mut().enumerate() {
-                l[k].exp().store(tk.as_mut_ptr());
+                exp(l[k]).store(tk.as_mut_ptr());
             }
             for lane in 0..tokens {
                 for k in 0..16 {
@@ -380,26 +284,26 @@ mod x86 {
                 let (m, e) = if row {
                     let m = _mm512_max_ps(l, _mm512_permute_ps::<0b10_11_00_01>(l));
                     let m = _mm512_max_ps(m, _mm512_permute_ps::<0b01_00_11_10>(m));
-                    let e = exp16(_mm512_sub_ps(l, m));
+                    let e = exp(_mm512_sub_ps(l, m));
                     let e = _mm512_add_ps(e, _mm512_permute_ps::<0b10_11_00_01>(e));
                     (m, _mm512_add_ps(e, _mm512_permute_ps::<0b01_00_11_10>(e)))
                 } else {
                     let m = _mm512_max_ps(l, _mm512_shuffle_f32x4::<0b10_11_00_01>(l, l));
                     let m = _mm512_max_ps(m, _mm512_shuffle_f32x4::<0b01_00_11_10>(m, m));
-                    let e = exp16(_mm512_sub_ps(l, m));
+                    let e = exp(_mm512_sub_ps(l, m));
                     let e = _mm512_add_ps(e, _mm512_shuffle_f32x4::<0b10_11_00_01>(e, e));
                     (
                         m,
                         _mm512_add_ps(e, _mm512_shuffle_f32x4::<0b01_00_11_10>(e, e)),
                     )
                 };
-                _mm512_sub_ps(l, _mm512_add_ps(m, ln16(e)))
+                _mm512_sub_ps(l, _mm512_add_ps(m, ln(e)))
             };
             for _ in 0..iters {
                 l = half(l, true);
                 l = half(l, false);
             }
-            _mm512_storeu_ps(out.as_mut_ptr(), exp16(l));
+            _mm512_storeu_ps(out.as_mut_ptr(), exp(l));
         }
     }
 
@@ -423,10 +327,10 @@ mod x86 {
                 for v in l.iter_mut() {
                     let m = _mm256_max_ps(*v, swap1(*v));
                     let m = _mm256_max_ps(m, swap2(m));
-                    let e = exp8(_mm256_sub_ps(*v, m));
+                    let e = exp(_mm256_sub_ps(*v, m));
                     let e = _mm256_add_ps(e, swap1(e));
                     let e = _mm256_add_ps(e, swap2(e));
-                    *v = _mm256_sub_ps(*v, _mm256_add_ps(m, ln8(e)));
+                    *v = _mm256_sub_ps(*v, _mm256_add_ps(m, ln(e)));
                 }
                 // Columns: rows 0 and 1 (2 and 3) across the 128-bit lanes of
                 // a register, then the two registers.
@@ -436,8 +340,8 @@ mod x86 {
                 ];
                 let m = [_mm256_max_ps(m[0], m[1]), _mm256_max_ps(m[1], m[0])];
                 let e = [
-                    exp8(_mm256_sub_ps(l[0], m[0])),
-                    exp8(_mm256_sub_ps(l[1], m[1])),
+                    exp(_mm256_sub_ps(l[0], m[0])),
+                    exp(_mm256_sub_ps(l[1], m[1])),
                 ];
                 let e = [
                     _mm256_add_ps(e[0], swap_rows(e[0])),
@@ -445,11 +349,11 @@ mod x86 {
                 ];
                 let e = [_mm256_add_ps(e[0], e[1]), _mm256_add_ps(e[1], e[0])];
                 for k in 0..2 {
-                    l[k] = _mm256_sub_ps(l[k], _mm256_add_ps(m[k], ln8(e[k])));
+                    l[k] = _mm256_sub_ps(l[k], _mm256_add_ps(m[k], ln(e[k])));
                 }
             }
-            _mm256_storeu_ps(out.as_mut_ptr(), exp8(l[0]));
-            _mm256_storeu_ps(out.as_mut_ptr().add(8), exp8(l[1]));
+            _mm256_storeu_ps(out.as_mut_ptr(), exp(l[0]));
+            _mm256_storeu_ps(out.as_mut_ptr().add(8), exp(l[1]));
         }
     }
 

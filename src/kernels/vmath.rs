@@ -113,209 +113,312 @@ pub fn gate_in_place(o: &mut [f32], g: &[f32]) {
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
-    // Index loops over small register arrays read clearer than iterator chains here.
-    #![allow(clippy::needless_range_loop)]
+    //! One implementation of each function for both register widths: the
+    //! [`Lanes`] trait gives the operations, [`exp`], [`ln`] and [`sigmoid`]
+    //! are written once over it, so the 8- and 16-lane forms do the same
+    //! operations lane by lane (the same bits, by construction).
     use std::arch::x86_64::*;
 
-    use super::{sigmoid, silu};
-
-    /// `x[i] ← exp(x[i])`.
-    #[target_feature(enable = "avx2,fma")]
-    pub(crate) unsafe fn exp_slice(x: &mut [f32]) {
-        let n = x.len() / 8 * 8;
-        let p = x.as_mut_ptr();
-        for i in (0..n).step_by(8) {
-            _mm256_storeu_ps(p.add(i), exp8(_mm256_loadu_ps(p.add(i))));
-        }
-        x[n..].iter_mut().for_each(|v| *v = v.exp());
+    /// A register of f32 lanes (8 or 16) and the operations the vector math
+    /// needs; every operation is IEEE per lane, the same on both widths.
+    pub(crate) trait Lanes: Copy {
+        /// A per-lane condition.
+        type Mask: Copy;
+        const N: usize;
+        unsafe fn splat(v: f32) -> Self;
+        unsafe fn load(p: *const f32) -> Self;
+        unsafe fn store(self, p: *mut f32);
+        unsafe fn add(self, o: Self) -> Self;
+        unsafe fn sub(self, o: Self) -> Self;
+        unsafe fn mul(self, o: Self) -> Self;
+        unsafe fn div(self, o: Self) -> Self;
+        /// `self · b + c`, rounded once.
+        unsafe fn fma(self, b: Self, c: Self) -> Self;
+        /// `c − self · b`, rounded once.
+        unsafe fn fnma(self, b: Self, c: Self) -> Self;
+        /// `o` when either is NaN (x86's `max`).
+        unsafe fn max(self, o: Self) -> Self;
+        /// `o` when either is NaN (x86's `min`).
+        unsafe fn min(self, o: Self) -> Self;
+        /// To the nearest integer, ties to even.
+        unsafe fn round(self) -> Self;
+        /// `2^self` for an integral `self` in the normal exponent range.
+        unsafe fn pow2(self) -> Self;
+        /// Each lane's bits and `m`, or `o`.
+        unsafe fn bits_and_or(self, m: u32, o: u32) -> Self;
+        /// Each lane's biased exponent field minus 126, as a float.
+        unsafe fn exponent(self) -> Self;
+        unsafe fn gt(self, o: Self) -> Self::Mask;
+        unsafe fn lt(self, o: Self) -> Self::Mask;
+        unsafe fn eq(self, o: Self) -> Self::Mask;
+        /// Not greater or equal (true for NaN).
+        unsafe fn nge(self, o: Self) -> Self::Mask;
+        unsafe fn nan(self) -> Self::Mask;
+        unsafe fn or(a: Self::Mask, b: Self::Mask) -> Self::Mask;
+        unsafe fn any(m: Self::Mask) -> bool;
+        /// `b` in the lanes of `m`, else `a`.
+        unsafe fn select(m: Self::Mask, a: Self, b: Self) -> Self;
     }
 
-    /// `z[i] ← silu(d[i] · z[i])`; `d.len() == z.len()`.
-    #[target_feature(enable = "avx2,fma")]
-    pub(crate) unsafe fn silu_of_product(z: &mut [f32], d: &[f32]) {
-        let n = z.len() / 8 * 8;
-        let p = z.as_mut_ptr();
-        for i in (0..n).step_by(8) {
-            let v = _mm256_mul_ps(
-                _mm256_loadu_ps(d.as_ptr().add(i)),
-                _mm256_loadu_ps(p.add(i)),
-            );
-            _mm256_storeu_ps(p.add(i), _mm256_mul_ps(v, sigmoid8(v)));
+    impl Lanes for __m256 {
+        type Mask = __m256;
+        const N: usize = 8;
+        #[inline(always)]
+        unsafe fn splat(v: f32) -> Self {
+            _mm256_set1_ps(v)
         }
-        for i in n..z.len() {
-            z[i] = silu(d[i] * z[i]);
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> Self {
+            unsafe { _mm256_loadu_ps(p) }
+        }
+        #[inline(always)]
+        unsafe fn store(self, p: *mut f32) {
+            unsafe { _mm256_storeu_ps(p, self) }
+        }
+        #[inline(always)]
+        unsafe fn add(self, o: Self) -> Self {
+            _mm256_add_ps(self, o)
+        }
+        #[inline(always)]
+        unsafe fn sub(self, o: Self) -> Self {
+            _mm256_sub_ps(self, o)
+        }
+        #[inline(always)]
+        unsafe fn mul(self, o: Self) -> Self {
+            _mm256_mul_ps(self, o)
+        }
+        #[inline(always)]
+        unsafe fn div(self, o: Self) -> Self {
+            _mm256_div_ps(self, o)
+        }
+        #[inline(always)]
+        unsafe fn fma(self, b: Self, c: Self) -> Self {
+            _mm256_fmadd_ps(self, b, c)
+        }
+        #[inline(always)]
+        unsafe fn fnma(self, b: Self, c: Self) -> Self {
+            _mm256_fnmadd_ps(self, b, c)
+        }
+        #[inline(always)]
+        unsafe fn max(self, o: Self) -> Self {
+            _mm256_max_ps(self, o)
+        }
+        #[inline(always)]
+        unsafe fn min(self, o: Self) -> Self {
+            _mm256_min_ps(self, o)
+        }
+        #[inline(always)]
+        unsafe fn round(self) -> Self {
+            _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(self)
+        }
+        #[inline(always)]
+        unsafe fn pow2(self) -> Self {
+            _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
+                _mm256_cvtps_epi32(self),
+                _mm256_set1_epi32(127),
+            )))
+        }
+        #[inline(always)]
+        unsafe fn bits_and_or(self, m: u32, o: u32) -> Self {
+            _mm256_castsi256_ps(_mm256_or_si256(
+                _mm256_and_si256(_mm256_castps_si256(self), _mm256_set1_epi32(m as i32)),
+                _mm256_set1_epi32(o as i32),
+            ))
+        }
+        #[inline(always)]
+        unsafe fn exponent(self) -> Self {
+            let e = _mm256_srli_epi32::<23>(_mm256_and_si256(
+                _mm256_castps_si256(self),
+                _mm256_set1_epi32(0x7f80_0000),
+            ));
+            _mm256_cvtepi32_ps(_mm256_sub_epi32(e, _mm256_set1_epi32(126)))
+        }
+        #[inline(always)]
+        unsafe fn gt(self, o: Self) -> Self::Mask {
+            _mm256_cmp_ps::<_CMP_GT_OQ>(self, o)
+        }
+        #[inline(always)]
+        unsafe fn lt(self, o: Self) -> Self::Mask {
+            _mm256_cmp_ps::<_CMP_LT_OQ>(self, o)
+        }
+        #[inline(always)]
+        unsafe fn eq(self, o: Self) -> Self::Mask {
+            _mm256_cmp_ps::<_CMP_EQ_OQ>(self, o)
+        }
+        #[inline(always)]
+        unsafe fn nge(self, o: Self) -> Self::Mask {
+            _mm256_cmp_ps::<_CMP_NGE_UQ>(self, o)
+        }
+        #[inline(always)]
+        unsafe fn nan(self) -> Self::Mask {
+            _mm256_cmp_ps::<_CMP_UNORD_Q>(self, self)
+        }
+        #[inline(always)]
+        unsafe fn or(a: Self::Mask, b: Self::Mask) -> Self::Mask {
+            _mm256_or_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn any(m: Self::Mask) -> bool {
+            _mm256_movemask_ps(m) != 0
+        }
+        #[inline(always)]
+        unsafe fn select(m: Self::Mask, a: Self, b: Self) -> Self {
+            _mm256_blendv_ps(a, b, m)
         }
     }
 
-    /// `o[i] ← o[i] · σ(g[i])`; `g.len() == o.len()`.
-    #[target_feature(enable = "avx2,fma")]
-    pub(crate) unsafe fn gate(o: &mut [f32], g: &[f32]) {
-        let n = o.len() / 8 * 8;
-        let p = o.as_mut_ptr();
-        for i in (0..n).step_by(8) {
-            let s = sigmoid8(_mm256_loadu_ps(g.as_ptr().add(i)));
-            _mm256_storeu_ps(p.add(i), _mm256_mul_ps(_mm256_loadu_ps(p.add(i)), s));
+    impl Lanes for __m512 {
+        type Mask = __mmask16;
+        const N: usize = 16;
+        #[inline(always)]
+        unsafe fn splat(v: f32) -> Self {
+            _mm512_set1_ps(v)
         }
-        for i in n..o.len() {
-            o[i] *= sigmoid(g[i]);
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> Self {
+            unsafe { _mm512_loadu_ps(p) }
+        }
+        #[inline(always)]
+        unsafe fn store(self, p: *mut f32) {
+            unsafe { _mm512_storeu_ps(p, self) }
+        }
+        #[inline(always)]
+        unsafe fn add(self, o: Self) -> Self {
+            _mm512_add_ps(self, o)
+        }
+        #[inline(always)]
+        unsafe fn sub(self, o: Self) -> Self {
+            _mm512_sub_ps(self, o)
+        }
+        #[inline(always)]
+        unsafe fn mul(self, o: Self) -> Self {
+            _mm512_mul_ps(self, o)
+        }
+        #[inline(always)]
+        unsafe fn div(self, o: Self) -> Self {
+            _mm512_div_ps(self, o)
+        }
+        #[inline(always)]
+        unsafe fn fma(self, b: Self, c: Self) -> Self {
+            _mm512_fmadd_ps(self, b, c)
+        }
+        #[inline(always)]
+        unsafe fn fnma(self, b: Self, c: Self) -> Self {
+            _mm512_fnmadd_ps(self, b, c)
+        }
+        #[inline(always)]
+        unsafe fn max(self, o: Self) -> Self {
+            _mm512_max_ps(self, o)
+        }
+        #[inline(always)]
+        unsafe fn min(self, o: Self) -> Self {
+            _mm512_min_ps(self, o)
+        }
+        #[inline(always)]
+        unsafe fn round(self) -> Self {
+            _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(self)
+        }
+        #[inline(always)]
+        unsafe fn pow2(self) -> Self {
+            _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(
+                _mm512_cvtps_epi32(self),
+                _mm512_set1_epi32(127),
+            )))
+        }
+        #[inline(always)]
+        unsafe fn bits_and_or(self, m: u32, o: u32) -> Self {
+            _mm512_castsi512_ps(_mm512_or_si512(
+                _mm512_and_si512(_mm512_castps_si512(self), _mm512_set1_epi32(m as i32)),
+                _mm512_set1_epi32(o as i32),
+            ))
+        }
+        #[inline(always)]
+        unsafe fn exponent(self) -> Self {
+            let e = _mm512_srli_epi32::<23>(_mm512_and_si512(
+                _mm512_castps_si512(self),
+                _mm512_set1_epi32(0x7f80_0000),
+            ));
+            _mm512_cvtepi32_ps(_mm512_sub_epi32(e, _mm512_set1_epi32(126)))
+        }
+        #[inline(always)]
+        unsafe fn gt(self, o: Self) -> Self::Mask {
+            _mm512_cmp_ps_mask::<_CMP_GT_OQ>(self, o)
+        }
+        #[inline(always)]
+        unsafe fn lt(self, o: Self) -> Self::Mask {
+            _mm512_cmp_ps_mask::<_CMP_LT_OQ>(self, o)
+        }
+        #[inline(always)]
+        unsafe fn eq(self, o: Self) -> Self::Mask {
+            _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(self, o)
+        }
+        #[inline(always)]
+        unsafe fn nge(self, o: Self) -> Self::Mask {
+            _mm512_cmp_ps_mask::<_CMP_NGE_UQ>(self, o)
+        }
+        #[inline(always)]
+        unsafe fn nan(self) -> Self::Mask {
+            _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(self, self)
+        }
+        #[inline(always)]
+        unsafe fn or(a: Self::Mask, b: Self::Mask) -> Self::Mask {
+            a | b
+        }
+        #[inline(always)]
+        unsafe fn any(m: Self::Mask) -> bool {
+            m != 0
+        }
+        #[inline(always)]
+        unsafe fn select(m: Self::Mask, a: Self, b: Self) -> Self {
+            _mm512_mask_blend_ps(m, a, b)
         }
     }
 
-    /// `exp` of 8 lanes (see the module note for its accuracy and edges).
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    pub(crate) unsafe fn exp8(x: __m256) -> __m256 {
-        let hi = _mm256_set1_ps(88.722_84);
-        let lo = _mm256_set1_ps(-103.972_08);
-        // Clamp to where 2ⁿ stays a normal float; the edges are patched below.
-        let xc = _mm256_min_ps(
-            _mm256_max_ps(x, _mm256_set1_ps(-87.336_55)),
-            _mm256_set1_ps(88.376_26),
-        );
-        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-            _mm256_mul_ps(xc, _mm256_set1_ps(std::f32::consts::LOG2_E)),
-        );
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), xc);
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
-        let mut y = _mm256_set1_ps(1.987_569_1e-4);
-        for c in [
-            1.398_199_9e-3,
-            8.333_452e-3,
-            4.166_579_6e-2,
-            0.166_666_65,
-            0.5,
-        ] {
-            y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(c));
+    /// `exp` of every lane: the Cephes single-precision scheme (module note of
+    /// [`super`]): `n = round(x·log2 e)`, `r = x − n·ln 2` in two parts, a
+    /// degree-6 polynomial, times `2ⁿ`; `+∞` above 88.72, 0 below −103.97, the
+    /// scalar `exp` between the clamp and those edges, NaN for NaN.
+    #[inline(always)]
+    pub(crate) unsafe fn exp<V: Lanes>(x: V) -> V {
+        unsafe {
+            // Clamp to where 2ⁿ stays a normal float; the edges are patched below.
+            let xc = x.max(V::splat(-87.336_55)).min(V::splat(88.376_26));
+            let n = xc.mul(V::splat(std::f32::consts::LOG2_E)).round();
+            let r = n.fnma(V::splat(0.693_359_4), xc);
+            let r = n.fnma(V::splat(-2.121_944_4e-4), r);
+            let mut y = V::splat(1.987_569_1e-4);
+            for c in [
+                1.398_199_9e-3,
+                8.333_452e-3,
+                4.166_579_6e-2,
+                0.166_666_65,
+                0.5,
+            ] {
+                y = y.fma(r, V::splat(c));
+            }
+            let y = y.fma(r.mul(r), r.add(V::splat(1.0)));
+            let mut out = y.mul(n.pow2());
+            let outside = V::or(xc.lt(x), x.lt(xc));
+            if V::any(outside) {
+                // Rare (|x| > 87): the scalar exp there.
+                let mut lanes = [0.0f32; 16];
+                x.store(lanes.as_mut_ptr());
+                lanes[..V::N].iter_mut().for_each(|v| *v = v.exp());
+                out = V::select(outside, out, V::load(lanes.as_ptr()));
+            }
+            let out = V::select(x.gt(V::splat(88.722_84)), out, V::splat(f32::INFINITY));
+            let out = V::select(x.lt(V::splat(-103.972_08)), out, V::splat(0.0));
+            V::select(x.nan(), out, x)
         }
-        let y = _mm256_fmadd_ps(
-            y,
-            _mm256_mul_ps(r, r),
-            _mm256_add_ps(r, _mm256_set1_ps(1.0)),
-        );
-        let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
-            _mm256_cvtps_epi32(n),
-            _mm256_set1_epi32(127),
-        )));
-        let mut out = _mm256_mul_ps(y, pow2);
-        // Edges as f32::exp: +∞ above `hi`, 0 below `lo`, and a slow but exact
-        // scalar path in between the clamp and the edge (rare: |x| > 87).
-        let over = _mm256_cmp_ps::<_CMP_GT_OQ>(x, hi);
-        let under = _mm256_cmp_ps::<_CMP_LT_OQ>(x, lo);
-        let outside = _mm256_or_ps(
-            _mm256_cmp_ps::<_CMP_GT_OQ>(x, _mm256_set1_ps(88.376_26)),
-            _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(-87.336_55)),
-        );
-        if _mm256_movemask_ps(outside) != 0 {
-            let mut lanes = [0.0f32; 8];
-            _mm256_storeu_ps(lanes.as_mut_ptr(), x);
-            lanes.iter_mut().for_each(|v| *v = v.exp());
-            out = _mm256_blendv_ps(out, _mm256_loadu_ps(lanes.as_ptr()), outside);
-        }
-        out = _mm256_blendv_ps(out, _mm256_set1_ps(f32::INFINITY), over);
-        out = _mm256_andnot_ps(under, out);
-        // NaN in, NaN out.
-        let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x);
-        _mm256_blendv_ps(out, x, nan)
     }
 
-    /// `x[i] ← exp(x[i])`, 16 lanes at a time.
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(crate) unsafe fn exp_slice_512(x: &mut [f32]) {
-        let n = x.len() / 16 * 16;
-        let p = x.as_mut_ptr();
-        for i in (0..n).step_by(16) {
-            _mm512_storeu_ps(p.add(i), exp16(_mm512_loadu_ps(p.add(i))));
+    /// `σ(x) = 1 / (1 + exp(−x))` of every lane.
+    #[inline(always)]
+    pub(crate) unsafe fn sigmoid<V: Lanes>(x: V) -> V {
+        unsafe {
+            let one = V::splat(1.0);
+            one.div(one.add(exp(V::splat(0.0).sub(x))))
         }
-        // SAFETY: the same features.
-        unsafe { exp_slice(&mut x[n..]) };
-    }
-
-    /// `z[i] ← silu(d[i] · z[i])`, 16 lanes at a time; `d.len() == z.len()`.
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(crate) unsafe fn silu_of_product_512(z: &mut [f32], d: &[f32]) {
-        let n = z.len() / 16 * 16;
-        let p = z.as_mut_ptr();
-        for i in (0..n).step_by(16) {
-            let v = _mm512_mul_ps(
-                _mm512_loadu_ps(d.as_ptr().add(i)),
-                _mm512_loadu_ps(p.add(i)),
-            );
-            _mm512_storeu_ps(p.add(i), _mm512_mul_ps(v, sigmoid16(v)));
-        }
-        // SAFETY: the same features.
-        unsafe { silu_of_product(&mut z[n..], &d[n..]) };
-    }
-
-    /// `o[i] ← o[i] · σ(g[i])`, 16 lanes at a time; `g.len() == o.len()`.
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(crate) unsafe fn gate_512(o: &mut [f32], g: &[f32]) {
-        let n = o.len() / 16 * 16;
-        let p = o.as_mut_ptr();
-        for i in (0..n).step_by(16) {
-            let s = sigmoid16(_mm512_loadu_ps(g.as_ptr().add(i)));
-            _mm512_storeu_ps(p.add(i), _mm512_mul_ps(_mm512_loadu_ps(p.add(i)), s));
-        }
-        // SAFETY: the same features.
-        unsafe { gate(&mut o[n..], &g[n..]) };
-    }
-
-    /// [`exp8`] of 16 lanes: the same operations lane by lane, so the same
-    /// values.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    pub(crate) unsafe fn exp16(x: __m512) -> __m512 {
-        let xc = _mm512_min_ps(
-            _mm512_max_ps(x, _mm512_set1_ps(-87.336_55)),
-            _mm512_set1_ps(88.376_26),
-        );
-        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-            _mm512_mul_ps(xc, _mm512_set1_ps(std::f32::consts::LOG2_E)),
-        );
-        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), xc);
-        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
-        let mut y = _mm512_set1_ps(1.987_569_1e-4);
-        for c in [
-            1.398_199_9e-3,
-            8.333_452e-3,
-            4.166_579_6e-2,
-            0.166_666_65,
-            0.5,
-        ] {
-            y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(c));
-        }
-        let y = _mm512_fmadd_ps(
-            y,
-            _mm512_mul_ps(r, r),
-            _mm512_add_ps(r, _mm512_set1_ps(1.0)),
-        );
-        let pow2 = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(
-            _mm512_cvtps_epi32(n),
-            _mm512_set1_epi32(127),
-        )));
-        let mut out = _mm512_mul_ps(y, pow2);
-        let over = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, _mm512_set1_ps(88.722_84));
-        let under = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(-103.972_08));
-        let outside = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, _mm512_set1_ps(88.376_26))
-            | _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(-87.336_55));
-        if outside != 0 {
-            let mut lanes = [0.0f32; 16];
-            _mm512_storeu_ps(lanes.as_mut_ptr(), x);
-            lanes.iter_mut().for_each(|v| *v = v.exp());
-            out = _mm512_mask_blend_ps(outside, out, _mm512_loadu_ps(lanes.as_ptr()));
-        }
-        out = _mm512_mask_blend_ps(over, out, _mm512_set1_ps(f32::INFINITY));
-        out = _mm512_mask_blend_ps(under, out, _mm512_setzero_ps());
-        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
-        _mm512_mask_blend_ps(nan, out, x)
-    }
-
-    /// [`sigmoid8`] of 16 lanes.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    pub(crate) unsafe fn sigmoid16(x: __m512) -> __m512 {
-        let one = _mm512_set1_ps(1.0);
-        let e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), x));
-        _mm512_div_ps(one, _mm512_add_ps(one, e))
     }
 
     /// The coefficients of the Cephes `logf` polynomial, highest first.
@@ -331,133 +434,140 @@ pub(crate) mod x86 {
         0.333_333_3,
     ];
 
-    /// `x[i] ← ln(x[i])`, 8 lanes at a time (the tail by the same lanes).
-    #[target_feature(enable = "avx2,fma")]
-    pub(crate) unsafe fn ln_slice(x: &mut [f32]) {
-        for c in x.chunks_mut(8) {
-            let mut lanes = [1.0f32; 8];
-            lanes[..c.len()].copy_from_slice(c);
-            let v = ln8(_mm256_loadu_ps(lanes.as_ptr()));
-            _mm256_storeu_ps(lanes.as_mut_ptr(), v);
-            c.copy_from_slice(&lanes[..c.len()]);
+    /// `ln` of every lane: `x = m · 2^e` with `m` in `[√½, √2)` (subnormals
+    /// scaled by 2²³ first), `ln x = e·ln 2 + ln m` by the Cephes polynomial;
+    /// `−∞` at 0, NaN below 0 and for NaN, `+∞` at `+∞`.
+    #[inline(always)]
+    pub(crate) unsafe fn ln<V: Lanes>(x: V) -> V {
+        unsafe {
+            let tiny = x.lt(V::splat(f32::MIN_POSITIVE));
+            let xs = V::select(tiny, x, x.mul(V::splat(8_388_608.0)));
+            let e = xs.exponent();
+            let e = V::select(tiny, e, e.sub(V::splat(23.0)));
+            // The mantissa in [0.5, 1).
+            let m = xs.bits_and_or(0x007f_ffff, 0x3f00_0000);
+            let small = m.lt(V::splat(std::f32::consts::FRAC_1_SQRT_2));
+            let e = V::select(small, e, e.sub(V::splat(1.0)));
+            let m = V::select(small, m, m.add(m)).sub(V::splat(1.0));
+            let z = m.mul(m);
+            let mut y = V::splat(LN_POLY[0]);
+            for &c in &LN_POLY[1..] {
+                y = y.fma(m, V::splat(c));
+            }
+            let y = y.mul(m).mul(z);
+            let y = e.fma(V::splat(-2.121_944_4e-4), y);
+            let y = V::splat(0.5).fnma(z, y);
+            let r = e.fma(V::splat(0.693_359_4), m.add(y));
+            let r = V::select(x.eq(V::splat(0.0)), r, V::splat(f32::NEG_INFINITY));
+            let r = V::select(x.nge(V::splat(0.0)), r, V::splat(f32::NAN));
+            V::select(x.eq(V::splat(f32::INFINITY)), r, x)
         }
     }
 
-    /// `x[i] ← ln(x[i])`, 16 lanes at a time (the tail by the 8-lane form).
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(crate) unsafe fn ln_slice_512(x: &mut [f32]) {
-        let n = x.len() / 16 * 16;
-        let p = x.as_mut_ptr();
-        for i in (0..n).step_by(16) {
-            _mm512_storeu_ps(p.add(i), ln16(_mm512_loadu_ps(p.add(i))));
-        }
-        // SAFETY: the same features.
-        unsafe { ln_slice(&mut x[n..]) };
-    }
-
-    /// `ln` of 8 lanes: `x = m · 2^e` with `m` in `[√½, √2)` (subnormals
-    /// scaled by 2²³ first), `ln x = e·ln 2 + ln m` by the Cephes polynomial.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    pub(crate) unsafe fn ln8(x: __m256) -> __m256 {
-        let tiny = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(f32::MIN_POSITIVE));
-        let xs = _mm256_blendv_ps(x, _mm256_mul_ps(x, _mm256_set1_ps(8_388_608.0)), tiny);
-        let bits = _mm256_castps_si256(xs);
-        let e = _mm256_sub_epi32(
-            _mm256_srli_epi32::<23>(_mm256_and_si256(bits, _mm256_set1_epi32(0x7f80_0000))),
-            _mm256_set1_epi32(126),
-        );
-        let mut e = _mm256_sub_ps(
-            _mm256_cvtepi32_ps(e),
-            _mm256_and_ps(tiny, _mm256_set1_ps(23.0)),
-        );
-        // The mantissa in [0.5, 1).
-        let m = _mm256_castsi256_ps(_mm256_or_si256(
-            _mm256_and_si256(bits, _mm256_set1_epi32(0x007f_ffff)),
-            _mm256_set1_epi32(0x3f00_0000),
-        ));
-        let small = _mm256_cmp_ps::<_CMP_LT_OQ>(m, _mm256_set1_ps(std::f32::consts::FRAC_1_SQRT_2));
-        e = _mm256_sub_ps(e, _mm256_and_ps(small, _mm256_set1_ps(1.0)));
-        let m = _mm256_sub_ps(
-            _mm256_add_ps(m, _mm256_and_ps(small, m)),
-            _mm256_set1_ps(1.0),
-        );
-        let z = _mm256_mul_ps(m, m);
-        let mut y = _mm256_set1_ps(LN_POLY[0]);
-        for &c in &LN_POLY[1..] {
-            y = _mm256_fmadd_ps(y, m, _mm256_set1_ps(c));
-        }
-        let y = _mm256_mul_ps(_mm256_mul_ps(y, m), z);
-        let y = _mm256_fmadd_ps(e, _mm256_set1_ps(-2.121_944_4e-4), y);
-        let y = _mm256_fnmadd_ps(_mm256_set1_ps(0.5), z, y);
-        let r = _mm256_fmadd_ps(e, _mm256_set1_ps(0.693_359_4), _mm256_add_ps(m, y));
-        // Edges: ln 0 = −∞, ln of a negative or NaN = NaN, ln ∞ = ∞.
-        let r = _mm256_blendv_ps(
-            r,
-            _mm256_set1_ps(f32::NEG_INFINITY),
-            _mm256_cmp_ps::<_CMP_EQ_OQ>(x, _mm256_setzero_ps()),
-        );
-        let r = _mm256_blendv_ps(
-            r,
-            _mm256_set1_ps(f32::NAN),
-            _mm256_cmp_ps::<_CMP_NGE_UQ>(x, _mm256_setzero_ps()),
-        );
-        _mm256_blendv_ps(
-            r,
-            x,
-            _mm256_cmp_ps::<_CMP_EQ_OQ>(x, _mm256_set1_ps(f32::INFINITY)),
-        )
-    }
-
-    /// [`ln8`] of 16 lanes: the same operations lane by lane.
+    /// [`sigmoid`] of 16 lanes.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    pub(crate) unsafe fn ln16(x: __m512) -> __m512 {
-        let tiny = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(f32::MIN_POSITIVE));
-        let xs = _mm512_mask_blend_ps(tiny, x, _mm512_mul_ps(x, _mm512_set1_ps(8_388_608.0)));
-        let bits = _mm512_castps_si512(xs);
-        let e = _mm512_sub_epi32(
-            _mm512_srli_epi32::<23>(_mm512_and_si512(bits, _mm512_set1_epi32(0x7f80_0000))),
-            _mm512_set1_epi32(126),
-        );
-        let mut e = _mm512_mask_sub_ps(
-            _mm512_cvtepi32_ps(e),
-            tiny,
-            _mm512_cvtepi32_ps(e),
-            _mm512_set1_ps(23.0),
-        );
-        let m = _mm512_castsi512_ps(_mm512_or_si512(
-            _mm512_and_si512(bits, _mm512_set1_epi32(0x007f_ffff)),
-            _mm512_set1_epi32(0x3f00_0000),
-        ));
-        let small =
-            _mm512_cmp_ps_mask::<_CMP_LT_OQ>(m, _mm512_set1_ps(std::f32::consts::FRAC_1_SQRT_2));
-        e = _mm512_mask_sub_ps(e, small, e, _mm512_set1_ps(1.0));
-        let m = _mm512_sub_ps(_mm512_mask_add_ps(m, small, m, m), _mm512_set1_ps(1.0));
-        let z = _mm512_mul_ps(m, m);
-        let mut y = _mm512_set1_ps(LN_POLY[0]);
-        for &c in &LN_POLY[1..] {
-            y = _mm512_fmadd_ps(y, m, _mm512_set1_ps(c));
-        }
-        let y = _mm512_mul_ps(_mm512_mul_ps(y, m), z);
-        let y = _mm512_fmadd_ps(e, _mm512_set1_ps(-2.121_944_4e-4), y);
-        let y = _mm512_fnmadd_ps(_mm512_set1_ps(0.5), z, y);
-        let r = _mm512_fmadd_ps(e, _mm512_set1_ps(0.693_359_4), _mm512_add_ps(m, y));
-        let zero = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(x, _mm512_setzero_ps());
-        let r = _mm512_mask_blend_ps(zero, r, _mm512_set1_ps(f32::NEG_INFINITY));
-        let bad = _mm512_cmp_ps_mask::<_CMP_NGE_UQ>(x, _mm512_setzero_ps());
-        let r = _mm512_mask_blend_ps(bad, r, _mm512_set1_ps(f32::NAN));
-        let inf = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(x, _mm512_set1_ps(f32::INFINITY));
-        _mm512_mask_blend_ps(inf, r, x)
+    pub(crate) unsafe fn sigmoid16(x: __m512) -> __m512 {
+        unsafe { sigmoid(x) }
     }
 
-    /// `σ(x) = 1 / (1 + exp(−x))` of 8 lanes.
-    #[inline]
+    /// `x ← f(x)` for every value, `V::N` at a time, the tail through a
+    /// register padded with `pad` (the same lane arithmetic).
+    #[inline(always)]
+    unsafe fn map<V: Lanes>(x: &mut [f32], pad: f32, f: impl Fn(V) -> V) {
+        let n = x.len() / V::N * V::N;
+        let p = x.as_mut_ptr();
+        for i in (0..n).step_by(V::N) {
+            // SAFETY: V::N values at i < n.
+            unsafe { f(V::load(p.add(i))).store(p.add(i)) };
+        }
+        let tail = &mut x[n..];
+        if !tail.is_empty() {
+            let mut lanes = [pad; 16];
+            lanes[..tail.len()].copy_from_slice(tail);
+            // SAFETY: `lanes` holds 16 ≥ V::N values.
+            unsafe { f(V::load(lanes.as_ptr())).store(lanes.as_mut_ptr()) };
+            let k = tail.len();
+            tail.copy_from_slice(&lanes[..k]);
+        }
+    }
+
+    /// `z[i] ← f(d[i], z[i])` for every value, as [`map`].
+    #[inline(always)]
+    unsafe fn zip_map<V: Lanes>(z: &mut [f32], d: &[f32], f: impl Fn(V, V) -> V) {
+        let n = z.len() / V::N * V::N;
+        let p = z.as_mut_ptr();
+        for i in (0..n).step_by(V::N) {
+            // SAFETY: V::N values at i < n in both.
+            unsafe { f(V::load(d.as_ptr().add(i)), V::load(p.add(i))).store(p.add(i)) };
+        }
+        let k = z.len() - n;
+        if k > 0 {
+            let (mut a, mut b) = ([0.0f32; 16], [0.0f32; 16]);
+            a[..k].copy_from_slice(&d[n..]);
+            b[..k].copy_from_slice(&z[n..]);
+            // SAFETY: 16 ≥ V::N values each.
+            unsafe { f(V::load(a.as_ptr()), V::load(b.as_ptr())).store(b.as_mut_ptr()) };
+            z[n..].copy_from_slice(&b[..k]);
+        }
+    }
+
+    /// `x[i] ← exp(x[i])`.
     #[target_feature(enable = "avx2,fma")]
-    pub(crate) unsafe fn sigmoid8(x: __m256) -> __m256 {
-        let one = _mm256_set1_ps(1.0);
-        let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
-        _mm256_div_ps(one, _mm256_add_ps(one, e))
+    pub(crate) unsafe fn exp_slice(x: &mut [f32]) {
+        unsafe { map(x, 0.0, |v: __m256| exp(v)) }
+    }
+
+    /// `x[i] ← exp(x[i])`, 16 lanes at a time.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(crate) unsafe fn exp_slice_512(x: &mut [f32]) {
+        unsafe { map(x, 0.0, |v: __m512| exp(v)) }
+    }
+
+    /// `x[i] ← ln(x[i])`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn ln_slice(x: &mut [f32]) {
+        unsafe { map(x, 1.0, |v: __m256| ln(v)) }
+    }
+
+    /// `x[i] ← ln(x[i])`, 16 lanes at a time.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(crate) unsafe fn ln_slice_512(x: &mut [f32]) {
+        unsafe { map(x, 1.0, |v: __m512| ln(v)) }
+    }
+
+    /// `z[i] ← silu(d[i] · z[i])`; `d.len() == z.len()`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn silu_of_product(z: &mut [f32], d: &[f32]) {
+        unsafe {
+            zip_map(z, d, |d: __m256, z| {
+                let v = d.mul(z);
+                v.mul(sigmoid(v))
+            })
+        }
+    }
+
+    /// `z[i] ← silu(d[i] · z[i])`, 16 lanes at a time.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(crate) unsafe fn silu_of_product_512(z: &mut [f32], d: &[f32]) {
+        unsafe {
+            zip_map(z, d, |d: __m512, z| {
+                let v = d.mul(z);
+                v.mul(sigmoid(v))
+            })
+        }
+    }
+
+    /// `o[i] ← o[i] · σ(g[i])`; `g.len() == o.len()`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn gate(o: &mut [f32], g: &[f32]) {
+        unsafe { zip_map(o, g, |g: __m256, o| o.mul(sigmoid(g))) }
+    }
+
+    /// `o[i] ← o[i] · σ(g[i])`, 16 lanes at a time.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(crate) unsafe fn gate_512(o: &mut [f32], g: &[f32]) {
+        unsafe { zip_map(o, g, |g: __m512, o| o.mul(sigmoid(g))) }
     }
 }
 
