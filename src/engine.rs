@@ -237,6 +237,15 @@ pub trait Engine: Send {
         None
     }
 
+    /// Whether the engine computes its steps on this machine's CPU threads
+    /// (the CPU engine) rather than on a device that works while the caller goes
+    /// on: a caller then does its own per-step work (a constraint's mask) before
+    /// or after a step, not on a thread beside it, which would only take a core
+    /// from the step.
+    fn computes_on_host(&self) -> bool {
+        false
+    }
+
     /// Prompt tokens per prefill chunk of [`Engine::step_many`] (1: one step per token).
     fn prefill_chunk(&self) -> usize {
         1

@@ -50,10 +50,11 @@ pub struct ConstraintStats {
     pub mask_us_each: Vec<f32>,
     /// Token masks computed.
     pub masks: usize,
-    /// Seconds spent computing them (on the side thread, mostly while the engine
-    /// ran its steps).
+    /// Seconds spent computing them (beside the steps on a side thread, or
+    /// before each step with an engine that computes on this CPU).
     pub mask_seconds: f64,
-    /// Seconds the generation waited for a mask after its step had finished.
+    /// Seconds the generation waited for masks: after its step had finished
+    /// (side thread), or all of their time (computed before the steps).
     pub mask_wait_seconds: f64,
     /// Tokens the constraint forced (appended without a choice, in chunks).
     pub forced: usize,
@@ -73,20 +74,8 @@ impl ConstraintStats {
 }
 
 /// What the main thread asks the constraint's side thread.
-enum ToSide {
-    /// Commit this chosen token; answer with the forced tokens that follow and
-    /// whether the output is complete, then compute the next mask into the mask
-    /// handed back (the last one, so no step allocates a mask).
-    Commit(u32, TokenMask),
-}
-
-/// What the side thread answers.
-enum FromSide {
-    /// The forced tokens after a commit, and whether the output is complete.
-    Forced(Result<(Vec<u32>, bool)>),
-    /// The next mask and the seconds it took.
-    Mask(Result<TokenMask>, f64),
-}
+/// What the side thread answers: the next mask and the seconds it took.
+struct SideMask(Result<TokenMask>, f64);
 
 /// A running conversation with one model.
 pub struct Session {
@@ -382,9 +371,11 @@ impl Session {
     /// false to stop). Tokens the constraint forces are appended as one prefill
     /// chunk each time, not sampled; EOS is allowed only where the output may end
     /// and is not emitted; generation stops once the output is complete. The mask
-    /// of the next token is computed on a side thread while the engine runs the
-    /// step (it depends only on the tokens already chosen). Every emitted token is
-    /// also stepped, so the session can continue.
+    /// of the next token depends only on the tokens already chosen: with an
+    /// engine that steps on a device it is computed on a side thread while the
+    /// engine runs the step, with one that computes on this CPU
+    /// ([`Engine::computes_on_host`]) just before the step. Every emitted token
+    /// is also stepped, so the session can continue.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] before any prefill or when the constraint fails;
@@ -404,8 +395,16 @@ impl Session {
         let vocab = self.model.config.vocab;
         let eos = constraint.eos();
         let mut stats = ConstraintStats::default();
-        let (to_side, side_in) = mpsc::channel::<ToSide>();
-        let (side_out, from_side) = mpsc::channel::<FromSide>();
+        // The next mask depends only on the tokens already chosen. With an
+        // engine that steps on a device, a side thread computes it while the
+        // engine steps; with one that steps on this CPU, here before the step
+        // (a thread beside the step would only take a core from it). The
+        // commits (fast) run here either way.
+        let beside = !self.engine.computes_on_host();
+        let shared = std::sync::Mutex::new(constraint);
+        let lock = || shared.lock().unwrap_or_else(|e| e.into_inner());
+        let (to_side, side_in) = mpsc::channel::<TokenMask>();
+        let (side_out, from_side) = mpsc::channel::<SideMask>();
         let side_error = || {
             Error::InvalidArgument("constrained generation: the constraint thread stopped".into())
         };
@@ -413,53 +412,48 @@ impl Session {
             // Owned here, so returning closes the channel and ends the side thread
             // (the scope waits for it).
             let to_side = to_side;
-            scope.spawn(move || {
-                let mask_of = |c: &mut Constraint, mut m: TokenMask| {
-                    let t0 = Instant::now();
-                    let r = c.mask_into(&mut m).map(|_| m);
-                    FromSide::Mask(r, t0.elapsed().as_secs_f64())
-                };
-                // Forced tokens at the start, then the first mask.
-                let first = constraint.take_forced();
-                let done = constraint.is_stopped();
-                if side_out.send(FromSide::Forced(Ok((first, done)))).is_err() {
-                    return;
-                }
-                if !done
-                    && side_out
-                        .send(mask_of(constraint, TokenMask::none(vocab)))
-                        .is_err()
-                {
-                    return;
-                }
-                while let Ok(ToSide::Commit(t, buf)) = side_in.recv() {
-                    let r = constraint.commit(t).map(|_| {
-                        let ff = constraint.take_forced();
-                        (ff, constraint.is_stopped())
-                    });
-                    let go_on = matches!(r, Ok((_, false)));
-                    if side_out.send(FromSide::Forced(r)).is_err() || !go_on {
-                        return;
+            let shared = &shared;
+            if beside {
+                scope.spawn(move || {
+                    let lock = || shared.lock().unwrap_or_else(|e| e.into_inner());
+                    while let Ok(mut m) = side_in.recv() {
+                        let t0 = Instant::now();
+                        let r = lock().mask_into(&mut m).map(|_| m);
+                        if side_out
+                            .send(SideMask(r, t0.elapsed().as_secs_f64()))
+                            .is_err()
+                        {
+                            return;
+                        }
                     }
-                    if side_out.send(mask_of(constraint, buf)).is_err() {
-                        return;
-                    }
-                }
-            });
+                });
+            }
             let mut emitted = 0usize;
-            let mut chosen: Option<u32> = None;
+            let mut mask = Some(TokenMask::none(vocab));
+            // The mask computed here (not beside).
+            let mut ready: Option<SideMask> = None;
             let mut chunk: Vec<u32> = Vec::new();
+            // Forced tokens at the start.
+            let (mut forced, mut done) = {
+                let mut c = lock();
+                (c.take_forced(), c.is_stopped())
+            };
             loop {
-                let Ok(FromSide::Forced(r)) = from_side.recv() else {
-                    return Err(side_error());
-                };
-                let (forced, done) = r?;
                 stats.forced += forced.len();
-                chunk.clear();
-                chunk.extend(chosen.take().into_iter().chain(forced));
+                chunk.append(&mut forced);
                 chunk.truncate(n - emitted);
-                // The engine steps the chunk (returning at once on the GPU) while
-                // the side thread computes the next mask.
+                if !done && emitted + chunk.len() < n {
+                    let mut m = mask.take().unwrap_or_else(|| TokenMask::none(vocab));
+                    if beside {
+                        if to_side.send(m).is_err() {
+                            return Err(side_error());
+                        }
+                    } else {
+                        let t0 = Instant::now();
+                        let r = lock().mask_into(&mut m).map(|_| m);
+                        ready = Some(SideMask(r, t0.elapsed().as_secs_f64()));
+                    }
+                }
                 if !chunk.is_empty() {
                     self.engine.step_many(&chunk, Readout::Deferred)?;
                     self.tokens.extend_from_slice(&chunk);
@@ -470,6 +464,7 @@ impl Session {
                         return Ok(Stop::Callback);
                     }
                 }
+                chunk.clear();
                 if done {
                     return Ok(Stop::Complete);
                 }
@@ -477,23 +472,33 @@ impl Session {
                     return Ok(Stop::Length);
                 }
                 let waited = Instant::now();
-                let Ok(FromSide::Mask(mask, secs)) = from_side.recv() else {
+                let got = match ready.take() {
+                    Some(here) => Ok(here),
+                    None => from_side.recv(),
+                };
+                let Ok(SideMask(m, secs)) = got else {
                     return Err(side_error());
                 };
-                stats.mask_wait_seconds += waited.elapsed().as_secs_f64();
+                if beside {
+                    stats.mask_wait_seconds += waited.elapsed().as_secs_f64();
+                } else {
+                    stats.mask_wait_seconds += secs;
+                }
                 stats.masks += 1;
                 stats.mask_seconds += secs;
                 stats.mask_us_each.push((secs * 1e6) as f32);
-                let mask = mask?;
-                let next = self.choose_masked(sampler, &mask)?;
+                let m = m?;
+                let next = self.choose_masked(sampler, &m)?;
+                mask = Some(m);
                 stats.chosen += 1;
                 if next == eos {
                     return Ok(Stop::Complete);
                 }
-                chosen = Some(next);
-                if to_side.send(ToSide::Commit(next, mask)).is_err() {
-                    return Err(side_error());
-                }
+                let mut c = lock();
+                c.commit(next)?;
+                (forced, done) = (c.take_forced(), c.is_stopped());
+                drop(c);
+                chunk.push(next);
             }
         });
         // The side thread ends when its channel closes (here, or on its own).

@@ -265,6 +265,10 @@ impl Engine for CpuEngine {
         self.read_out(readout)
     }
 
+    fn computes_on_host(&self) -> bool {
+        true
+    }
+
     fn prefill_chunk(&self) -> usize {
         self.prefill_chunk
     }

@@ -333,13 +333,41 @@ unsafe fn drive<R: Reg, const BITS: u32, const TP: usize>(
                 }
                 t += TP;
             }
-            for (t, x) in xs.iter().enumerate().skip(t) {
-                let mut v = [[0.0f32; TILE]; 1];
-                for half in 0..halves {
-                    tile::<R, BITS, 1>(fm, tl, half, [x], &mut v);
-                }
-                sink.put(tl, t, &v[0]);
+            // The rest (a few inputs: small chunks, batched decode) 4, 2, then
+            // 1 at a time, each tile line still decoded once for several.
+            if TP > 4 && t + 4 <= xs.len() {
+                rest::<R, BITS, 4>(fm, tl, &xs[t..t + 4], t, sink);
+                t += 4;
             }
+            if TP > 2 && t + 2 <= xs.len() {
+                rest::<R, BITS, 2>(fm, tl, &xs[t..t + 2], t, sink);
+                t += 2;
+            }
+            for (t, x) in xs.iter().enumerate().skip(t) {
+                rest::<R, BITS, 1>(fm, tl, std::slice::from_ref(x), t, sink);
+            }
+        }
+    }
+}
+
+/// Tile `tl` against the `T` inputs `xs` (inputs `t0 ..` of the call) into
+/// `sink`.
+#[inline(always)]
+unsafe fn rest<R: Reg, const BITS: u32, const T: usize>(
+    fm: &FastMatrix,
+    tl: usize,
+    xs: &[FastInput],
+    t0: usize,
+    sink: &Sink,
+) {
+    unsafe {
+        let group: [&FastInput; T] = std::array::from_fn(|k| &xs[k]);
+        let mut v = [[0.0f32; TILE]; T];
+        for half in 0..TILE / R::ROWS {
+            tile::<R, BITS, T>(fm, tl, half, group, &mut v);
+        }
+        for (k, v) in v.iter().enumerate() {
+            sink.put(tl, t0 + k, v);
         }
     }
 }
