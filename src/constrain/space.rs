@@ -3,10 +3,12 @@
 //! against it. Built once per model and shared.
 
 use super::spec::{Constraint, ConstraintSpec};
+use super::tools::{CallGrammars, Grammars, ToolMarkers};
 use crate::error::{Error, Result};
 use crate::weights::Model;
+use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
-use llguidance::ParserFactory;
+use llguidance::{Matcher, ParserFactory};
 use std::sync::Arc;
 
 /// The trie and the Hugging Face tokenizer that tokenizes forced text canonically.
@@ -47,13 +49,13 @@ const WARM_USES: usize = 64;
 /// `warm` share its lexer behind a mutex and nothing else: parser state is each
 /// request's own, and the masks are the same as from a fresh lexer.
 struct Cached {
-    cold: llguidance::Matcher,
-    warm: llguidance::Matcher,
+    cold: Matcher,
+    warm: Matcher,
     uses: usize,
 }
 
 impl Cached {
-    fn new(m: llguidance::Matcher) -> Cached {
+    fn new(m: Matcher) -> Cached {
         Cached {
             warm: m.deep_clone(),
             cold: m,
@@ -62,7 +64,7 @@ impl Cached {
     }
 
     /// A matcher for one request, sharing the warm lexer.
-    fn take(&mut self) -> llguidance::Matcher {
+    fn take(&mut self) -> Matcher {
         self.uses += 1;
         if self.uses > WARM_USES {
             self.warm = self.cold.deep_clone();
@@ -80,6 +82,9 @@ pub struct TokenSpace {
     eos: u32,
     /// Grammars compiled before, by the grammar's JSON.
     cache: std::sync::Mutex<std::collections::HashMap<String, Cached>>,
+    /// Whether a token crosses between the parts of an `auto` tool call, by
+    /// markers.
+    crossed: std::sync::Mutex<std::collections::HashMap<(String, String), bool>>,
 }
 
 impl std::fmt::Debug for TokenSpace {
@@ -140,11 +145,13 @@ impl TokenSpace {
             vocab: c.vocab,
             eos: c.eos,
             cache: Default::default(),
+            crossed: Default::default(),
         }))
     }
 
     /// Compile `spec` into a fresh [`Constraint`] (once per request). A grammar
-    /// compiled before (the same tool set or schema) is copied from the cache, not
+    /// compiled before (the same tool set or schema, and the parts of `auto` tool
+    /// calls that depend only on the markers) is copied from the cache, not
     /// compiled again, and shares the lexer states earlier requests built.
     ///
     /// # Errors
@@ -152,34 +159,64 @@ impl TokenSpace {
     /// grammar or tool set cannot be compiled (malformed, or a feature llguidance
     /// does not support).
     pub fn compile(&self, spec: &ConstraintSpec) -> Result<Constraint> {
-        let (grammar, kind) = spec.grammar()?;
+        let (grammars, kind) = spec.grammar()?;
+        let what = spec.what();
+        let (first, rest) = match grammars {
+            Grammars::One(g) => (self.matcher(g, what)?, Vec::new()),
+            Grammars::Call(c) if self.crossed(c.markers()) => {
+                (self.matcher(c.whole(), what)?, Vec::new())
+            }
+            Grammars::Call(c) => {
+                // The call first: it is the part a bad tool set fails in.
+                let call = self.matcher(c.call(), what)?;
+                let head = self.matcher(c.head(), what)?;
+                (head, vec![call, self.matcher(c.end(), what)?])
+            }
+        };
+        Ok(Constraint::new(first, rest, kind, self.vocab, self.eos))
+    }
+
+    /// A matcher of `grammar`, from the cache or compiled (and cached).
+    fn matcher(&self, grammar: TopLevelGrammar, what: &str) -> Result<Matcher> {
         let key = serde_json::to_string(&grammar).ok();
         let cache = || self.cache.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(m) = key
             .as_ref()
             .and_then(|k| cache().get_mut(k).map(Cached::take))
         {
-            return Ok(Constraint::new(m, kind, self.vocab, self.eos));
+            return Ok(m);
         }
         let parser = self
             .factory
             .create_parser(grammar)
-            .map_err(|e| Error::InvalidArgument(format!("{}: {e}", spec.what())))?;
-        let matcher = llguidance::Matcher::new(Ok(parser));
+            .map_err(|e| Error::InvalidArgument(format!("{what}: {e}")))?;
+        let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
-            return Err(Error::InvalidArgument(format!("{}: {e}", spec.what())));
+            return Err(Error::InvalidArgument(format!("{what}: {e}")));
         }
-        if let Some(k) = key {
-            let mut c = cache();
-            if c.len() >= CACHED_GRAMMARS {
-                c.clear();
-            }
-            let mut cached = Cached::new(matcher);
-            let m = cached.take();
-            c.insert(k, cached);
-            return Ok(Constraint::new(m, kind, self.vocab, self.eos));
+        let Some(k) = key else {
+            return Ok(matcher);
+        };
+        let mut c = cache();
+        if c.len() >= CACHED_GRAMMARS {
+            c.clear();
         }
-        Ok(Constraint::new(matcher, kind, self.vocab, self.eos))
+        let mut cached = Cached::new(matcher);
+        let m = cached.take();
+        c.insert(k, cached);
+        Ok(m)
+    }
+
+    /// Whether a token of the vocabulary could cross between the parts of an
+    /// `auto` tool call with these markers ([`CallGrammars::crossed_by`]); worked
+    /// out once per pair of markers.
+    fn crossed(&self, markers: &ToolMarkers) -> bool {
+        let mut known = self.crossed.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (markers.start.clone(), markers.end.clone());
+        *known.entry(key).or_insert_with(|| {
+            let trie = self.factory.tok_env().tok_trie();
+            (0..trie.vocab_size() as u32).any(|t| CallGrammars::crossed_by(markers, trie.token(t)))
+        })
     }
 
     /// The vocabulary size.

@@ -2,7 +2,7 @@
 //! per-request state).
 
 use super::mask::TokenMask;
-use super::tools::{ToolCall, ToolChoice, ToolSet};
+use super::tools::{Grammars, ToolCall, ToolChoice, ToolSet};
 use crate::error::{Error, Result};
 use llguidance::api::TopLevelGrammar;
 use llguidance::Matcher;
@@ -82,12 +82,13 @@ impl ConstraintSpec {
         }
     }
 
-    /// The llguidance grammar of this constraint.
+    /// The llguidance grammars of this constraint.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a schema that is not an object, an invalid
     /// regular expression, or a bad tool set.
-    pub(crate) fn grammar(&self) -> Result<(TopLevelGrammar, Output)> {
+    pub(crate) fn grammar(&self) -> Result<(Grammars, Output)> {
+        let one = |g: TopLevelGrammar| Grammars::One(g);
         Ok(match self {
             ConstraintSpec::JsonSchema { schema, whitespace } => {
                 let mut s = schema.clone();
@@ -97,7 +98,7 @@ impl ConstraintSpec {
                     ));
                 }
                 whitespace.apply(&mut s);
-                (TopLevelGrammar::from_json_schema(s), Output::Text)
+                (one(TopLevelGrammar::from_json_schema(s)), Output::Text)
             }
             ConstraintSpec::Regex(rx) => {
                 // llguidance rewrites the pattern into its own syntax; check it with a
@@ -105,9 +106,9 @@ impl ConstraintSpec {
                 regex_syntax::Parser::new()
                     .parse(rx)
                     .map_err(|e| Error::InvalidArgument(format!("regular expression: {e}")))?;
-                (TopLevelGrammar::from_regex(rx), Output::Text)
+                (one(TopLevelGrammar::from_regex(rx)), Output::Text)
             }
-            ConstraintSpec::Lark(g) => (TopLevelGrammar::from_lark(g.clone()), Output::Text),
+            ConstraintSpec::Lark(g) => (one(TopLevelGrammar::from_lark(g.clone())), Output::Text),
             ConstraintSpec::Tools {
                 tools,
                 choice,
@@ -126,8 +127,16 @@ impl ConstraintSpec {
 /// A compiled constraint, the state of one request: tokens it forces, the mask
 /// of each step, whether the output is complete. Built by
 /// [`super::TokenSpace::compile`].
+///
+/// It runs one llguidance matcher or several in turn (`auto` tool calls, see
+/// `CallGrammars`): when the current one can take nothing more, the next one
+/// starts where it ended. The output may end (EOS) wherever the current one
+/// accepts, so a part that accepts before it stops (the free text of `auto`)
+/// ends the output there; it is complete when the last part stops.
 pub struct Constraint {
     matcher: Matcher,
+    /// The matchers still to run, the next one last.
+    then: Vec<Matcher>,
     output: Output,
     vocab: usize,
     eos: u32,
@@ -137,6 +146,7 @@ impl std::fmt::Debug for Constraint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Constraint")
             .field("output", &self.output)
+            .field("parts_to_come", &self.then.len())
             .finish_non_exhaustive()
     }
 }
@@ -147,19 +157,54 @@ fn llg(e: impl std::fmt::Display) -> Error {
 }
 
 impl Constraint {
-    pub(crate) fn new(matcher: Matcher, output: Output, vocab: usize, eos: u32) -> Constraint {
-        Constraint {
-            matcher,
+    /// A constraint running `first`, then each of `rest` in turn.
+    pub(crate) fn new(
+        first: Matcher,
+        mut rest: Vec<Matcher>,
+        output: Output,
+        vocab: usize,
+        eos: u32,
+    ) -> Constraint {
+        rest.reverse();
+        let mut c = Constraint {
+            matcher: first,
+            then: rest,
             output,
             vocab,
             eos,
+        };
+        c.advance();
+        c
+    }
+
+    /// Move on to the next part while the current one is complete (it can take
+    /// no further byte: llguidance stopped it for want of an extension).
+    fn advance(&mut self) {
+        use llguidance::api::StopReason;
+        while matches!(
+            self.matcher.stop_reason(),
+            StopReason::NoExtension | StopReason::NoExtensionBias
+        ) {
+            match self.then.pop() {
+                Some(next) => self.matcher = next,
+                None => return,
+            }
         }
     }
 
     /// The tokens the constraint forces next (none when the next token is a
     /// choice), already committed: the caller appends them without sampling.
     pub fn take_forced(&mut self) -> Vec<u32> {
-        self.matcher.consume_ff_tokens()
+        let mut forced = Vec::new();
+        loop {
+            let more = self.matcher.consume_ff_tokens();
+            let moved = self.then.len();
+            self.advance();
+            forced.extend(more);
+            if self.then.len() == moved {
+                return forced;
+            }
+        }
     }
 
     /// The tokens allowed next into `mask` (EOS among them only where the output
@@ -181,7 +226,9 @@ impl Constraint {
     /// # Errors
     /// [`Error::InvalidArgument`] when the constraint does not accept it.
     pub fn commit(&mut self, token: u32) -> Result<()> {
-        self.matcher.consume_token(token).map_err(llg)
+        self.matcher.consume_token(token).map_err(llg)?;
+        self.advance();
+        Ok(())
     }
 
     /// Whether the output can end here (EOS is allowed).
@@ -191,7 +238,7 @@ impl Constraint {
 
     /// Whether the output is finished: no further token is possible.
     pub fn is_stopped(&self) -> bool {
-        self.matcher.is_stopped()
+        self.then.is_empty() && self.matcher.is_stopped()
     }
 
     /// The id that ends the output where it may end.

@@ -25,6 +25,117 @@ pub struct Tool {
     pub parameters: Value,
 }
 
+/// The llguidance grammars of a constraint.
+#[derive(Debug, Clone)]
+pub(crate) enum Grammars {
+    /// One grammar, from the first token to the end.
+    One(TopLevelGrammar),
+    /// Free text or one call between markers (`auto`), as parts in turn.
+    Call(CallGrammars),
+}
+
+/// `auto` mode's output, `TEXT | start call end`, as three grammars run in
+/// turn: the head (free text, or the start marker, after which it can only
+/// end), the call's JSON, the end marker. Only the call depends on the tool
+/// set, and it is JSON Schema: the two Lark grammars depend on the markers
+/// alone, so they compile once and are cached (llguidance builds a Lark lexer
+/// anew for every Lark grammar it compiles, about 1 ms).
+///
+/// Run in turn, the parts allow what the whole grammar allows, except a token
+/// that crosses from one part into the next (the end of the start marker and
+/// the call's `{` in one token, or the call's `}` and the start of the end
+/// marker). [`CallGrammars::crossed_by`] finds such tokens; a vocabulary that
+/// has any gets [`CallGrammars::whole`] instead.
+#[derive(Debug, Clone)]
+pub(crate) struct CallGrammars {
+    markers: ToolMarkers,
+    /// The call's JSON Schema (compact).
+    call: Value,
+}
+
+impl CallGrammars {
+    /// Free text that cannot begin like the start marker, or the start marker.
+    pub(crate) fn head(&self) -> TopLevelGrammar {
+        TopLevelGrammar::from_lark(format!(
+            "start: TEXT | {}\n{}",
+            lark_literal(&self.markers.start),
+            self.text_rule()
+        ))
+    }
+
+    /// The call.
+    pub(crate) fn call(&self) -> TopLevelGrammar {
+        TopLevelGrammar::from_json_schema(self.call.clone())
+    }
+
+    /// The end marker.
+    pub(crate) fn end(&self) -> TopLevelGrammar {
+        TopLevelGrammar::from_lark(format!("start: {}\n", lark_literal(&self.markers.end)))
+    }
+
+    /// All of it as one grammar.
+    pub(crate) fn whole(&self) -> TopLevelGrammar {
+        TopLevelGrammar {
+            grammars: vec![
+                GrammarWithLexer {
+                    name: None,
+                    json_schema: None,
+                    lark_grammar: Some(format!(
+                        "start: TEXT | {} @call {}\n{}",
+                        lark_literal(&self.markers.start),
+                        lark_literal(&self.markers.end),
+                        self.text_rule()
+                    )),
+                },
+                GrammarWithLexer {
+                    name: Some("call".into()),
+                    json_schema: Some(self.call.clone()),
+                    lark_grammar: None,
+                },
+            ],
+            max_tokens: None,
+        }
+    }
+
+    /// The markers.
+    pub(crate) fn markers(&self) -> &ToolMarkers {
+        &self.markers
+    }
+
+    /// Free text: empty, or not starting with the start marker's first
+    /// character (so the first token chooses between text and a call).
+    fn text_rule(&self) -> String {
+        format!(
+            "TEXT: /([^{}](.|\\n)*)?/\n",
+            class_escape(self.markers.start.chars().next().unwrap_or('<'))
+        )
+    }
+
+    /// Whether a token of these bytes could cross from one part into the next:
+    /// a nonempty tail of the start marker followed by the `{` that begins a
+    /// call (compact: no whitespace before it), or a `}` followed by the end
+    /// marker's beginning.
+    /// (A superset of the tokens that do: one that is not among them cannot.)
+    pub(crate) fn crossed_by(markers: &ToolMarkers, token: &[u8]) -> bool {
+        let start = markers.start.as_bytes();
+        let end = markers.end.as_bytes();
+        let into_call = (0..start.len()).any(|i| {
+            let tail = &start[i..];
+            token.len() > tail.len() && token.starts_with(tail) && token[tail.len()] == b'{'
+        });
+        let into_end = token.iter().enumerate().any(|(k, &b)| {
+            let rest = &token[k + 1..];
+            b == b'}' && !rest.is_empty() && (end.starts_with(rest) || rest.starts_with(end))
+        });
+        into_call || into_end
+    }
+}
+
+/// `s` as a Lark string literal.
+fn lark_literal(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_default()
+}
+
 /// `c` inside a regex character class (`[...]`) of a Lark grammar.
 fn class_escape(c: char) -> String {
     match c {
@@ -258,11 +369,11 @@ impl ToolSet {
     }
 
     /// The grammar of the output under `choice`: the call's (or a list of calls')
-    /// JSON Schema alone for `required` and a named tool, Lark for `auto` and
-    /// `none`. (llguidance builds its Lark lexer anew for each Lark grammar, about
-    /// 1.5 ms here, so a grammar that needs no Lark is not written in it.)
-    pub(crate) fn grammar(&self, choice: &ToolChoice, parallel: bool) -> TopLevelGrammar {
-        let lit = |s: &str| serde_json::to_string(s).unwrap_or_default();
+    /// JSON Schema alone for `required` and a named tool, Lark for `none`, and
+    /// for `auto` free text or a call between markers as parts in turn (see
+    /// [`CallGrammars`]): no grammar that depends on the tool set is written in
+    /// Lark, whose compile costs about 1 ms more.
+    pub(crate) fn grammar(&self, choice: &ToolChoice, parallel: bool) -> Grammars {
         let only = match choice {
             ToolChoice::Function(n) => Some(n.as_str()),
             _ => None,
@@ -270,7 +381,9 @@ impl ToolSet {
         let mut call = self.call_schema(only);
         JsonWhitespace::default().apply(&mut call);
         match choice {
-            ToolChoice::None => TopLevelGrammar::from_lark("start: /(.|\\n)*/\n".to_string()),
+            ToolChoice::None => Grammars::One(TopLevelGrammar::from_lark(
+                "start: /(.|\\n)*/\n".to_string(),
+            )),
             ToolChoice::Required | ToolChoice::Function(_) => {
                 let mut top = if parallel {
                     json!({"type": "array", "items": call, "minItems": 1})
@@ -278,31 +391,12 @@ impl ToolSet {
                     call
                 };
                 JsonWhitespace::default().apply(&mut top);
-                TopLevelGrammar::from_json_schema(top)
+                Grammars::One(TopLevelGrammar::from_json_schema(top))
             }
-            // Free text may not begin with the start marker's first character, so
-            // the choice between text and a call is made by the first token.
-            // The call is a grammar of its own, so the Lark text stays short.
-            ToolChoice::Auto => TopLevelGrammar {
-                grammars: vec![
-                    GrammarWithLexer {
-                        name: None,
-                        json_schema: None,
-                        lark_grammar: Some(format!(
-                            "start: TEXT | {} @call {}\nTEXT: /([^{}](.|\\n)*)?/\n",
-                            lit(&self.markers.start),
-                            lit(&self.markers.end),
-                            class_escape(self.markers.start.chars().next().unwrap_or('<')),
-                        )),
-                    },
-                    GrammarWithLexer {
-                        name: Some("call".into()),
-                        json_schema: Some(call),
-                        lark_grammar: None,
-                    },
-                ],
-                max_tokens: None,
-            },
+            ToolChoice::Auto => Grammars::Call(CallGrammars {
+                markers: self.markers.clone(),
+                call,
+            }),
         }
     }
 
@@ -344,5 +438,39 @@ impl ToolSet {
                 })
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_that_cross_between_the_parts() {
+        let m = ToolMarkers::default();
+        let crosses = |t: &str| CallGrammars::crossed_by(&m, t.as_bytes());
+        // From the start marker into the call's `{`.
+        for t in [">{", "l>{\"", "<tool_call>{", "_call>{"] {
+            assert!(crosses(t), "{t:?}");
+        }
+        // From the call's `}` into the end marker.
+        for t in ["}<", "}}<", "\"}</", "}</tool_call>", "}</tool_call>\n"] {
+            assert!(crosses(t), "{t:?}");
+        }
+        // Inside one part, or next to a marker but not across it.
+        for t in [
+            "<tool_call>",
+            ">",
+            "{",
+            "}",
+            "}}",
+            "> {",
+            "}<x",
+            "</tool_call>",
+            "x>{",
+            "} <",
+        ] {
+            assert!(!crosses(t), "{t:?}");
+        }
     }
 }

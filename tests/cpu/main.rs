@@ -21,3 +21,4 @@ mod properties;
 mod quantizer;
 mod reference_step;
 mod tool_markers;
+mod tool_parts;
