@@ -13,8 +13,15 @@
 // Arithmetic follows the CPU reference (kernels::{norm, rope, kv, attention})
 // operation by operation; head_dim is even and at most 1024.
 //
+// Every entry point runs token slot y = wid.y of its dispatch (1 slot in a decode
+// step; the decode tokens of a batch pass in one dispatch, each of another
+// sequence): the slot's act offsets count from y * act_stride, its step words from
+// y * step_stride, and its sequence s = step[seq_at] (0 for an engine of one
+// sequence) owns the cache codes from s * code_stride words, the scales from
+// s * scale_stride and the scores from s * scores_stride.
+//
 // Entry points and bindings (group 0), both workgroup 64:
-//   qk_store  bindings 0..7  dispatch (heads + kv_heads, 1, 1):
+//   qk_store  bindings 0..7  dispatch (heads + kv_heads, slots, 1):
 //             workgroup w < heads: q head w <- RoPE(zcrms(q_w, q_norm)) in place;
 //             w >= heads: KV head j = w - heads: k_j <- RoPE(zcrms(k_j, k_norm)) in
 //             place, then k_j and v_j (v not normalised) are quantized to int8
@@ -22,7 +29,7 @@
 //             WGSL round() being round-half-to-even) and stored at cache row
 //             (layer, j, step[2]). The RMS sum uses the CPU's 8 partial sums
 //             (the convention in common.wgsl).
-//   attend    bindings 8..15 dispatch (heads, 1, 1):
+//   attend    bindings 8..15 dispatch (heads, slots, 1):
 //             query head h, KV head j = h / (heads/kv_heads), over the positions
 //             S = [0, min(sink, t+1)) ++ [max(sink, t-window+1), t] read at their
 //             physical slots: scores (one position per invocation, sequential dot
@@ -58,9 +65,20 @@ struct AttnParams {
     cos_at: u32,      // word offsets in step
     sin_at: u32,
     kn_off: u32,      // qk_attend: act offset of the normalised keys (for captures)
-    _pad1: u32,
-    _pad2: u32,
+    act_stride: u32,  // elements from one token slot's act to the next's
+    step_stride: u32, // words from one token slot's step input to the next's
+    seq_at: u32,      // step word of the slot's sequence
+    code_stride: u32, // cache code words from one sequence's to the next's
+    scale_stride: u32, // cache scales from one sequence's to the next's
+    scores_stride: u32, // scores from one sequence's to the next's
 }
+
+// The bases of this workgroup's slot and sequence (set first by every entry point).
+var<private> act0: u32;
+var<private> step0: u32;
+var<private> code0: u32;
+var<private> scale0: u32;
+var<private> score0: u32;
 
 var<workgroup> xs: array<f32, MAX_HEAD_DIM>;
 
@@ -117,7 +135,7 @@ fn store_int8(is_v: bool, cell: u32, li: u32) {
                 word |= (bitcast<u32>(c) & 0xffu) << (8u * b);
             }
         }
-        let at = cell * sp.words + w;
+        let at = code0 + cell * sp.words + w;
         if (is_v) {
             s_vcodes[at] = word;
         } else {
@@ -126,20 +144,25 @@ fn store_int8(is_v: bool, cell: u32, li: u32) {
     }
     if (li == 0u) {
         if (is_v) {
-            s_vscale[cell] = scale;
+            s_vscale[scale0 + cell] = scale;
         } else {
-            s_kscale[cell] = scale;
+            s_kscale[scale0 + cell] = scale;
         }
     }
 }
 
 @compute @workgroup_size(64)
 fn qk_store(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    act0 = wid.y * sp.act_stride;
+    step0 = wid.y * sp.step_stride;
+    let seq = s_step[step0 + sp.seq_at];
+    code0 = seq * sp.code_stride;
+    scale0 = seq * sp.scale_stride;
     let n = sp.head_dim;
     let half = n / 2u;
     let is_kv = wid.x >= sp.heads;
     let j = wid.x - select(0u, sp.heads, is_kv);
-    let base = select(sp.q_off, sp.k_off, is_kv) + j * n;
+    let base = act0 + select(sp.q_off, sp.k_off, is_kv) + j * n;
     let w_off = select(sp.q_norm_off, sp.k_norm_off, is_kv);
     for (var i = li; i < n; i += WG) {
         xs[i] = s_act[base + i];
@@ -150,8 +173,8 @@ fn qk_store(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     for (var i = li; i < half; i += WG) {
         let a = xs[i] * r * (1.0 + s_vec[w_off + i]);
         let b = xs[i + half] * r * (1.0 + s_vec[w_off + i + half]);
-        let c = bitcast<f32>(s_step[sp.cos_at + i]);
-        let s = bitcast<f32>(s_step[sp.sin_at + i]);
+        let c = bitcast<f32>(s_step[step0 + sp.cos_at + i]);
+        let s = bitcast<f32>(s_step[step0 + sp.sin_at + i]);
         let x0 = a * c - b * s;
         let x1 = a * s + b * c;
         xs[i] = x0;
@@ -161,10 +184,10 @@ fn qk_store(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     }
     if (is_kv) {
         workgroupBarrier();
-        let cell = (sp.layer * sp.kv_heads + j) * sp.rows + s_step[2];
+        let cell = (sp.layer * sp.kv_heads + j) * sp.rows + s_step[step0 + 2u];
         store_int8(false, cell, li);
         workgroupBarrier();
-        let vb = sp.v_off + j * n;
+        let vb = act0 + sp.v_off + j * n;
         for (var i = li; i < n; i += WG) {
             xs[i] = s_act[vb + i];
         }
@@ -208,11 +231,22 @@ fn attended_slot(i: u32, n1: u32, lo: u32) -> u32 {
 
 @compute @workgroup_size(64)
 fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let qb = ap.q_off + wid.x * ap.head_dim;
+    attend_bases(wid.y);
+    let qb = act0 + ap.q_off + wid.x * ap.head_dim;
     for (var i = li; i < ap.head_dim; i += WG) {
         xs[i] = a_act[qb + i];
     }
     attend_body(wid.x, li, false);
+}
+
+// The bases of slot y and its sequence, for attend and qk_attend.
+fn attend_bases(y: u32) {
+    act0 = y * ap.act_stride;
+    step0 = y * ap.step_stride;
+    let seq = a_step[step0 + ap.seq_at];
+    code0 = seq * ap.code_stride;
+    scale0 = seq * ap.scale_stride;
+    score0 = seq * ap.scores_stride;
 }
 
 // Query head h (already in xs, loaded before the call) attends over S; with `cur`,
@@ -221,7 +255,7 @@ fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
 fn attend_body(h: u32, li: u32, cur: bool) {
     let n = ap.head_dim;
     let j = h / (ap.heads / ap.kv_heads);
-    let t = a_step[1];
+    let t = a_step[step0 + 1u];
     // S = [0, n1) ++ [lo, t]; n2 = t + 1 - lo when lo <= t.
     let n1 = min(ap.sink, t + 1u);
     var lo = ap.sink;
@@ -234,7 +268,7 @@ fn attend_body(h: u32, li: u32, cur: bool) {
     }
     let count = n1 + n2;
     let row0 = (ap.layer * ap.kv_heads + j) * ap.rows;
-    let sc0 = h * ap.rows;
+    let sc0 = score0 + h * ap.rows;
 
     workgroupBarrier();
 
@@ -245,7 +279,7 @@ fn attend_body(h: u32, li: u32, cur: bool) {
     for (var i = li; i < count; i += WG) {
         let row = row0 + attended_slot(i, n1, lo);
         let mine = cur && i + 1u == count;
-        let kb = row * ap.words;
+        let kb = code0 + row * ap.words;
         var dot = 0.0;
         for (var w = 0u; w < ap.words; w++) {
             var word: u32;
@@ -265,7 +299,7 @@ fn attend_body(h: u32, li: u32, cur: bool) {
         if (mine) {
             ks = cur_scale[0];
         } else {
-            ks = a_kscale[row];
+            ks = a_kscale[scale0 + row];
         }
         let s = dot * ks / sqrt_d;
         a_scores[sc0 + i] = s;
@@ -294,7 +328,7 @@ fn attend_body(h: u32, li: u32, cur: bool) {
                 w_sh[li] = a_scores[sc0 + i] / total * cur_scale[1];
                 row_sh[li] = CUR_ROW;
             } else {
-                w_sh[li] = a_scores[sc0 + i] / total * a_vscale[row];
+                w_sh[li] = a_scores[sc0 + i] / total * a_vscale[scale0 + row];
                 row_sh[li] = row;
             }
         }
@@ -302,7 +336,7 @@ fn attend_body(h: u32, li: u32, cur: bool) {
         let here = min(WG, count - tile * WG);
         for (var k = 0u; k < here; k++) {
             let wt = w_sh[k];
-            let vb = row_sh[k] * ap.words;
+            let vb = code0 + row_sh[k] * ap.words;
             for (var c = 0u; c < ACC_WORDS; c++) {
                 let w = li + c * WG;
                 if (w < ap.words) {
@@ -321,8 +355,8 @@ fn attend_body(h: u32, li: u32, cur: bool) {
     }
 
     // Gate and write.
-    let gb = ap.g_off + h * n;
-    let ob = ap.o_off + h * n;
+    let gb = act0 + ap.g_off + h * n;
+    let ob = act0 + ap.o_off + h * n;
     for (var c = 0u; c < ACC_WORDS; c++) {
         let w = li + c * WG;
         if (w < ap.words) {
@@ -348,8 +382,8 @@ fn norm_rope_xs(w_off: u32, li: u32) {
     for (var i = li; i < half; i += WG) {
         let a = xs[i] * r * (1.0 + a_vec[w_off + i]);
         let b = xs[i + half] * r * (1.0 + a_vec[w_off + i + half]);
-        let c = bitcast<f32>(a_step[ap.cos_at + i]);
-        let s = bitcast<f32>(a_step[ap.sin_at + i]);
+        let c = bitcast<f32>(a_step[step0 + ap.cos_at + i]);
+        let s = bitcast<f32>(a_step[step0 + ap.sin_at + i]);
         xs[i] = a * c - b * s;
         xs[i + half] = a * s + b * c;
     }
@@ -377,9 +411,9 @@ fn quantize_cur(slot: u32, at: u32, store: bool, cell: u32, li: u32) {
         cur_codes[at + w] = word;
         if (store) {
             if (slot == 1u) {
-                a_vcodes[cell * ap.words + w] = word;
+                a_vcodes[code0 + cell * ap.words + w] = word;
             } else {
-                a_kcodes[cell * ap.words + w] = word;
+                a_kcodes[code0 + cell * ap.words + w] = word;
             }
         }
     }
@@ -387,9 +421,9 @@ fn quantize_cur(slot: u32, at: u32, store: bool, cell: u32, li: u32) {
         cur_scale[slot] = scale;
         if (store) {
             if (slot == 1u) {
-                a_vscale[cell] = scale;
+                a_vscale[scale0 + cell] = scale;
             } else {
-                a_kscale[cell] = scale;
+                a_kscale[scale0 + cell] = scale;
             }
         }
     }
@@ -410,24 +444,25 @@ fn qk_attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
     let h = wid.x;
     let j = h / (ap.heads / ap.kv_heads);
     let first = h % (ap.heads / ap.kv_heads) == 0u;
-    let cell = (ap.layer * ap.kv_heads + j) * ap.rows + a_step[2];
+    attend_bases(wid.y);
+    let cell = (ap.layer * ap.kv_heads + j) * ap.rows + a_step[step0 + 2u];
     for (var i = li; i < n; i += WG) {
-        xs[i] = a_act[ap.k_off + j * n + i];
+        xs[i] = a_act[act0 + ap.k_off + j * n + i];
     }
     workgroupBarrier();
     norm_rope_xs(ap.k_norm_off, li);
     if (first) {
         for (var i = li; i < n; i += WG) {
-            a_act[ap.kn_off + j * n + i] = xs[i];
+            a_act[act0 + ap.kn_off + j * n + i] = xs[i];
         }
     }
     quantize_cur(0u, 0u, first, cell, li);
     for (var i = li; i < n; i += WG) {
-        xs[i] = a_act[ap.v_off + j * n + i];
+        xs[i] = a_act[act0 + ap.v_off + j * n + i];
     }
     workgroupBarrier();
     quantize_cur(1u, MAX_WORDS, first, cell, li);
-    let qb = ap.q_off + h * n;
+    let qb = act0 + ap.q_off + h * n;
     for (var i = li; i < n; i += WG) {
         xs[i] = a_act[qb + i];
     }

@@ -6,13 +6,15 @@
 //!
 //! A step packs its items' ids into passes of at most the device's token slots
 //! (one id items first, then longer ones, each item's ids in ascending slots).
-//! A pass is one submit: every matvec and the MLP are one batched dispatch over
-//! its slots, so the weights are decoded once for all of them, whichever
-//! sequences they belong to; the per-token kernels (the embedding and engram
-//! head, premix, qk_store, attend, route) run per slot, bound to the slot's
-//! sequence ([`PrefillPlan`] with [`SeqBinding::Every`] per sequence, built at
-//! its first pass). A prompt chunk thus rides in the same pass as the other
-//! sequences' decode tokens. The vocabulary projection runs for the slots that
+//! A pass is one submit: every matvec, the MLP, the lane pre-mix and the lane
+//! routing are one dispatch over its slots, so the weights are decoded once for
+//! all of them, whichever sequences they belong to. Attention (qk_store, attend)
+//! finds each slot's sequence in its step input: the leading slots of distinct
+//! sequences (the decode tokens) run in one dispatch each, the rest (a prompt
+//! chunk's tokens) per slot in order. The embedding and engram head runs per
+//! slot, bound to the slot's sequence's rings ([`PrefillPlan`] with
+//! [`SeqBinding::Every`] per sequence, built at its first pass). A prompt chunk
+//! thus rides in the same pass as the other sequences' decode tokens. The vocabulary projection runs for the slots that
 //! end an item: one batched matvec over the pass when they are most of it, else
 //! one per item. The logits of the items that end in a pass are copied out in
 //! its submit, and all are read back with one map. Each item's logits are
@@ -238,7 +240,7 @@ impl GpuBatch {
         self.words.resize((n - 1) * stride + words, 0);
         for (j, p) in pass.iter().enumerate() {
             let s = &mut self.seqs[p.seq];
-            s.input.fill(c, p.token, s.pos, 0, stride);
+            s.input.fill(c, p.token, p.seq, s.pos, 0, stride);
             self.words[j * stride..j * stride + words].copy_from_slice(&s.input.words[..words]);
             s.pos += 1;
         }
@@ -264,6 +266,8 @@ impl GpuBatch {
             .iter()
             .map(|p| self.per_seq[p.seq].as_ref().expect("prepared"))
             .collect();
+        self.shared
+            .prepare_attention(program, super::prefill::distinct_prefix(&plans));
         let ops = mixed_ops(&self.shared, &plans, ends, batched_tail)
             .ok_or_else(|| Error::Gpu("the batch dispatches are missing".into()))?;
         let row = (c.vocab * 4) as u64;

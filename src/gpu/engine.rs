@@ -227,7 +227,8 @@ impl GpuEngine {
             return Err(Error::TokenOutOfRange { token, vocab });
         }
         self.ctx.check_errors()?;
-        self.input.fill(&self.model.config, token, self.pos, 0, 0);
+        self.input
+            .fill(&self.model.config, token, 0, self.pos, 0, 0);
         let n = self.input.layout.words();
         let words = &self.input.words[..n];
         self.ctx
@@ -277,7 +278,7 @@ impl GpuEngine {
         let c = &self.model.config;
         let stride = self.slots.step;
         for (j, &token) in ids.iter().enumerate() {
-            self.input.fill(c, token, self.pos + j as u64, j, stride);
+            self.input.fill(c, token, 0, self.pos + j as u64, j, stride);
         }
         let used = (n - 1) * stride + self.input.layout.words();
         self.ctx.queue.write_buffer(

@@ -1,11 +1,12 @@
 //! [`PrefillPlan`]: how a prefill chunk runs its tokens. Token `j` sits in slot
-//! `j` of the per-token buffers; the step's per-token dispatches are rebound to
-//! each slot's windows (built once), and each matvec (and the MLP) runs as one
-//! dispatch for the whole chunk, so its weights are decoded once for all tokens
-//! (built per chunk length, cached). The per-token kernels run in token order,
-//! so each token's attention sees exactly the cache rows its own step would,
-//! across the window wrap too, and the logits are bit-identical to one step per
-//! token. The lean program ([`super::lean`]) runs a chunk as its decode steps,
+//! `j` of the per-token buffers. Each matvec, the MLP, the lane pre-mix and the
+//! lane routing run as one dispatch for the whole chunk, so the weights are
+//! decoded once for all tokens (built per chunk length, cached). The kernels that
+//! touch a sequence's cache (the head's gather and engram, qk_store, attend) are
+//! the step's dispatches rebound to each slot's windows (built once) and run in
+//! token order, so each token's attention sees exactly the cache rows its own
+//! step would, across the window wrap too, and the logits are bit-identical to
+//! one step per token. The lean program ([`super::lean`]) runs a chunk as its decode steps,
 //! one after another in one submit, each rebound to its token's slot.
 
 use super::kernels::mlp::MlpKernels;
@@ -25,10 +26,21 @@ struct PerSlot {
     lean: Option<Vec<(Vec<Dispatch>, Vec<Dispatch>)>>,
     /// Head dispatches per slot.
     head: Vec<Vec<Dispatch>>,
-    /// Per layer, per slot: premix, qk_store, attend, route.
-    per_token: Vec<Vec<[Dispatch; 4]>>,
+    /// Per layer, per slot: qk_store, attend.
+    per_token: Vec<Vec<[Dispatch; 2]>>,
     /// The tail per slot.
     tail: Vec<Vec<Dispatch>>,
+}
+
+/// One layer's dispatches over every token slot of a chunk: the matvecs (each
+/// one or more dispatches), the lane pre-mix, the MLP and the lane routing.
+struct BatchedLayer {
+    phi: Vec<Dispatch>,
+    premix: Dispatch,
+    qkvg: Vec<Dispatch>,
+    wo: Vec<Dispatch>,
+    mlp: Dispatch,
+    route: Dispatch,
 }
 
 /// Which sequence's buffers (KV cache, rings, scores, logits) a plan's
@@ -49,11 +61,15 @@ pub(crate) struct PrefillPlan {
     slots: Slots,
     binding: SeqBinding,
     per_slot: Option<PerSlot>,
-    /// Per chunk length built so far, per layer: phi, qkvg and wo, and the MLP.
-    batched: Vec<(usize, Vec<[Vec<Dispatch>; 4]>)>,
+    /// Per chunk length built so far, per layer.
+    batched: Vec<(usize, Vec<BatchedLayer>)>,
     /// Under [`SeqBinding::Batched`], per slot count built so far: the
     /// vocabulary projection of every slot in one batched matvec.
     tails: Vec<(usize, Vec<Dispatch>)>,
+    /// Under [`SeqBinding::Batched`], per count `d` built so far, per layer:
+    /// qk_store and attend of slots `0..d` in one dispatch each (slots of
+    /// distinct sequences, see [`distinct_prefix`]).
+    attention: Vec<(usize, Vec<[Dispatch; 2]>)>,
 }
 
 impl PrefillPlan {
@@ -66,6 +82,7 @@ impl PrefillPlan {
             per_slot: None,
             batched: Vec::new(),
             tails: Vec::new(),
+            attention: Vec::new(),
         }
     }
 
@@ -122,12 +139,7 @@ impl PrefillPlan {
                 p.tail.push(re(&program.tail));
                 for (l, lp) in program.plan.iter().enumerate() {
                     let r = |d: &Dispatch| d.rebound(ctx, &w);
-                    p.per_token[l].push([
-                        r(&lp.premix),
-                        r(&lp.qk_store),
-                        r(&lp.attend),
-                        r(&lp.route),
-                    ]);
+                    p.per_token[l].push([r(&lp.qk_store), r(&lp.attend)]);
                 }
             }
             self.per_slot = Some(p);
@@ -149,13 +161,24 @@ impl PrefillPlan {
         let lean = program.kind == ProgramKind::Lean;
         if !lean && !self.batched.iter().any(|(k, _)| *k == n) {
             let mlp: &MlpKernels = &kernels.mlp;
+            let (lanes, act, vectors) = (&state.lanes, &state.act, &weights.vectors);
             let b = program
                 .plan
                 .iter()
                 .map(|lp| {
                     let mv = |m: &MatvecPlan| m.dispatches(&kernels.cq, ctx, &weights.arenas, n);
-                    let mlp = mlp.mlp_tokens(ctx, &lp.mlp, &state.act, &weights.vectors, n);
-                    [mv(&lp.phi), mv(&lp.qkvg), mv(&lp.wo), vec![mlp]]
+                    BatchedLayer {
+                        phi: mv(&lp.phi),
+                        premix: kernels
+                            .mhc
+                            .premix_tokens(ctx, &lp.premix, lanes, act, vectors, n),
+                        qkvg: mv(&lp.qkvg),
+                        wo: mv(&lp.wo),
+                        mlp: mlp.mlp_tokens(ctx, &lp.mlp, act, vectors, n),
+                        route: kernels
+                            .mhc
+                            .route_tokens(ctx, &lp.route, lanes, act, vectors, n),
+                    }
                 })
                 .collect();
             self.batched.push((n, b));
@@ -166,6 +189,28 @@ impl PrefillPlan {
                 .dispatches(&kernels.cq, ctx, &weights.arenas, n);
             self.tails.push((n, d));
         }
+    }
+
+    /// Under [`SeqBinding::Batched`], build (once per `d`) qk_store and attend
+    /// over slots `0..d` in one dispatch each: the step's dispatches, which bind
+    /// the whole buffers, over `d` slots. Nothing for `d < 2`.
+    pub(crate) fn prepare_attention(&mut self, program: &StepProgram, d: usize) {
+        let fits = self.binding == SeqBinding::Batched && program.kind != ProgramKind::Lean;
+        if !fits || d < 2 || self.attention.iter().any(|(k, _)| *k == d) {
+            return;
+        }
+        let over = |one: &Dispatch| {
+            let mut all = one.clone();
+            all.groups[1] = d as u32;
+            all.bytes *= d as u64;
+            all
+        };
+        let layers = program
+            .plan
+            .iter()
+            .map(|lp| [over(&lp.qk_store), over(&lp.attend)])
+            .collect();
+        self.attention.push((d, layers));
     }
 
     /// The windows of slot `j` of the per-token buffers, and of sequence `seq`'s.
@@ -194,6 +239,17 @@ impl PrefillPlan {
     }
 }
 
+/// How many leading slots of a pass hold tokens of distinct sequences (`plans[j]`
+/// is slot `j`'s plan, one per sequence): their attention can run in one
+/// dispatch, every slot at once, since none reads what another writes.
+pub(crate) fn distinct_prefix(plans: &[&PrefillPlan]) -> usize {
+    plans
+        .iter()
+        .enumerate()
+        .position(|(j, p)| plans[..j].iter().any(|q| q.binding == p.binding))
+        .unwrap_or(plans.len())
+}
+
 /// The ops of a pass of `plans.len()` tokens, token `j` in slot `j` with the
 /// per-slot dispatches of `plans[j]` (the plan bound to its sequence; a
 /// sequence's tokens in ascending slots, so each sees its earlier ones in the
@@ -201,7 +257,9 @@ impl PrefillPlan {
 /// and the vocabulary projection either of each slot in `tails` (into its
 /// sequence's logits window) or, with `batched_tail` (`shared` a
 /// [`SeqBinding::Batched`] plan), of every slot in one matvec (slot `j` into
-/// window `j`). `None` if something was not prepared.
+/// window `j`). The attention of the [`distinct_prefix`] runs as one dispatch of
+/// `shared`'s when it prepared one for that count, the other slots' in order
+/// after it. `None` if something was not prepared.
 pub(crate) fn mixed_ops<'a>(
     shared: &'a PrefillPlan,
     plans: &[&'a PrefillPlan],
@@ -224,28 +282,32 @@ pub(crate) fn mixed_ops<'a>(
         return Some(ops);
     }
     let (_, batched) = shared.batched.iter().find(|(k, _)| *k == n)?;
+    let d = distinct_prefix(plans);
+    let together = shared.attention.iter().find(|(k, _)| *k == d);
+    let first_alone = if together.is_some() { d } else { 0 };
     for j in 0..n {
         run(&mut ops, slot(j)?.head.get(j)?);
     }
-    // Each per-token kernel runs after the batched dispatch that feeds it and
-    // before the one that reads it, tokens in order.
-    for (l, [phi, qkvg, wo, mlp]) in batched.iter().enumerate() {
-        let per = |j: usize| -> Option<&'a [Dispatch; 4]> { slot(j)?.per_token.get(l)?.get(j) };
-        run(&mut ops, phi);
-        for j in 0..n {
-            ops.push(Op::Run(&per(j)?[0]));
+    // The per-token kernels run after the batched dispatch that feeds them and
+    // before the one that reads them, tokens in order.
+    for (l, b) in batched.iter().enumerate() {
+        let per = |j: usize| -> Option<&'a [Dispatch; 2]> { slot(j)?.per_token.get(l)?.get(j) };
+        run(&mut ops, &b.phi);
+        ops.push(Op::Run(&b.premix));
+        run(&mut ops, &b.qkvg);
+        if let Some((_, layers)) = together {
+            let [qk_store, attend] = layers.get(l)?;
+            ops.push(Op::Run(qk_store));
+            ops.push(Op::Run(attend));
         }
-        run(&mut ops, qkvg);
-        for j in 0..n {
-            let d = per(j)?;
-            ops.push(Op::Run(&d[1]));
-            ops.push(Op::Run(&d[2]));
+        for j in first_alone..n {
+            let [qk_store, attend] = per(j)?;
+            ops.push(Op::Run(qk_store));
+            ops.push(Op::Run(attend));
         }
-        run(&mut ops, wo);
-        run(&mut ops, mlp);
-        for j in 0..n {
-            ops.push(Op::Run(&per(j)?[3]));
-        }
+        run(&mut ops, &b.wo);
+        ops.push(Op::Run(&b.mlp));
+        ops.push(Op::Run(&b.route));
     }
     if batched_tail {
         let (_, d) = shared.tails.iter().find(|(k, _)| *k == n)?;

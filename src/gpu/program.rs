@@ -102,18 +102,19 @@ impl MatvecPlan {
     }
 }
 
-/// One layer of the step as a prefill chunk runs it: three batched matvecs and
-/// the per-token dispatches between them (slot-0 bindings; rebound per slot).
+/// One layer of the step as a prefill chunk runs it: three batched matvecs,
+/// the MLP, premix and route, each one dispatch over every token slot (their
+/// params carry the slot strides), and between them the per-token dispatches that
+/// touch a sequence's cache (slot-0 bindings; rebound per slot).
 pub(crate) struct LayerPlan {
     pub phi: MatvecPlan,
-    pub premix: Dispatch,
+    pub premix: PremixParams,
     pub qkvg: MatvecPlan,
     pub qk_store: Dispatch,
     pub attend: Dispatch,
     pub wo: MatvecPlan,
-    /// The MLP's params (with the slot stride): one dispatch runs every token.
     pub mlp: MlpParams,
-    pub route: Dispatch,
+    pub route: RouteParams,
 }
 
 /// The decode step's dispatches, capture points and prefill plan.
@@ -202,7 +203,12 @@ pub(crate) fn attn_params(p: &Parts<'_>, l: usize) -> AttnParams {
         cos_at: p.step.cos_at() as u32,
         sin_at: p.step.sin_at() as u32,
         kn_off: 0,
-        _pad: [0; 2],
+        act_stride: p.slots.act as u32,
+        step_stride: p.slots.step as u32,
+        seq_at: p.step.seq_at() as u32,
+        code_stride: (p.state.cache.code.1 / 4) as u32,
+        scale_stride: (p.state.cache.scale.1 / 4) as u32,
+        scores_stride: p.state.scores_stride() as u32,
     }
 }
 
@@ -435,9 +441,11 @@ impl StepProgram {
             b_pre: (m.b_pre + 4 * l) as u32,
             norm_u: nu as u32,
             norm_k: nk as u32,
+            lanes_stride: p.slots.lanes as u32,
+            act_stride: p.slots.act as u32,
+            _pad: [0; 2],
         };
-        let premix = k.mhc.premix(ctx, &pm, &s.lanes, &s.act, &w.vectors);
-        d.push(premix.clone());
+        d.push(k.mhc.premix(ctx, &pm, &s.lanes, &s.act, &w.vectors));
         cap(d.len(), "u", Source::Act, a.u, h);
         cap(d.len(), "block_in", Source::Act, a.b, h);
         let qkvg = mv_plan(
@@ -488,21 +496,23 @@ impl StepProgram {
             a_res: (m.a_res + l) as u32,
             b_res: (m.b_res + 16 * l) as u32,
             route_out: a.route as u32,
-            _pad: 0,
+            lanes_stride: p.slots.lanes as u32,
+            act_stride: p.slots.act as u32,
+            _pad: [0; 3],
         };
         let route = k.mhc.route(ctx, &rp, &s.lanes, &s.act, &w.vectors);
-        d.push(route.clone());
+        d.push(route);
         cap(d.len(), "route", Source::Act, a.route, 16);
         cap(d.len(), "lanes", Source::Lanes, 0, 4 * h);
         let lp = LayerPlan {
             phi,
-            premix,
+            premix: pm,
             qkvg,
             qk_store,
             attend,
             wo,
             mlp: mp,
-            route,
+            route: rp,
         };
         Ok((lp, d, caps))
     }

@@ -73,9 +73,10 @@ impl DeviceState {
         })
     }
 
-    /// The windows of sequence `s`'s buffers (logits, KV cache, scores, rings): a
-    /// dispatch rebound to them reads and writes that sequence alone. None with
-    /// one sequence (the dispatches bind the whole buffers).
+    /// The windows of sequence `s`'s logits and engram rings: a dispatch rebound
+    /// to them reads and writes that sequence's alone. None with one sequence (the
+    /// dispatches bind the whole buffers). The attention kernels bind the whole
+    /// KV cache and scores and find a token's sequence in its step input.
     pub(crate) fn seq_windows(&self, s: usize) -> Vec<Window<'_>> {
         if self.seqs == 1 {
             return Vec::new();
@@ -86,16 +87,15 @@ impl DeviceState {
             offset: s * stride,
             size: bytes,
         };
-        let c = &self.cache;
         vec![
             w(&self.logits, self.per_seq[0]),
-            w(&self.scores, self.per_seq[1]),
             w(&self.rings, self.per_seq[2]),
-            w(&c.k_codes, c.code),
-            w(&c.v_codes, c.code),
-            w(&c.k_scale, c.scale),
-            w(&c.v_scale, c.scale),
         ]
+    }
+
+    /// Elements from one sequence's attention scores to the next's.
+    pub(crate) fn scores_stride(&self) -> usize {
+        (self.per_seq[1].1 / 4) as usize
     }
 
     /// Elements from one sequence's logits to the next's.

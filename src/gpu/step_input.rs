@@ -3,7 +3,9 @@
 //! Layout (u32 words): `[0]` token, `[1]` logical position `t`, `[2]` physical KV
 //! slot of `t`, `[3]` number of engram tables, then `head_dim/2` RoPE cosines and
 //! `head_dim/2` sines (f32 bit patterns, computed in f64 on the host, SPEC §4.3),
-//! then one row index per engram table (gather order).
+//! then one row index per engram table (gather order), then the index of the
+//! sequence the token belongs to (0 in an engine of one sequence; a
+//! [`super::GpuBatch`]'s slot), whose KV cache and scores attention uses.
 
 use crate::config::Config;
 use crate::engram::{table_rows_for, TokenHistory};
@@ -45,19 +47,25 @@ impl StepLayout {
     pub fn rows_at(&self) -> usize {
         4 + 2 * self.half
     }
-    /// Total words.
-    pub fn words(&self) -> usize {
+    /// Word of the sequence index.
+    pub fn seq_at(&self) -> usize {
         4 + 2 * self.half + self.tables
     }
+    /// Total words.
+    pub fn words(&self) -> usize {
+        5 + 2 * self.half + self.tables
+    }
 
-    /// Fill `out` (length [`StepLayout::words`]) for `token` at position `t`, with
-    /// RoPE at `rope_pos` (always `t`, except in fault-injection tests); `cos` and
-    /// `sin` are scratch of `head_dim/2` entries (no allocation per step).
+    /// Fill `out` (length [`StepLayout::words`]) for `token` of sequence `seq` at
+    /// position `t`, with RoPE at `rope_pos` (always `t`, except in
+    /// fault-injection tests); `cos` and `sin` are scratch of `head_dim/2` entries
+    /// (no allocation per step).
     #[allow(clippy::too_many_arguments)]
     pub fn fill(
         &self,
         c: &Config,
         token: u32,
+        seq: usize,
         t: u64,
         rope_pos: u64,
         table_rows: &[usize],
@@ -77,6 +85,7 @@ impl StepLayout {
         for (k, &r) in table_rows.iter().enumerate() {
             out[self.rows_at() + k] = r as u32;
         }
+        out[self.seq_at()] = seq as u32;
     }
 }
 
@@ -121,9 +130,18 @@ impl StepInput {
         StepInput::new(&model.config, table_rows, rope_at_slot)
     }
 
-    /// Append `token` at position `t` to the history and fill slot `slot` (of
-    /// `stride` words) of [`StepInput::words`] for it, growing the words as needed.
-    pub(crate) fn fill(&mut self, c: &Config, token: u32, t: u64, slot: usize, stride: usize) {
+    /// Append `token` at position `t` of sequence `seq` to the history and fill
+    /// slot `slot` (of `stride` words) of [`StepInput::words`] for it, growing the
+    /// words as needed.
+    pub(crate) fn fill(
+        &mut self,
+        c: &Config,
+        token: u32,
+        seq: usize,
+        t: u64,
+        slot: usize,
+        stride: usize,
+    ) {
         self.history.push(token);
         if let Some(e) = &c.engram {
             table_rows_for(&self.history, e, &self.table_rows, &mut self.rows);
@@ -141,6 +159,7 @@ impl StepInput {
         self.layout.fill(
             c,
             token,
+            seq,
             t,
             rope_pos,
             &self.rows,

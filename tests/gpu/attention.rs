@@ -120,7 +120,14 @@ fn params(
         cos_at: COS_AT as u32,
         sin_at: sin_at as u32,
         kn_off: a.kn as u32,
-        _pad: [0; 2],
+        // One slot of one sequence: the strides do not matter, and word 3 of
+        // `step_words` (0) names sequence 0.
+        act_stride: 0,
+        step_stride: 0,
+        seq_at: 3,
+        code_stride: 0,
+        scale_stride: 0,
+        scores_stride: 0,
     }
 }
 
@@ -741,5 +748,202 @@ fn store_then_attend_over_steps(fused: bool) {
                 .all(|(g, w)| g.to_bits() == w.to_bits()),
             "t {t}: the buffer that should be untouched changed"
         );
+    }
+}
+
+/// qk_store and attend over 3 token slots in one dispatch each, the slots
+/// bound to 3 sequences side by side in one cache (a permutation that changes
+/// every pass), each sequence at its own position: each slot's q, o, stored codes
+/// and scales must equal the CPU twins run on its sequence alone, across the
+/// window wrap, and no sequence's cache rows but the stored ones change.
+#[test]
+fn store_then_attend_over_slots_of_distinct_sequences() {
+    let Some(ctx) = gpu() else { return };
+    let kern = AttentionKernels::new(&ctx);
+    let mut rng = ChaCha8Rng::seed_from_u64(44);
+    let (heads, kv_heads, hd, sink, window) = (4usize, 2usize, 16usize, 2usize, 3usize);
+    let (layers, layer, seqs) = (2usize, 1usize, 3usize);
+    let rows = sink + window;
+    let words = hd.div_ceil(4);
+    let vectors_per_seq = layers * kv_heads * rows;
+    let a = act_layout(heads, kv_heads, hd);
+    let act_stride = a.len + 3;
+    let (sw0, sin_at) = step_words(0, sink, window, hd);
+    let seq_at = sw0.len();
+    let step_stride = sw0.len() + 2;
+    let vectors = random_vec(&mut rng, 5 + 2 * hd, 0.5);
+    let (qn, kn) = (&vectors[3..3 + hd], &vectors[5 + hd..5 + 2 * hd]);
+    let cache = KvCache::with_seqs(&ctx, layers, kv_heads, rows, hd, seqs).unwrap();
+    let (code_stride, scale_stride) = (cache.code.1 as usize / 4, cache.scale.1 as usize / 4);
+    let scores_stride = heads * rows + 5;
+    let p = AttnParams {
+        act_stride: act_stride as u32,
+        step_stride: step_stride as u32,
+        seq_at: seq_at as u32,
+        code_stride: code_stride as u32,
+        scale_stride: scale_stride as u32,
+        scores_stride: scores_stride as u32,
+        ..params(layer, heads, kv_heads, hd, sink, window, &a, sin_at)
+    };
+    // Every sequence's cache starts random and valid (what earlier steps left).
+    let mut hosts = Vec::new();
+    let mut codes = Vec::new();
+    for s in 0..seqs {
+        let (h, kc, vc) = random_valid_cache(&mut rng, vectors_per_seq, hd);
+        let cw = |b: &wgpu::Buffer, v: &[u32]| {
+            ctx.queue
+                .write_buffer(b, (s * code_stride * 4) as u64, bytemuck::cast_slice(v))
+        };
+        cw(&cache.k_codes, &h.k_words);
+        cw(&cache.v_codes, &h.v_words);
+        let sc = |b: &wgpu::Buffer, v: &[f32]| {
+            ctx.queue
+                .write_buffer(b, (s * scale_stride * 4) as u64, bytemuck::cast_slice(v))
+        };
+        sc(&cache.k_scale, &h.k_scale);
+        sc(&cache.v_scale, &h.v_scale);
+        hosts.push(h);
+        codes.push((kc, vc));
+    }
+    let vec_b = ctx.storage_init("vectors", bytemuck::cast_slice(&vectors));
+    let act_b = poisoned(&ctx, seqs * act_stride);
+    let step_b = ctx.storage_init("step", &vec![0u8; seqs * step_stride * 4]);
+    let scores = poisoned(&ctx, seqs * scores_stride);
+    let start = [0u64, 4, 9];
+    for pass in 0..8u64 {
+        let seq_of = |j: usize| (j + pass as usize) % seqs;
+        let mut act = vec![f32::NAN; seqs * act_stride];
+        let mut step = vec![0u32; seqs * step_stride];
+        for j in 0..seqs {
+            let t = start[seq_of(j)] + pass;
+            let (sw, _) = step_words(t, sink, window, hd);
+            step[j * step_stride..j * step_stride + sw.len()].copy_from_slice(&sw);
+            step[j * step_stride + seq_at] = seq_of(j) as u32;
+            let x = random_vec(&mut rng, a.o, 2.0);
+            act[j * act_stride..j * act_stride + a.o].copy_from_slice(&x);
+        }
+        ctx.queue
+            .write_buffer(&act_b, 0, bytemuck::cast_slice(&act));
+        ctx.queue
+            .write_buffer(&step_b, 0, bytemuck::cast_slice(&step));
+        let ds = [
+            kern.qk_store_tokens(&ctx, &p, &act_b, &vec_b, &step_b, &cache, seqs),
+            kern.attend_tokens(&ctx, &p, &act_b, &step_b, &cache, &scores, seqs),
+        ];
+        run_dispatches(&ctx, &ds).unwrap();
+        let got = ctx.read_f32(&act_b, 0, act.len()).unwrap();
+        let read_codes = |b: &wgpu::Buffer, s: usize| -> Vec<u32> {
+            let at = (s * code_stride * 4) as u64;
+            bytemuck::pod_collect_to_vec(
+                &ctx.read_bytes(b, at, (vectors_per_seq * words * 4) as u64)
+                    .unwrap(),
+            )
+        };
+        let read_scales = |b: &wgpu::Buffer, s: usize| -> Vec<f32> {
+            ctx.read_f32(b, (s * scale_stride) as u64, vectors_per_seq)
+                .unwrap()
+        };
+        for j in 0..seqs {
+            let s = seq_of(j);
+            let t = start[s] + pass;
+            let what = format!("pass {pass} slot {j} sequence {s} t {t}");
+            let x = &act[j * act_stride..(j + 1) * act_stride];
+            let g = &got[j * act_stride..(j + 1) * act_stride];
+            let (cos, sin) = cpu_rope(t, hd);
+            let mut q = x[a.q..a.q + heads * hd].to_vec();
+            let mut k_all = x[a.k..a.k + kv_heads * hd].to_vec();
+            qk_norm_rope(qn, kn, &cos, &sin, &mut q, &mut k_all);
+            let gpu_words = [read_codes(&cache.k_codes, s), read_codes(&cache.v_codes, s)];
+            let gpu_scales = [
+                read_scales(&cache.k_scale, s),
+                read_scales(&cache.v_scale, s),
+            ];
+            let host = &mut hosts[s];
+            let (kc, vc) = &mut codes[s];
+            let slot = physical_slot(t, sink, window);
+            let mut written = vec![false; vectors_per_seq];
+            for h in 0..kv_heads {
+                let cell = (layer * kv_heads + h) * rows + slot;
+                written[cell] = true;
+                let v = &x[a.v + h * hd..a.v + (h + 1) * hd];
+                let k = &k_all[h * hd..(h + 1) * hd];
+                for (kind, xv, cs, scales, gw, gs) in [
+                    (
+                        0,
+                        k,
+                        &mut *kc,
+                        &mut host.k_scale,
+                        &gpu_words[0],
+                        &gpu_scales[0],
+                    ),
+                    (
+                        1,
+                        v,
+                        &mut *vc,
+                        &mut host.v_scale,
+                        &gpu_words[1],
+                        &gpu_scales[1],
+                    ),
+                ] {
+                    let dst = &mut cs[cell * hd..(cell + 1) * hd];
+                    scales[cell] = quantize_int8(xv, dst);
+                    let e = rel(gs[cell], scales[cell]);
+                    assert!(e <= 1e-6, "{what}: cache {kind} head {h}: scale {e}");
+                    let name = format!("{what}: cache {kind} head {h}");
+                    check_codes(gw, hd, cell, dst, xv, scales[cell], &name);
+                    for (i, c) in dst.iter_mut().enumerate() {
+                        *c = code(gw, hd, cell, i);
+                    }
+                    scales[cell] = gs[cell];
+                }
+            }
+            // No other row of this sequence's cache changed.
+            let want_words = [pack(kc, hd), pack(vc, hd)];
+            for cell in (0..vectors_per_seq).filter(|&c| !written[c]) {
+                let r = cell * words..(cell + 1) * words;
+                assert_eq!(
+                    gpu_words[0][r.clone()],
+                    want_words[0][r.clone()],
+                    "{what}: k row {cell}"
+                );
+                assert_eq!(
+                    gpu_words[1][r.clone()],
+                    want_words[1][r],
+                    "{what}: v row {cell}"
+                );
+                assert_eq!(
+                    gpu_scales[0][cell].to_bits(),
+                    host.k_scale[cell].to_bits(),
+                    "{what}"
+                );
+                assert_eq!(
+                    gpu_scales[1][cell].to_bits(),
+                    host.v_scale[cell].to_bits(),
+                    "{what}"
+                );
+            }
+            let want = cpu_attend(
+                &q,
+                &x[a.g..a.g + heads * hd],
+                kc,
+                vc,
+                host,
+                layer,
+                heads,
+                kv_heads,
+                hd,
+                sink,
+                window,
+                t,
+            );
+            let eq = rel_l2(&g[a.q..a.q + heads * hd], &q);
+            assert!(eq <= 1e-5, "{what}: q {eq}");
+            let e = rel_l2(&g[a.o..a.o + heads * hd], &want);
+            assert!(e <= 1e-5, "{what}: o {e}");
+            assert!(
+                g[a.o + heads * hd..].iter().all(|v| v.is_nan()),
+                "{what}: wrote past o"
+            );
+        }
     }
 }

@@ -81,6 +81,9 @@ fn premix_matches_cpu_with_and_without_engram_site() {
                     b_pre: push(&mut vecs, &b_pre) + 4 * layer as u32,
                     norm_u: push(&mut vecs, &norm_u),
                     norm_k: push(&mut vecs, &norm_k),
+                    lanes_stride: 0,
+                    act_stride: 0,
+                    _pad: [0; 2],
                 };
                 push_nan(&mut act, 5);
                 let lb = ctx.storage_init("lanes", bytemuck::cast_slice(&lanes));
@@ -165,7 +168,9 @@ fn route_matches_cpu_in_place_on_the_lanes() {
                 a_res: push(&mut vecs, &a_res) + layer as u32,
                 b_res: push(&mut vecs, &b_res) + 16 * layer as u32,
                 route_out: push_nan(&mut act, 16),
-                _pad: 0,
+                lanes_stride: 0,
+                act_stride: 0,
+                _pad: [0; 3],
             };
             let lb = ctx.storage_init("lanes", bytemuck::cast_slice(&lanes));
             let ab = ctx.storage_init("act", bytemuck::cast_slice(&act));
@@ -185,6 +190,159 @@ fn route_matches_cpu_in_place_on_the_lanes() {
                 "route changed act outside its weights"
             );
         }
+    }
+}
+
+/// premix and route over several token slots in one dispatch: each slot's
+/// inputs are its own random values at the slot strides, and each slot's outputs
+/// must equal the CPU twin run on that slot alone; the gaps between slots
+/// (NaN) stay untouched.
+#[test]
+fn premix_and_route_run_every_slot_as_if_alone() {
+    let Some(ctx) = gpu() else { return };
+    let k = MhcKernels::new(&ctx);
+    let mut rng = ChaCha8Rng::seed_from_u64(34);
+    let (hidden, layer, iters, slots) = (300usize, 1usize, 20usize, 5usize);
+    // Per slot in act: p (24 values: p_pre, p_post, p_res), key, value, update,
+    // then u, b and the 16 route weights (outputs); a NaN gap after each slot.
+    let (p_at, key_at, value_at, update_at) = (0, 24, 24 + hidden, 24 + 2 * hidden);
+    let (u_at, b_at, route_at) = (24 + 3 * hidden, 24 + 4 * hidden, 24 + 5 * hidden);
+    let act_stride = route_at + 16 + 7;
+    let lanes_stride = 4 * hidden + 9;
+    let vecs_a = random_vec(&mut rng, 4, 1.0);
+    let vecs_b = random_vec(&mut rng, 16, 1.0);
+    let a_res = random_vec(&mut rng, 4, 1.0);
+    let b_res = random_vec(&mut rng, 64, 2.0);
+    let norm_u = random_vec(&mut rng, hidden, 0.3);
+    let norm_k = random_vec(&mut rng, hidden, 0.3);
+    let mut vecs = vec![7.0f32; 2];
+    let a_off = push(&mut vecs, &vecs_a);
+    let b_off = push(&mut vecs, &vecs_b);
+    let ar_off = push(&mut vecs, &a_res);
+    let br_off = push(&mut vecs, &b_res);
+    let nu_off = push(&mut vecs, &norm_u);
+    let nk_off = push(&mut vecs, &norm_k);
+
+    let mut act = vec![f32::NAN; slots * act_stride];
+    let mut lanes = vec![f32::NAN; slots * lanes_stride];
+    let mut want_u = Vec::new();
+    let mut want_b = Vec::new();
+    let mut want_lanes = Vec::new();
+    let mut want_route = Vec::new();
+    for j in 0..slots {
+        let l = random_vec(&mut rng, 4 * hidden, 2.0);
+        let p = random_vec(&mut rng, 24, 1.5);
+        let key = random_vec(&mut rng, hidden, 1.0);
+        let value = random_vec(&mut rng, hidden, 1.0);
+        let update = random_vec(&mut rng, hidden, 1.0);
+        let a = j * act_stride;
+        act[a + p_at..a + p_at + 24].copy_from_slice(&p);
+        act[a + key_at..a + key_at + hidden].copy_from_slice(&key);
+        act[a + value_at..a + value_at + hidden].copy_from_slice(&value);
+        act[a + update_at..a + update_at + hidden].copy_from_slice(&update);
+        lanes[j * lanes_stride..j * lanes_stride + 4 * hidden].copy_from_slice(&l);
+        // CPU twins, this slot alone: premix reads the lanes, route then updates them.
+        let (mut u, mut b) = (vec![f32::NAN; hidden], vec![f32::NAN; hidden]);
+        let gate = EngramGate {
+            key: &key,
+            value: &value,
+            norm_u: &norm_u,
+            norm_k: &norm_k,
+        };
+        premix(
+            layer,
+            vecs_a[layer],
+            &vecs_b[4 * layer..4 * layer + 4],
+            &p[..4],
+            &l,
+            Some(gate),
+            &mut u,
+            &mut b,
+        );
+        let mut after = l.clone();
+        let r = route(
+            layer,
+            vecs_a[layer],
+            &vecs_b[4 * layer..4 * layer + 4],
+            a_res[layer],
+            &b_res[16 * layer..16 * layer + 16],
+            iters,
+            &p[4..8],
+            &p[8..24],
+            &update,
+            &mut after,
+        );
+        want_u.push(u);
+        want_b.push(b);
+        want_lanes.push(after);
+        want_route.push(r.iter().flatten().copied().collect::<Vec<f32>>());
+    }
+    let pm = PremixParams {
+        hidden: hidden as u32,
+        layer: layer as u32,
+        site: 1,
+        p_pre: p_at as u32,
+        u: u_at as u32,
+        b: b_at as u32,
+        key: key_at as u32,
+        value: value_at as u32,
+        a_pre: a_off + layer as u32,
+        b_pre: b_off + 4 * layer as u32,
+        norm_u: nu_off,
+        norm_k: nk_off,
+        lanes_stride: lanes_stride as u32,
+        act_stride: act_stride as u32,
+        _pad: [0; 2],
+    };
+    let rp = RouteParams {
+        hidden: hidden as u32,
+        layer: layer as u32,
+        iters: iters as u32,
+        p_post: (p_at + 4) as u32,
+        p_res: (p_at + 8) as u32,
+        update: update_at as u32,
+        a_post: a_off + layer as u32,
+        b_post: b_off + 4 * layer as u32,
+        a_res: ar_off + layer as u32,
+        b_res: br_off + 16 * layer as u32,
+        route_out: route_at as u32,
+        lanes_stride: lanes_stride as u32,
+        act_stride: act_stride as u32,
+        _pad: [0; 3],
+    };
+    let lb = ctx.storage_init("lanes", bytemuck::cast_slice(&lanes));
+    let ab = ctx.storage_init("act", bytemuck::cast_slice(&act));
+    let vb = ctx.storage_init("vectors", bytemuck::cast_slice(&vecs));
+    let ds = [
+        k.premix_tokens(&ctx, &pm, &lb, &ab, &vb, slots),
+        k.route_tokens(&ctx, &rp, &lb, &ab, &vb, slots),
+    ];
+    run_dispatches(&ctx, &ds).unwrap();
+    let got_act = ctx.read_f32(&ab, 0, act.len()).unwrap();
+    let got_lanes = ctx.read_f32(&lb, 0, lanes.len()).unwrap();
+    for j in 0..slots {
+        let a = j * act_stride;
+        let eu = rel_l2(&got_act[a + u_at..][..hidden], &want_u[j]);
+        let eb = rel_l2(&got_act[a + b_at..][..hidden], &want_b[j]);
+        let er = rel_l2(&got_act[a + route_at..][..16], &want_route[j]);
+        let el = rel_l2(&got_lanes[j * lanes_stride..][..4 * hidden], &want_lanes[j]);
+        assert!(eu <= 1e-5 && eb <= 1e-5, "slot {j}: premix u {eu}, b {eb}");
+        assert!(
+            er <= 1e-5 && el <= 1e-5,
+            "slot {j}: route weights {er}, lanes {el}"
+        );
+        assert!(
+            got_act[a + route_at + 16..a + act_stride]
+                .iter()
+                .all(|v| v.is_nan()),
+            "slot {j}: act written past its route weights"
+        );
+        assert!(
+            got_lanes[j * lanes_stride + 4 * hidden..(j + 1) * lanes_stride]
+                .iter()
+                .all(|v| v.is_nan()),
+            "slot {j}: lanes written past the slot"
+        );
     }
 }
 

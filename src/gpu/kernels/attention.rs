@@ -121,7 +121,14 @@ impl KvCache {
     }
 }
 
-/// Mirror of WGSL `AttnParams`, shared by both entry points (80 bytes).
+/// Mirror of WGSL `AttnParams`, shared by the entry points (96 bytes).
+///
+/// A dispatch runs token slots `y = 0..slots` (its `y` workgroups): slot `y`'s
+/// act offsets count from `y · act_stride`, its step words from `y ·
+/// step_stride`, and its sequence `s = step[y · step_stride + seq_at]` owns the
+/// cache from `s · code_stride` code words and `s · scale_stride` scales, and the
+/// scores from `s · scores_stride`. With one slot and one sequence the strides
+/// do not matter.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Pod, Zeroable, PartialEq)]
 pub struct AttnParams {
@@ -162,8 +169,18 @@ pub struct AttnParams {
     /// `qk_attend`: first element of the normalised keys in `act` (what the
     /// `k` capture reads; the raw keys at `k_off` stay for the other heads).
     pub kn_off: u32,
-    /// Padding to a multiple of 16 bytes.
-    pub _pad: [u32; 2],
+    /// Elements from one token slot's act to the next's.
+    pub act_stride: u32,
+    /// Words from one token slot's step input to the next's.
+    pub step_stride: u32,
+    /// Step word holding the slot's sequence index.
+    pub seq_at: u32,
+    /// Cache code words from one sequence's to the next's.
+    pub code_stride: u32,
+    /// Cache scales from one sequence's to the next's.
+    pub scale_stride: u32,
+    /// Scores from one sequence's to the next's.
+    pub scores_stride: u32,
 }
 
 /// The compiled pipelines of the family.
@@ -199,7 +216,26 @@ impl AttentionKernels {
         step: &wgpu::Buffer,
         cache: &KvCache,
     ) -> Dispatch {
+        self.qk_store_tokens(ctx, p, act, vectors, step, cache, 1)
+    }
+
+    /// [`AttentionKernels::qk_store`] for token slots `0..tokens` in one dispatch
+    /// (`(heads + kv_heads, tokens, 1)`; slots and sequences at the strides of `p`).
+    /// The slots must belong to distinct sequences: their workgroups run in no
+    /// particular order.
+    #[allow(clippy::too_many_arguments)]
+    pub fn qk_store_tokens(
+        &self,
+        ctx: &GpuContext,
+        p: &AttnParams,
+        act: &wgpu::Buffer,
+        vectors: &wgpu::Buffer,
+        step: &wgpu::Buffer,
+        cache: &KvCache,
+        tokens: usize,
+    ) -> Dispatch {
         debug_check(p, cache);
+        let n = tokens.max(1) as u32;
         let ub = ctx.uniform_init("qk_store params", bytemuck::bytes_of(p));
         Dispatch::new(
             ctx,
@@ -214,13 +250,11 @@ impl AttentionKernels {
                 &cache.k_scale,
                 &cache.v_scale,
             ],
-            [p.heads + p.kv_heads, 1, 1],
+            [p.heads + p.kv_heads, n, 1],
         )
-        .with_bytes(bytes::qk_store(
-            p.heads as usize,
-            p.kv_heads as usize,
-            p.head_dim as usize,
-        ))
+        .with_bytes(
+            bytes::qk_store(p.heads as usize, p.kv_heads as usize, p.head_dim as usize) * n as u64,
+        )
     }
 
     /// Dispatch `(heads, 1, 1)`: query head `h` with KV head `j = h / (heads/kv_heads)`
@@ -240,7 +274,26 @@ impl AttentionKernels {
         cache: &KvCache,
         scores: &wgpu::Buffer,
     ) -> Dispatch {
+        self.attend_tokens(ctx, p, act, step, cache, scores, 1)
+    }
+
+    /// [`AttentionKernels::attend`] for token slots `0..tokens` in one dispatch
+    /// (`(heads, tokens, 1)`; slots and sequences at the strides of `p`). The
+    /// slots must belong to distinct sequences (each sequence's scores are one
+    /// scratch).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend_tokens(
+        &self,
+        ctx: &GpuContext,
+        p: &AttnParams,
+        act: &wgpu::Buffer,
+        step: &wgpu::Buffer,
+        cache: &KvCache,
+        scores: &wgpu::Buffer,
+        tokens: usize,
+    ) -> Dispatch {
         debug_check(p, cache);
+        let n = tokens.max(1) as u32;
         debug_assert!(scores.size() >= u64::from(p.heads) * u64::from(p.rows) * 4);
         let ub = ctx.uniform_init("attend params", bytemuck::bytes_of(p));
         Dispatch::new(
@@ -256,13 +309,11 @@ impl AttentionKernels {
                 &cache.v_scale,
                 scores,
             ],
-            [p.heads, 1, 1],
+            [p.heads, n, 1],
         )
-        .with_bytes(bytes::attend(
-            p.heads as usize,
-            p.head_dim as usize,
-            p.rows as usize,
-        ))
+        .with_bytes(
+            bytes::attend(p.heads as usize, p.head_dim as usize, p.rows as usize) * n as u64,
+        )
     }
 }
 

@@ -41,6 +41,14 @@ pub struct PremixParams {
     pub norm_u: u32,
     /// vectors offset of the site's `norm_k` (site only).
     pub norm_k: u32,
+    /// Elements from one token slot's lanes to the next's (slot `y` of a
+    /// dispatch reads the lanes at `y · lanes_stride`).
+    pub lanes_stride: u32,
+    /// Elements from one token slot's act to the next's (slot `y`'s act offsets
+    /// count from `y · act_stride`).
+    pub act_stride: u32,
+    /// Padding to 64 bytes.
+    pub _pad: [u32; 2],
 }
 
 /// Mirror of WGSL `RouteParams` (SPEC §4.3 steps 8 and 9).
@@ -69,8 +77,12 @@ pub struct RouteParams {
     pub b_res: u32,
     /// act offset where workgroup 0 writes the 16 route weights (parity captures).
     pub route_out: u32,
-    /// Padding to 48 bytes.
-    pub _pad: u32,
+    /// Elements from one token slot's lanes to the next's.
+    pub lanes_stride: u32,
+    /// Elements from one token slot's act to the next's.
+    pub act_stride: u32,
+    /// Padding to 64 bytes.
+    pub _pad: [u32; 3],
 }
 
 /// The compiled pipelines of the family.
@@ -99,13 +111,29 @@ impl MhcKernels {
         act: &wgpu::Buffer,
         vectors: &wgpu::Buffer,
     ) -> Dispatch {
+        self.premix_tokens(ctx, p, lanes, act, vectors, 1)
+    }
+
+    /// [`MhcKernels::premix`] for token slots `0..tokens` in one dispatch (one
+    /// workgroup a slot; slot `y` at the strides of `p`), each as if alone.
+    pub fn premix_tokens(
+        &self,
+        ctx: &GpuContext,
+        p: &PremixParams,
+        lanes: &wgpu::Buffer,
+        act: &wgpu::Buffer,
+        vectors: &wgpu::Buffer,
+        tokens: usize,
+    ) -> Dispatch {
         let ub = ctx.uniform_init("premix params", bytemuck::bytes_of(p));
-        Dispatch::new(ctx, &self.premix, &[&ub, lanes, act, vectors], [1, 1, 1])
-            .with_bytes(bytes::premix(p.hidden as usize, p.site != 0))
+        let n = tokens.max(1) as u32;
+        Dispatch::new(ctx, &self.premix, &[&ub, lanes, act, vectors], [1, n, 1])
+            .with_bytes(bytes::premix(p.hidden as usize, p.site != 0) * n as u64)
     }
 
     /// `lanes'[i] = Σ_j route[i][j]·lanes[j] + hpost[i]·update`, in place on `lanes`
-    /// (`ceil(hidden / 256)` workgroups). `act` is only read.
+    /// (`ceil(hidden / 256)` workgroups). `act` is only read but for the 16
+    /// route weights written at `p.route_out`.
     pub fn route(
         &self,
         ctx: &GpuContext,
@@ -114,15 +142,30 @@ impl MhcKernels {
         act: &wgpu::Buffer,
         vectors: &wgpu::Buffer,
     ) -> Dispatch {
+        self.route_tokens(ctx, p, lanes, act, vectors, 1)
+    }
+
+    /// [`MhcKernels::route`] for token slots `0..tokens` in one dispatch (slot
+    /// `y` at the strides of `p`), each as if alone.
+    pub fn route_tokens(
+        &self,
+        ctx: &GpuContext,
+        p: &RouteParams,
+        lanes: &wgpu::Buffer,
+        act: &wgpu::Buffer,
+        vectors: &wgpu::Buffer,
+        tokens: usize,
+    ) -> Dispatch {
         let ub = ctx.uniform_init("route params", bytemuck::bytes_of(p));
         let groups = p.hidden.div_ceil(256).max(1);
+        let n = tokens.max(1) as u32;
         Dispatch::new(
             ctx,
             &self.route,
             &[&ub, lanes, act, vectors],
-            [groups, 1, 1],
+            [groups, n, 1],
         )
-        .with_bytes(bytes::route(p.hidden as usize))
+        .with_bytes(bytes::route(p.hidden as usize) * n as u64)
     }
 }
 
