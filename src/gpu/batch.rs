@@ -261,7 +261,8 @@ impl GpuBatch {
         ends.extend((0..n).filter(|&j| pass[j].last));
         // The batched projection computes every slot of the pass: worth it when
         // most of them end an item (decode tokens), not for a prompt chunk.
-        let batched_tail = program.kind != super::ProgramKind::Lean && 2 * ends.len() >= n;
+        // A pass of one token runs the decode step ([`mixed_ops`]).
+        let batched_tail = program.kind != super::ProgramKind::Lean && n > 1 && 2 * ends.len() >= n;
         let plans: Vec<&PrefillPlan> = pass
             .iter()
             .map(|p| self.per_seq[p.seq].as_ref().expect("prepared"))

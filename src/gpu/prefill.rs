@@ -24,6 +24,11 @@ struct PerSlot {
     /// tail, rebound to it; a chunk runs them token after token in one submit,
     /// so its logits are those of one step per token, bit for bit.
     lean: Option<Vec<(Vec<Dispatch>, Vec<Dispatch>)>>,
+    /// The standard program: slot 0's whole decode step and tail, rebound to it.
+    /// A pass of one token runs it: the decode step's single-token matvecs
+    /// instead of the batched ones over one slot, which are slower on some
+    /// devices (lavapipe), with the same logits bit for bit.
+    single: Option<(Vec<Dispatch>, Vec<Dispatch>)>,
     /// Head dispatches per slot.
     head: Vec<Vec<Dispatch>>,
     /// Per layer, per slot: qk_store, attend.
@@ -116,6 +121,7 @@ impl PrefillPlan {
             let lean = program.kind == ProgramKind::Lean;
             let mut p = PerSlot {
                 lean: lean.then(|| Vec::with_capacity(count)),
+                single: None,
                 head: Vec::with_capacity(count),
                 per_token: vec![Vec::with_capacity(count); program.plan.len()],
                 tail: Vec::with_capacity(count),
@@ -125,15 +131,16 @@ impl PrefillPlan {
                 let re = |ds: &[Dispatch]| -> Vec<Dispatch> {
                     ds.iter().map(|d| d.rebound(ctx, &w)).collect()
                 };
+                let step = || -> Vec<Dispatch> {
+                    let all = program.head.iter().chain(program.layers.iter().flatten());
+                    all.map(|d| d.rebound(ctx, &w)).collect()
+                };
                 if let Some(steps) = &mut p.lean {
-                    let step: Vec<Dispatch> = program
-                        .head
-                        .iter()
-                        .chain(program.layers.iter().flatten())
-                        .cloned()
-                        .collect();
-                    steps.push((re(&step), re(&program.tail)));
+                    steps.push((step(), re(&program.tail)));
                     continue;
+                }
+                if j == 0 {
+                    p.single = Some((step(), re(&program.tail)));
                 }
                 p.head.push(re(&program.head));
                 p.tail.push(re(&program.tail));
@@ -259,7 +266,9 @@ pub(crate) fn distinct_prefix(plans: &[&PrefillPlan]) -> usize {
 /// [`SeqBinding::Batched`] plan), of every slot in one matvec (slot `j` into
 /// window `j`). The attention of the [`distinct_prefix`] runs as one dispatch of
 /// `shared`'s when it prepared one for that count, the other slots' in order
-/// after it. `None` if something was not prepared.
+/// after it. A pass of one token runs its plan's decode step instead (its
+/// projection, if any, into its sequence's logits window: never `batched_tail`).
+/// `None` if something was not prepared.
 pub(crate) fn mixed_ops<'a>(
     shared: &'a PrefillPlan,
     plans: &[&'a PrefillPlan],
@@ -278,6 +287,13 @@ pub(crate) fn mixed_ops<'a>(
         }
         for &j in tails {
             run(&mut ops, &slot(j)?.lean.as_ref()?.get(j)?.1);
+        }
+        return Some(ops);
+    }
+    if let (1, Some((step, tail))) = (n, &slot(0)?.single) {
+        run(&mut ops, step);
+        if !tails.is_empty() {
+            run(&mut ops, tail);
         }
         return Some(ops);
     }

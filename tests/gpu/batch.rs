@@ -82,6 +82,13 @@ fn batched_sequences_match_each_sequence_alone() {
             worst <= 2e-2,
             "{program:?}: logits vs the CPU, worst rel L2 {worst}"
         );
+        // A pass of a single token (it runs the decode step, not the batched
+        // kernels): still the logits of the sequence alone.
+        let next = pending[1].take().expect("slot 1 stepped in the last pass");
+        let want = logits_after(&mut alone[1], &next);
+        let got = batch.step(&[(1, &next)]).unwrap().to_vec();
+        assert_eq!(bits(&got), bits(&want), "{program:?} a lone decode token");
+        assert_eq!(batch.position(1), alone[1].position());
         // A reset slot starts over: the logits of a fresh sequence.
         batch.reset(2);
         let mut fresh =
