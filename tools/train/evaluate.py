@@ -133,14 +133,43 @@ def bpb(model, cfg, tokenizer_json: str, text_path: str, kv_int8: bool, max_toke
 
 # Chosen so that no stored K/V value of the shipped model lies within NEAR_TIE of an int8
 # rounding boundary for a while (tests/e2e/trained_model.rs tests positions before the first
-# such one strictly): its first comes at position 29 of 37 (of 300 held-out sentences
-# searched, most have one within the first few). The shipped model's `<bos>` row itself stores
-# a value 2.6e-5 from a boundary, so every prompt run from `<bos>` has one at position 0: the
-# fixtures then run the prompt from its first text token (`run_from`), which the engine takes
-# as well as any ids.
-PROMPT = "For I know the thoughts that I think toward you,\u201d says Yahweh, \u201cthoughts of peace, and not of evil, to give you hope and a future."
+# such one strictly): its first comes at position 37 of 42 (`evaluate.py find-prompt` over 262
+# held-out sentences of 30-45 tokens, most of which have one within the first few; each
+# retrained model needs a new search). The shipped model's `<bos>` row itself stores a value within NEAR_TIE of a
+# boundary, so every prompt run from `<bos>` has one at position 0: the fixtures then run the
+# prompt from its first text token (`run_from`), which the engine takes as well as any ids.
+PROMPT = ("In a few minutes the servant returned, and with a look which did not quite confirm his words, "
+          "said he had been mistaken, for that Miss Tilney was walked out.")
 NEAR_TIE = 3e-5
 PREFIX_TOKENS = 512
+
+
+def find_prompt(args) -> None:
+    """Print the held-out sentences of 30-45 tokens (the first 300) whose first stored
+    K/V value within NEAR_TIE of an int8 rounding boundary comes latest, best first."""
+    import re
+    from tokenizers import Tokenizer
+
+    packed, cfg, tok_json = load(args.archive)
+    tok = Tokenizer.from_str(tok_json)
+    with open(args.heldout, encoding="utf-8") as f:
+        sentences = [s.strip().replace("\n", " ") for s in re.split(r"(?<=[.!?])\s+", f.read())]
+    found = []
+    bos_tie = code_margins(packed, cfg, [cfg.bos])[0] < NEAR_TIE
+    for s in sentences:
+        ids = tok.encode(s).ids
+        if ids and ids[0] != cfg.bos:
+            ids = [cfg.bos] + ids
+        if not 30 <= len(ids) <= 45:
+            continue
+        run_ids = ids[1:] if bos_tie else ids
+        m = code_margins(packed, cfg, run_ids)
+        first = next((i for i, v in enumerate(m) if v < NEAR_TIE), len(m))
+        found.append((first, len(run_ids), s))
+        if len(found) == 300:
+            break
+    for first, n, s in sorted(found, reverse=True)[:8]:
+        print(f"first near tie at {first} of {n}: {s}")
 
 
 def fixtures(args) -> None:
@@ -206,10 +235,17 @@ def main() -> None:
     c.add_argument("--heldout", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "heldout.txt"))
     c.add_argument("--out", required=True)
     c.add_argument("--logits-only", action="store_true", help="leave reference.json (the slow part) as it is")
+    d = sub.add_parser("find-prompt", help="held-out sentences whose first near-tie code comes latest "
+                       "for an archive (candidates for PROMPT after a retrain)")
+    d.add_argument("--archive", required=True)
+    d.add_argument("--heldout", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "heldout.txt"))
     args = ap.parse_args()
     torch.set_num_threads(2)
     if args.cmd == "fixtures":
         fixtures(args)
+        return
+    if args.cmd == "find-prompt":
+        find_prompt(args)
         return
     model, cfg, tokenizer_json = load(args.model, torch.float32 if args.f32 else torch.float64)
     if args.cmd == "bpb":

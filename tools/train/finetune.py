@@ -49,12 +49,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
-def chat_rows(convs: list[dict], tok, tools: list, seq: int, bos: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """Token rows `[n, seq]` (padded with 0) and loss masks; conversations longer than `seq`
+def chat_rows(convs: list[dict], tok, tools: list, seq: int, bos: int,
+              call_weight: float = 1.0) -> tuple[np.ndarray, np.ndarray, int]:
+    """Token rows `[n, seq]` (padded with 0) and loss weights (0 outside the assistant's
+    turns; `call_weight` for the tokens of a tool call after its `<tool_call>` up to and
+    including `</tool_call>`, 1 for the rest of the turn); conversations longer than `seq`
     are dropped (their count is returned)."""
     texts = [chat_format.render(c["messages"], chat_format.tool_defs(c["tools"], tools), False) for c in convs]
     enc = tok.encode_batch(texts, add_special_tokens=False)
     asst, end = tok.token_to_id(chat_format.ASSISTANT), tok.token_to_id(chat_format.END)
+    call_start, call_end = (tok.token_to_id(t) for t in chat_format.MARKERS)
     rows, masks, dropped = [], [], 0
     for e in enc:
         ids = e.ids
@@ -63,13 +67,17 @@ def chat_rows(convs: list[dict], tok, tools: list, seq: int, bos: int) -> tuple[
         if len(ids) > seq:
             dropped += 1
             continue
-        m = np.zeros(seq, dtype=bool)
-        inside = False
+        m = np.zeros(seq, dtype=np.float32)
+        inside = in_call = False
         for i, t in enumerate(ids):
             if inside:
-                m[i] = True
-                if t == end:
-                    inside = False
+                m[i] = call_weight if in_call else 1.0
+                if t == call_start:
+                    in_call = True
+                elif t == call_end:
+                    in_call = False
+                elif t == end:
+                    inside = in_call = False
             elif t == asst:
                 inside = True
         r = np.zeros(seq, dtype=np.int64)
@@ -111,6 +119,8 @@ def main() -> None:
     ap.add_argument("--stop-at", type=int, default=-1, help="stop (and export) at this step, the schedule still "
                     "that of --steps (to replay a run that was stopped)")
     ap.add_argument("--max-minutes", type=float, default=0, help="stop (and export) after this long; 0: no limit")
+    ap.add_argument("--call-weight", type=float, default=1.0, help="weight of a tool call's tokens in the chat "
+                    "loss (the rest of an assistant turn weighs 1)")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -151,8 +161,8 @@ def main() -> None:
     tools = demo_tools.tools()
     train_convs = chat_format.load_jsonl(os.path.join(args.data, "chat_train.jsonl"))
     held_convs = chat_format.load_jsonl(os.path.join(HERE, "chat_heldout.jsonl"))
-    cx, cm, dropped = chat_rows(train_convs, tok, tools, args.seq, cfg.bos)
-    hx, hm, _ = chat_rows(held_convs, tok, tools, args.seq, cfg.bos)
+    cx, cm, dropped = chat_rows(train_convs, tok, tools, args.seq, cfg.bos, args.call_weight)
+    hx, hm, _ = chat_rows(held_convs, tok, tools, args.seq, cfg.bos, 2.0)  # 2: a call's tokens
     if args.copy_batch:
         kx, km, _ = chat_rows(chat_format.load_jsonl(os.path.join(args.data, "chat_copy.jsonl")), tok, tools,
                               args.seq, cfg.bos)
@@ -161,7 +171,7 @@ def main() -> None:
         print(f"copy: {len(kx)} rows (mean {klen.mean():.0f} tokens)", flush=True)
     lengths = (cx != 0).sum(1)
     print(f"chat: {len(cx)} train rows ({dropped} longer than {args.seq} dropped; mean {lengths.mean():.0f} tokens, "
-          f"{cm.sum() / len(cm):.0f} trained), {len(hx)} held out", flush=True)
+          f"{(cm > 0).sum() / len(cm):.0f} trained), {len(hx)} held out", flush=True)
 
     def encoded(name: str) -> tuple[np.ndarray, int]:
         """`name`.txt's tokens (cached beside it, by tokenizer: the chat tokens never occur in
@@ -201,23 +211,34 @@ def main() -> None:
         return model(torch.from_numpy(x), rows)
 
     def chat_loss(x: np.ndarray, m: np.ndarray, reduction="mean") -> torch.Tensor:
+        """Cross-entropy over the weighted tokens: the weighted mean, or for "sum" the plain
+        sum over the trained tokens (the held-out loss, comparable across --call-weight)."""
         logits = logits_of(x)[:, :-1]
         y = torch.from_numpy(x[:, 1:])
-        mask = torch.from_numpy(m[:, 1:])
-        return F.cross_entropy(logits[mask], y[mask], reduction=reduction)
+        w = torch.from_numpy(m[:, 1:])
+        mask = w > 0
+        ce = F.cross_entropy(logits[mask], y[mask], reduction="none")
+        if reduction == "sum":
+            return ce.sum()
+        wm = w[mask]
+        return (ce * wm).sum() / wm.sum()
 
     val_rng = np.random.default_rng(7)
     val_offsets = val_rng.integers(0, len(val) - 256, size=(8, 16))
 
-    def evaluate() -> tuple[float, float]:
+    def evaluate() -> tuple[float, float, float]:
+        """Held-out chat loss (every assistant token), its tool calls' share, text bits/byte."""
         model.eval()
         with torch.no_grad():
-            tot, n = 0.0, 0
+            tot, n, call_tot, call_n = 0.0, 0, 0.0, 0
             for i in range(0, len(hx), 50):
                 w = int((hx[i:i + 50] != 0).sum(1).max())
-                tot += chat_loss(hx[i:i + 50, :w], hm[i:i + 50, :w], "sum").item()
-                n += int(hm[i:i + 50, 1:w].sum())
-            chat = tot / n
+                m = hm[i:i + 50, :w]
+                tot += chat_loss(hx[i:i + 50, :w], m, "sum").item()
+                n += int((m[:, 1:] > 0).sum())
+                call_tot += chat_loss(hx[i:i + 50, :w], (m == 2.0).astype(np.float32), "sum").item()
+                call_n += int((m[:, 1:] == 2.0).sum())
+            chat, call = tot / n, call_tot / max(1, call_n)
             tot, n = 0.0, 0
             for offs in val_offsets:
                 x, y = text_batch(val, offs, 256)
@@ -225,12 +246,12 @@ def main() -> None:
                                        reduction="sum").item()
                 n += y.size
         model.train()
-        return chat, tot / n / math.log(2) / bytes_per_token
+        return chat, call, tot / n / math.log(2) / bytes_per_token
 
     out = os.path.join(args.data, "chat_float.safetensors")
     log = open(os.path.join(args.data, "chat_log.csv"), "w", newline="")
     writer = csv.writer(log)
-    writer.writerow(["step", "seconds", "lr", "train_chat", "train_text", "heldout_chat", "val_bpb"])
+    writer.writerow(["step", "seconds", "lr", "train_chat", "train_text", "heldout_chat", "val_bpb", "heldout_call"])
     start = time.time()
     run_chat = run_text = None
 
@@ -251,13 +272,14 @@ def main() -> None:
     while True:
         over = (args.max_minutes and (time.time() - start) / 60 >= args.max_minutes) or step == args.stop_at
         if step % args.eval_every == 0 or step == args.steps or over:
-            hc, bpb = evaluate()
+            hc, hcall, bpb = evaluate()
             elapsed = time.time() - start
             writer.writerow([step, f"{elapsed:.0f}", f"{lr_at(step):.2e}", f"{run_chat or float('nan'):.4f}",
-                             f"{run_text or float('nan'):.4f}", f"{hc:.4f}", f"{bpb:.4f}"])
+                             f"{run_text or float('nan'):.4f}", f"{hc:.4f}", f"{bpb:.4f}", f"{hcall:.4f}"])
             log.flush()
             print(f"step {step:4d}  {elapsed / 60:5.1f} min  chat {run_chat or float('nan'):.4f} "
-                  f"text {run_text or float('nan'):.4f}  held-out chat {hc:.4f}  val bpb {bpb:.4f}", flush=True)
+                  f"text {run_text or float('nan'):.4f}  held-out chat {hc:.4f} (calls {hcall:.4f})  val bpb {bpb:.4f}",
+                  flush=True)
             export(model, cfg, tokenizer_json, out, {"step": step, "seconds": round(elapsed), "heldout_chat_loss": hc,
                                                      "val_bpb_sampled": bpb, "args": vars(args)})
         if step == args.steps or over:
