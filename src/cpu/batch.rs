@@ -36,7 +36,7 @@ impl CpuBatch {
     /// `precision`.
     ///
     /// # Errors
-    /// [`Error::Alloc`] if a KV cache or the buffers can't be allocated.
+    /// [`Error::Alloc`](crate::Error::Alloc) if a KV cache or the buffers can't be allocated.
     pub fn new(model: Arc<Model>, slots: usize, precision: Precision) -> Result<CpuBatch> {
         let mut scratch = Scratch::default();
         scratch.grow(&model.config, slots.max(1))?;
@@ -89,9 +89,9 @@ impl CpuBatch {
     /// bit-identical to single ones).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a slot out of range or repeated, an empty
-    /// item, or nothing to do; [`Error::TokenOutOfRange`] for an id `>= vocab`
-    /// (nothing is stepped then); [`Error::NonFinite`] / [`Error::Alloc`] as a
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a slot out of range or repeated, an empty
+    /// item, or nothing to do; [`Error::TokenOutOfRange`](crate::Error::TokenOutOfRange) for an id `>= vocab`
+    /// (nothing is stepped then); [`Error::NonFinite`](crate::Error::NonFinite) / [`Error::Alloc`](crate::Error::Alloc) as a
     /// step's (the slots have then advanced).
     pub fn step(&mut self, work: &[(usize, &[u32])]) -> Result<&[f32]> {
         let vocab = self.model.config.vocab;
