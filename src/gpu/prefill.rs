@@ -1,10 +1,10 @@
 //! [`PrefillPlan`]: how a prefill chunk runs its tokens. Token `j` sits in slot
-//! `j` of the per-token buffers. Each matvec, the MLP, the lane pre-mix and the
-//! lane routing run as one dispatch for the whole chunk, so the weights are
-//! decoded once for all tokens (built per chunk length, cached). The kernels that
-//! touch a sequence's cache (the head's gather and engram, qk_store, attend) are
-//! the step's dispatches rebound to each slot's windows (built once) and run in
-//! token order, so each token's attention sees exactly the cache rows its own
+//! `j` of the per-token buffers. Each matvec (the engram sites' too), the MLP,
+//! the lane pre-mix and the lane routing run as one dispatch for the whole chunk,
+//! so the weights are decoded once for all tokens (built per chunk length,
+//! cached). The head's gathers and engram convolutions and the attention kernels
+//! are the step's dispatches rebound to each slot's windows (built once) and run
+//! in token order, so each token's attention sees exactly the cache rows its own
 //! step would, across the window wrap too, and the logits are bit-identical to
 //! one step per token. The lean program ([`super::lean`]) runs a chunk as its decode steps,
 //! one after another in one submit, each rebound to its token's slot.
@@ -29,8 +29,9 @@ struct PerSlot {
     /// instead of the batched ones over one slot, which are slower on some
     /// devices (lavapipe), with the same logits bit for bit.
     single: Option<(Vec<Dispatch>, Vec<Dispatch>)>,
-    /// Head dispatches per slot.
-    head: Vec<Vec<Dispatch>>,
+    /// Head dispatches per slot: those before the engram sites' matvecs (the
+    /// gathers) and those after them (the convolutions, on the sequence's rings).
+    head: Vec<(Vec<Dispatch>, Vec<Dispatch>)>,
     /// Per layer, per slot: qk_store, attend.
     per_token: Vec<Vec<[Dispatch; 2]>>,
     /// The tail per slot.
@@ -66,8 +67,8 @@ pub(crate) struct PrefillPlan {
     slots: Slots,
     binding: SeqBinding,
     per_slot: Option<PerSlot>,
-    /// Per chunk length built so far, per layer.
-    batched: Vec<(usize, Vec<BatchedLayer>)>,
+    /// Per chunk length built so far: the engram sites' matvecs, and per layer.
+    batched: Vec<(usize, Vec<Dispatch>, Vec<BatchedLayer>)>,
     /// Under [`SeqBinding::Batched`], per slot count built so far: the
     /// vocabulary projection of every slot in one batched matvec.
     tails: Vec<(usize, Vec<Dispatch>)>,
@@ -142,7 +143,11 @@ impl PrefillPlan {
                 if j == 0 {
                     p.single = Some((step(), re(&program.tail)));
                 }
-                p.head.push(re(&program.head));
+                let sites = &program.head_sites;
+                p.head.push((
+                    re(&program.head[..sites.start]),
+                    re(&program.head[sites.end..]),
+                ));
                 p.tail.push(re(&program.tail));
                 for (l, lp) in program.plan.iter().enumerate() {
                     let r = |d: &Dispatch| d.rebound(ctx, &w);
@@ -166,7 +171,7 @@ impl PrefillPlan {
     ) {
         let batched_only = self.binding == SeqBinding::Batched;
         let lean = program.kind == ProgramKind::Lean;
-        if !lean && !self.batched.iter().any(|(k, _)| *k == n) {
+        if !lean && !self.batched.iter().any(|(k, ..)| *k == n) {
             let mlp: &MlpKernels = &kernels.mlp;
             let (lanes, act, vectors) = (&state.lanes, &state.act, &weights.vectors);
             let b = program
@@ -188,7 +193,12 @@ impl PrefillPlan {
                     }
                 })
                 .collect();
-            self.batched.push((n, b));
+            let sites = program
+                .head_site_plans
+                .iter()
+                .flat_map(|m| m.dispatches(&kernels.cq, ctx, &weights.arenas, n))
+                .collect();
+            self.batched.push((n, sites, b));
         }
         if !lean && batched_only && !self.tails.iter().any(|(k, _)| *k == n) {
             let d = program
@@ -297,12 +307,19 @@ pub(crate) fn mixed_ops<'a>(
         }
         return Some(ops);
     }
-    let (_, batched) = shared.batched.iter().find(|(k, _)| *k == n)?;
+    let (_, sites, batched) = shared.batched.iter().find(|(k, ..)| *k == n)?;
     let d = distinct_prefix(plans);
     let together = shared.attention.iter().find(|(k, _)| *k == d);
     let first_alone = if together.is_some() { d } else { 0 };
+    // The gathers of every slot, the engram sites' matvecs for all of them at
+    // once, then each slot's convolutions in token order (each writes its ring
+    // row, which the sequence's next tokens read).
     for j in 0..n {
-        run(&mut ops, slot(j)?.head.get(j)?);
+        run(&mut ops, &slot(j)?.head.get(j)?.0);
+    }
+    run(&mut ops, sites);
+    for j in 0..n {
+        run(&mut ops, &slot(j)?.head.get(j)?.1);
     }
     // The per-token kernels run after the batched dispatch that feeds them and
     // before the one that reads them, tokens in order.

@@ -125,6 +125,11 @@ pub(crate) struct StepProgram {
     pub head: Vec<Dispatch>,
     /// The engram convolutions within the standard head.
     pub head_conv: std::ops::Range<usize>,
+    /// The engram sites' value and key matvecs within the standard head (between
+    /// the gathers and the convolutions), and their plans, which a prefill chunk
+    /// runs batched over its token slots.
+    pub head_sites: std::ops::Range<usize>,
+    pub head_site_plans: Vec<MatvecPlan>,
     /// Per layer; standard: phi, premix, qkvg, qk_store, attend, wo, mlp, route;
     /// lean: layer_step, qkvg, qk_attend.
     pub layers: Vec<Vec<Dispatch>>,
@@ -241,6 +246,8 @@ impl StepProgram {
         };
         let mut head_caps = vec![cap(head.len(), "x0".into(), None, Source::Lanes, 0, h)];
         let (mut conv_from, mut conv_to) = (head.len(), head.len());
+        let mut sites_from = head.len();
+        let mut site_plans = Vec::new();
         if let Some(e) = &c.engram {
             let e_dim = e.e_dim();
             for (t, table) in w.tables.iter().enumerate() {
@@ -255,6 +262,7 @@ impl StepProgram {
                     0,
                 )?);
             }
+            sites_from = head.len();
             for (site, at) in w.sites.iter().zip(&a.sites) {
                 head.extend(k.cq.matvec(
                     ctx,
@@ -270,6 +278,20 @@ impl StepProgram {
                     &s.act,
                     Batch::single(),
                 ));
+                site_plans.push(MatvecPlan {
+                    items: vec![
+                        (site.wv.clone(), 0, h, at.v),
+                        (site.wk.clone(), 0, h, at.key),
+                    ],
+                    mode: PrepareMode::Copy,
+                    n: e_dim,
+                    src: (s.act.clone(), a.e),
+                    lane_stride: h,
+                    gains: (w.vectors.clone(), 0),
+                    out: s.act.clone(),
+                    x_stride: p.slots.act,
+                    y_stride: p.slots.act,
+                });
             }
             let ring = e.ring();
             conv_from = head.len();
@@ -348,6 +370,8 @@ impl StepProgram {
             kind: ProgramKind::Standard,
             head,
             head_conv: conv_from..conv_to,
+            head_sites: sites_from..conv_from,
+            head_site_plans: site_plans,
             layers,
             tail,
             head_caps,
