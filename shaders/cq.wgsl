@@ -510,17 +510,20 @@ fn gather(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
 
 
 // ---------------------------------------------------------------- gather_many
-// gather_many  bindings 16..20  dispatch (Σ groups of the entries, 1, 1),
-//   workgroup 256: the lean program's head, every `gather` of the step (the
-//   embedding and the engram tables) in one dispatch. Workgroup w runs group
-//   w − gm.start[i] of entry i (gm.start ascending); an entry is a GatherParams
-//   whose _pad0 names its arena binding (bit 0: 17 or 18) and its output
-//   binding (bit 1: 20 or 21). Same arithmetic as gather.
+// gather_many  bindings 16..21  dispatch (Σ groups of the entries, slots, 1),
+//   workgroup 256: every `gather` of the step (the embedding and the engram
+//   tables) in one dispatch, for each token slot y of a pass (the lean
+//   program's head: one slot). Workgroup (w, y) runs group w − gm.start[i] of
+//   entry i (gm.start ascending) for slot y: the row index at idx_at + y ·
+//   idx_stride, the output from y · out_stride (binding 20) or y ·
+//   out_stride_b (binding 21) on. An entry is a GatherParams whose _pad0 names
+//   its arena binding (bit 0: 17 or 18) and its output binding (bit 1: 20 or
+//   21). Same arithmetic as gather.
 struct GatherMany {
     n: u32,
-    _p0: u32,
-    _p1: u32,
-    _p2: u32,
+    idx_stride: u32,
+    out_stride: u32,
+    out_stride_b: u32,
     start: array<vec4<u32>, 3>, // start[i] at start[i / 4][i % 4]; start[n] = total
     e: array<GatherParams, 8>,
 }
@@ -552,7 +555,7 @@ fn gather_many(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     }
     let p = gm.e[i];
     let k = wid.x - gm_start(i);
-    let want = gm_idx[p.idx_at];
+    let want = gm_idx[p.idx_at + wid.y * gm.idx_stride];
     let mine = want >= p.row_first && want - p.row_first < p.rows;
     let row = select(0u, want - p.row_first, mine);
     let ni = p.norms_off + row * p.groups + k;
@@ -570,15 +573,16 @@ fn gather_many(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     workgroupBarrier();
     fwht_groups(p.group, p.group, li, WG);
     let s = 1.0 / sqrt(f32(p.group));
+    let base = p.out_off + wid.y * select(gm.out_stride, gm.out_stride_b, to_b);
     for (var c = li; c < p.group; c += WG) {
         let col = k * p.group + c;
         if (mine && col < p.cols) {
             let v = xw[c] * s * p.scale;
             for (var q = 0u; q < p.copies; q++) {
                 if (to_b) {
-                    gm_out_b[p.out_off + q * p.copy_stride + col] = v;
+                    gm_out_b[base + q * p.copy_stride + col] = v;
                 } else {
-                    gm_out[p.out_off + q * p.copy_stride + col] = v;
+                    gm_out[base + q * p.copy_stride + col] = v;
                 }
             }
         }

@@ -11,9 +11,11 @@
 //! all of them, whichever sequences they belong to. Attention (qk_store, attend)
 //! finds each slot's sequence in its step input: the leading slots of distinct
 //! sequences (the decode tokens) run in one dispatch each, the rest (a prompt
-//! chunk's tokens) per slot in order. The embedding and engram head runs per
-//! slot, bound to the slot's sequence's rings ([`PrefillPlan`] with
-//! [`SeqBinding::Every`] per sequence, built at its first pass). A prompt chunk
+//! chunk's tokens) per slot in order. The head's gathers (embedding and engram
+//! tables) of every slot run in one dispatch, its engram matvecs batched; its
+//! convolutions run per slot, bound to the slot's sequence's rings
+//! ([`PrefillPlan`] with [`SeqBinding::Every`] per sequence, built at its first
+//! pass). A prompt chunk
 //! thus rides in the same pass as the other sequences' decode tokens. The vocabulary projection runs for the slots that
 //! end an item: one batched matvec over the pass when they are most of it, else
 //! one per item. The logits of the items that end in a pass are copied out in

@@ -19,7 +19,6 @@ use super::kernels::cq::{Batch, MatvecInput, PrepareMode};
 use super::kernels::layer::{flags, CqRef, LayerBuffers, LayerParams, MAX_STAGED};
 use super::kernels::mlp::MlpParams;
 use super::program::{Parts, StepProgram};
-use super::step_input::StepLayout;
 use super::{Dispatch, GpuContext};
 use crate::profile::bytes;
 
@@ -86,15 +85,7 @@ fn head(
 ) -> (Vec<Dispatch>, Vec<CapturePoint>, Vec<CapturePoint>) {
     let (ctx, c, k, w, a, s) = (p.ctx, p.config, p.kernels, p.weights, p.act, p.state);
     let h = c.hidden;
-    let mut items = vec![(&w.embed, StepLayout::TOKEN, (h as f32).sqrt(), 0, 0, 4, h)];
-    if let Some(e) = &c.engram {
-        for (t, table) in w.tables.iter().enumerate() {
-            items.push((table, p.step.rows_at() + t, 1.0, 1, a.e + t * e.dim, 1, 0));
-        }
-    }
-    let Some(gather) =
-        k.cq.gather_many(ctx, &w.arenas, &items, &s.step, [&s.lanes, &s.act])
-    else {
+    let Some(gather) = prog.head_gathers.clone() else {
         // The standard head without its convolutions.
         let mut head = prog.head.clone();
         head.drain(prog.head_conv.clone());

@@ -2,11 +2,12 @@
 //! `j` of the per-token buffers. Each matvec (the engram sites' too), the MLP,
 //! the lane pre-mix and the lane routing run as one dispatch for the whole chunk,
 //! so the weights are decoded once for all tokens (built per chunk length,
-//! cached). The head's gathers and engram convolutions and the attention kernels
-//! are the step's dispatches rebound to each slot's windows (built once) and run
-//! in token order, so each token's attention sees exactly the cache rows its own
-//! step would, across the window wrap too, and the logits are bit-identical to
-//! one step per token. The lean program ([`super::lean`]) runs a chunk as its decode steps,
+//! cached); the head's gathers of every slot are one `gather_many` dispatch.
+//! The head's engram convolutions and the attention kernels are the step's
+//! dispatches rebound to each slot's windows (built once) and run in token
+//! order, so each token's attention sees exactly the cache rows its own step
+//! would, across the window wrap too, and the logits are bit-identical to one
+//! step per token. The lean program ([`super::lean`]) runs a chunk as its decode steps,
 //! one after another in one submit, each rebound to its token's slot.
 
 use super::kernels::mlp::MlpKernels;
@@ -49,6 +50,15 @@ struct BatchedLayer {
     route: Dispatch,
 }
 
+/// The head's dispatches over every token slot of a chunk.
+struct BatchedHead {
+    /// Every slot's gathers in one dispatch ([`StepProgram::head_gathers`]);
+    /// `None`: each slot runs its own.
+    gathers: Option<Dispatch>,
+    /// The engram sites' value and key matvecs.
+    sites: Vec<Dispatch>,
+}
+
 /// Which sequence's buffers (KV cache, rings, scores, logits) a plan's
 /// per-slot dispatches are bound to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,8 +77,9 @@ pub(crate) struct PrefillPlan {
     slots: Slots,
     binding: SeqBinding,
     per_slot: Option<PerSlot>,
-    /// Per chunk length built so far: the engram sites' matvecs, and per layer.
-    batched: Vec<(usize, Vec<Dispatch>, Vec<BatchedLayer>)>,
+    /// Per chunk length built so far: the head's gathers over every slot (when
+    /// they fit one dispatch), the engram sites' matvecs, and per layer.
+    batched: Vec<(usize, BatchedHead, Vec<BatchedLayer>)>,
     /// Under [`SeqBinding::Batched`], per slot count built so far: the
     /// vocabulary projection of every slot in one batched matvec.
     tails: Vec<(usize, Vec<Dispatch>)>,
@@ -198,7 +209,13 @@ impl PrefillPlan {
                 .iter()
                 .flat_map(|m| m.dispatches(&kernels.cq, ctx, &weights.arenas, n))
                 .collect();
-            self.batched.push((n, sites, b));
+            let gathers = program.head_gathers.as_ref().map(|one| {
+                let mut all = one.clone();
+                all.groups[1] = n as u32;
+                all.bytes *= n as u64;
+                all
+            });
+            self.batched.push((n, BatchedHead { gathers, sites }, b));
         }
         if !lean && batched_only && !self.tails.iter().any(|(k, _)| *k == n) {
             let d = program
@@ -307,17 +324,23 @@ pub(crate) fn mixed_ops<'a>(
         }
         return Some(ops);
     }
-    let (_, sites, batched) = shared.batched.iter().find(|(k, ..)| *k == n)?;
+    let (_, head, batched) = shared.batched.iter().find(|(k, ..)| *k == n)?;
     let d = distinct_prefix(plans);
     let together = shared.attention.iter().find(|(k, _)| *k == d);
     let first_alone = if together.is_some() { d } else { 0 };
-    // The gathers of every slot, the engram sites' matvecs for all of them at
-    // once, then each slot's convolutions in token order (each writes its ring
-    // row, which the sequence's next tokens read).
-    for j in 0..n {
-        run(&mut ops, &slot(j)?.head.get(j)?.0);
+    // The gathers of every slot (one dispatch for all when they fit it: a
+    // slot's gathers read only its step input), the engram sites' matvecs for
+    // all of them at once, then each slot's convolutions in token order (each
+    // writes its ring row, which the sequence's next tokens read).
+    match &head.gathers {
+        Some(all) => ops.push(Op::Run(all)),
+        None => {
+            for j in 0..n {
+                run(&mut ops, &slot(j)?.head.get(j)?.0);
+            }
+        }
     }
-    run(&mut ops, sites);
+    run(&mut ops, &head.sites);
     for j in 0..n {
         run(&mut ops, &slot(j)?.head.get(j)?.1);
     }

@@ -130,6 +130,11 @@ pub(crate) struct StepProgram {
     /// runs batched over its token slots.
     pub head_sites: std::ops::Range<usize>,
     pub head_site_plans: Vec<MatvecPlan>,
+    /// The head's gathers (the embedding and the engram tables) in one
+    /// `gather_many` dispatch for one token slot, at the slot strides: with
+    /// `groups[1] = n` a pass's slots `0..n` at once. `None` when they don't
+    /// fit one dispatch ([`crate::gpu::kernels::cq::CqKernels::gather_many`]).
+    pub head_gathers: Option<Dispatch>,
     /// Per layer; standard: phi, premix, qkvg, qk_store, attend, wo, mlp, route;
     /// lean: layer_step, qkvg, qk_attend.
     pub layers: Vec<Vec<Dispatch>>,
@@ -366,12 +371,27 @@ impl StepProgram {
             x_stride: p.slots.lanes,
             y_stride: s.logits_stride(),
         };
+        let mut gathers = vec![(&w.embed, StepLayout::TOKEN, (h as f32).sqrt(), 0, 0, 4, h)];
+        if let Some(e) = &c.engram {
+            for (t, table) in w.tables.iter().enumerate() {
+                gathers.push((table, p.step.rows_at() + t, 1.0, 1, a.e + t * e.dim, 1, 0));
+            }
+        }
+        let head_gathers = k.cq.gather_many(
+            ctx,
+            &w.arenas,
+            &gathers,
+            &s.step,
+            [&s.lanes, &s.act],
+            (p.slots.step, [p.slots.lanes, p.slots.act]),
+        );
         let mut program = StepProgram {
             kind: ProgramKind::Standard,
             head,
             head_conv: conv_from..conv_to,
             head_sites: sites_from..conv_from,
             head_site_plans: site_plans,
+            head_gathers,
             layers,
             tail,
             head_caps,

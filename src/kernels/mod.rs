@@ -14,7 +14,7 @@
 //! | `mlp` (mlp.wgsl) | [`mlp::block`] | `block.rs`: `mlp_*` |
 //! | `route` (mhc.wgsl) | [`mhc::route`] | `block.rs`: `route_*` |
 //! | `qk_attend` (attention.wgsl; the lean program) | [`attention::qk_store`] then [`attention::attend`] | `attention.rs`: `qk_attend_over_steps_*` |
-//! | `gather_many` (cq.wgsl; the lean head) | [`gather::gather`] per entry | `lean.rs` (captured `x0`, `engram.e`) |
+//! | `gather_many` (cq.wgsl; the lean head, every slot of a prefill or batch pass) | [`gather::gather`] per entry | `cq.rs`: `gather_many_*`; `lean.rs` (captured `x0`, `engram.e`) |
 //! | `layer_step` (layer.wgsl; the lean program) | [`engram::conv`], matvec, [`mlp::block`], [`mhc::route`], [`mhc::premix`], [`prepare::pre_op`] in turn | `lean.rs`: every captured tensor against the CPU probe's |
 //! | `argmax`, `topk` (sample.wgsl) | [`crate::sample::argmax`], [`crate::sample::top_k_into`] | `sample.rs` |
 //!

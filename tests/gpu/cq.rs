@@ -574,3 +574,77 @@ fn batched_matvec_equals_one_dispatch_per_input_within_rounding() {
         }
     }
 }
+
+#[test]
+fn gather_many_gathers_every_slot_at_its_strides() {
+    // The head's gathers of a pass in one dispatch: two matrices (one written
+    // 4 times into output 0, one once into output 1), 3 token slots with their
+    // own row indices at the index stride and their outputs at each output's
+    // slot stride, against dequantize_row per slot; every other element stays
+    // NaN (nothing written between or past the slots).
+    let Some(ctx) = gpu() else { return };
+    let k = CqKernels::new(&ctx);
+    let mut rng = ChaCha8Rng::seed_from_u64(29);
+    let a = random_cq(&mut rng, 41, 96, 4, 32, 0.5);
+    let b = random_cq(&mut rng, 23, 64, 2, 64, 0.5);
+    let mut ab = ArenaBuilder::new(64 << 20);
+    let (ga, gb) = (ab.push_cq(&a).unwrap(), ab.push_cq(&b).unwrap());
+    let arenas = ab.upload(&ctx, "arena").unwrap();
+    let slots = 3usize;
+    let (idx_stride, stride_a, stride_b) = (5usize, 4 * 100 + 7, 70usize);
+    let mut idx = vec![0u32; slots * idx_stride];
+    let rows: Vec<[u32; 2]> = (0..slots)
+        .map(|_| [rng.random_range(0..41u32), rng.random_range(0..23u32)])
+        .collect();
+    for (y, r) in rows.iter().enumerate() {
+        idx[y * idx_stride + 1] = r[0];
+        idx[y * idx_stride + 3] = r[1];
+    }
+    let idx = ctx.storage_init("idx", bytemuck::cast_slice(&idx));
+    let (out_a, out_b) = (
+        poisoned(&ctx, slots * stride_a),
+        poisoned(&ctx, slots * stride_b),
+    );
+    let items = [(&ga, 1, 1.5f32, 0, 2, 4, 100), (&gb, 3, 1.0, 1, 5, 1, 0)];
+    let mut d = k
+        .gather_many(
+            &ctx,
+            &arenas,
+            &items,
+            &idx,
+            [&out_a, &out_b],
+            (idx_stride, [stride_a, stride_b]),
+        )
+        .expect("fits one dispatch");
+    d.groups[1] = slots as u32;
+    run_dispatches(&ctx, std::slice::from_ref(&d)).unwrap();
+    let got_a = ctx.read_f32(&out_a, 0, slots * stride_a).unwrap();
+    let got_b = ctx.read_f32(&out_b, 0, slots * stride_b).unwrap();
+    let mut want_a = vec![f32::NAN; slots * stride_a];
+    let mut want_b = vec![f32::NAN; slots * stride_b];
+    for (y, r) in rows.iter().enumerate() {
+        let mut row = vec![0.0f32; 96];
+        a.dequantize_row_into(r[0] as usize, &mut row);
+        for copy in 0..4 {
+            let at = y * stride_a + 2 + copy * 100;
+            for (w, v) in want_a[at..at + 96].iter_mut().zip(&row) {
+                *w = v * 1.5;
+            }
+        }
+        let mut row = vec![0.0f32; 64];
+        b.dequantize_row_into(r[1] as usize, &mut row);
+        want_b[y * stride_b + 5..y * stride_b + 69].copy_from_slice(&row);
+    }
+    for (got, want, what) in [(&got_a, &want_a, "a"), (&got_b, &want_b, "b")] {
+        for (i, (g, w)) in got.iter().zip(want.iter()).enumerate() {
+            if w.is_nan() {
+                assert!(g.is_nan(), "output {what}[{i}] written: {g}");
+            } else {
+                assert!(
+                    (g - w).abs() <= 1e-5 * (1.0 + w.abs()),
+                    "output {what}[{i}]: {g} vs {w}"
+                );
+            }
+        }
+    }
+}

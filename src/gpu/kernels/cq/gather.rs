@@ -52,7 +52,10 @@ impl CqKernels {
 
     /// The gathers of `items` (`(matrix, idx_at, scale, output, out_off, copies,
     /// copy_stride)`, as [`CqKernels::gather`] takes them, output 0 or 1 of
-    /// `outs`, all from one index buffer) in one dispatch; `None` when they have more than
+    /// `outs`, all from one index buffer) in one dispatch, for one token slot:
+    /// the dispatch with `groups[1] = n` runs them for slots `0..n`, slot `y`
+    /// reading its indices `y · strides.0` words on and writing its outputs
+    /// `y · strides.1[o]` elements on. `None` when they have more than
     /// [`GATHER_ENTRIES`] arena parts in all, more than two arenas, a group over
     /// [`MAX_GROUP`], or more workgroups than one grid row holds.
     #[allow(clippy::type_complexity)]
@@ -63,8 +66,14 @@ impl CqKernels {
         items: &[(&GpuCq, usize, f32, usize, usize, usize, usize)],
         idx: &wgpu::Buffer,
         outs: [&wgpu::Buffer; 2],
+        strides: (usize, [usize; 2]),
     ) -> Option<Dispatch> {
         let mut gm: GatherMany = bytemuck::Zeroable::zeroed();
+        gm.idx_stride = u32::try_from(strides.0).ok()?;
+        gm.out_strides = [
+            u32::try_from(strides.1[0]).ok()?,
+            u32::try_from(strides.1[1]).ok()?,
+        ];
         let mut used: Vec<usize> = Vec::new();
         let mut total = 0u32;
         let mut bytes_all = 0;

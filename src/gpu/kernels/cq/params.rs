@@ -92,16 +92,19 @@ pub struct GatherParams {
 /// Entries of one [`GatherMany`] dispatch at most.
 pub const GATHER_ENTRIES: usize = 8;
 
-/// Mirror of WGSL `GatherMany`: several gathers in one dispatch (the lean
-/// program's head). Entry `i` runs workgroups `start[i] .. start[i + 1]`; its
-/// `_pad` names its arena binding (0 or 1).
+/// Mirror of WGSL `GatherMany`: several gathers in one dispatch (a step's
+/// head), for every token slot of a pass (workgroup y). Entry `i` runs
+/// workgroups `start[i] .. start[i + 1]`; its `_pad` names its arena binding
+/// (bit 0) and its output (bit 1).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Pod, Zeroable, PartialEq)]
 pub struct GatherMany {
     /// Entries used.
     pub n: u32,
-    /// Padding.
-    pub _p: [u32; 3],
+    /// Index words from one token slot (workgroup y) to the next.
+    pub idx_stride: u32,
+    /// Output elements from one slot to the next, in output 0 and output 1.
+    pub out_strides: [u32; 2],
     /// First workgroup of each entry, then the total (`GATHER_ENTRIES + 1` used of 12).
     pub start: [u32; 12],
     /// The gathers.
