@@ -18,14 +18,20 @@ pub struct PlanCaps {
     pub max_workgroups_per_dim: u32,
     /// Smallest subgroup size the device may use (the batched kernel needs 8).
     pub subgroup_min: u32,
+    /// Workgroups the device runs at once where the batched kernel runs (a
+    /// CPU adapter: the host's threads). A batched dispatch with fewer
+    /// workgroups of rows splits its inputs over more workgroups (grid z).
+    pub parallel: u32,
 }
 
 impl PlanCaps {
-    /// The planner's view of a device.
+    /// The planner's view of a device. The batched kernel serves CPU adapters
+    /// only ([`has_batched`]), which run workgroups on this machine's threads.
     pub fn of(caps: &Capabilities) -> PlanCaps {
         PlanCaps {
             max_workgroups_per_dim: caps.max_workgroups_per_dim,
             subgroup_min: caps.subgroup_min,
+            parallel: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
         }
     }
 }
@@ -43,7 +49,8 @@ pub struct Launch {
     /// The params, with every field but the input's (`x_off`, `mode`, `n`,
     /// `w_off`, `lane_stride`, `in_out`: zero here) filled in.
     pub params: MatvecParams,
-    /// Workgroups in x, y, z (`params.grid_x` is x).
+    /// Workgroups in x, y, z (`params.grid_x` is x; z: the batched kernel's
+    /// blocks of `params.tb` inputs, workgroup z taking blocks z, z + groups[2], …).
     pub groups: [u32; 3],
     /// `groups · group` of the parts' matrices (the prepared input's length).
     pub padded: usize,
@@ -143,7 +150,7 @@ pub fn plan_matvec(
         // so tall matrices use about 128 workgroups (each preparing the input
         // once for all its rows) and short ones stay spread out.
         params.team_rows = params.total_rows.div_ceil(4 * 128).clamp(1, 16);
-        let g = grid(
+        let mut g = grid(
             params
                 .total_rows
                 .div_ceil(rows_per_workgroup(reduction, params.team_rows)),
@@ -159,7 +166,17 @@ pub fn plan_matvec(
             && m0.group_words() % 4 == 0
             && 2 * padded <= XW;
         if use_batched {
-            params.tb = tokens.min(XW / padded).min(MAX_TB) as u32;
+            // Each block of tb inputs decodes the words anew, so blocks in
+            // workgroups of their own cost no more work; a matrix of few row
+            // workgroups also takes smaller blocks until the device's
+            // workgroups at once are busy (each block at least 2 inputs).
+            let mut tb = tokens.min(XW / padded).min(MAX_TB);
+            let rows = g[0] as usize * g[1] as usize;
+            while tb > 2 && rows * tokens.div_ceil(tb) < caps.parallel as usize {
+                tb = tb.div_ceil(2);
+            }
+            params.tb = tb as u32;
+            g[2] = (tokens.div_ceil(tb) as u32).min(caps.max_workgroups_per_dim);
         }
         out.push(Launch {
             arena: p0.arena,

@@ -148,7 +148,7 @@ fn check(
         assert!(p.team_rows == 16 || p.total_rows <= 512 * p.team_rows);
         assert!(p.team_rows == 1 || p.total_rows > 512 * (p.team_rows - 1));
         let [gx, gy, gz] = l.groups;
-        assert_eq!((gz, p.grid_x), (1, gx));
+        assert_eq!(p.grid_x, gx);
         assert!(gx >= 1 && gx <= caps.max_workgroups_per_dim && gy >= 1);
         let need = p.total_rows.div_ceil(rows_per_wg) as u64;
         assert!(gx as u64 * gy as u64 >= need);
@@ -169,9 +169,21 @@ fn check(
         let tb = p.tb as usize;
         if l.batched {
             assert!((2..=MAX_TB).contains(&tb) && tb <= tokens && tb * l.padded <= XW);
-            assert!(tb == MAX_TB || tb == tokens || (tb + 1) * l.padded > XW);
+            // The most inputs that fit, halved (rounding up, not below 2) while
+            // the row workgroups times the blocks leave the device idle.
+            let full = tokens.min(MAX_TB).min(XW / l.padded);
+            let busy = |tb: usize| gx as usize * gy as usize * tokens.div_ceil(tb);
+            let mut want = full;
+            while want > 2 && busy(want) < caps.parallel as usize {
+                want = want.div_ceil(2);
+            }
+            assert_eq!(tb, want, "{l:?}");
+            assert!(tb == full || busy(tb) <= 2 * caps.parallel as usize);
+            // A workgroup per block where the grid allows, each block run once.
+            let blocks = tokens.div_ceil(tb) as u32;
+            assert_eq!(gz, blocks.min(caps.max_workgroups_per_dim));
         } else {
-            assert_eq!(tb, 1);
+            assert_eq!((tb, gz), (1, 1));
         }
     }
     assert_eq!(got, want, "rows covered");
@@ -219,6 +231,7 @@ fn plans_cover_every_row_once_within_the_grid_and_fuse_by_four() {
         let caps = PlanCaps {
             max_workgroups_per_dim: g.pick(&[1u32, 2, 3, 7, 65535]),
             subgroup_min: g.pick(&[4u32, 8, 32]),
+            parallel: g.pick(&[1u32, 2, 16]),
         };
         let launches = plan_matvec(&refs, batch, red, caps);
         check(&ms, &items, batch, red, caps, &launches);
@@ -251,6 +264,7 @@ fn a_split_matrix_fuses_its_parts_and_a_small_grid_wraps() {
     let caps = PlanCaps {
         max_workgroups_per_dim: 2,
         subgroup_min: 8,
+        parallel: 1,
     };
     let l = plan_matvec(
         &[(&m, 10, 280, 5)],
@@ -277,9 +291,22 @@ fn a_split_matrix_fuses_its_parts_and_a_small_grid_wraps() {
         caps,
     );
     assert_eq!(l.len(), 2);
+    // 3 blocks of 8 inputs, over the 2 workgroups in z the grid allows.
     assert!(l
         .iter()
-        .all(|l| l.batched && l.params.tb == 8 && l.groups == [1, 1, 1]));
+        .all(|l| l.batched && l.params.tb == 8 && l.groups == [1, 1, 2]));
+    // Where the device runs 4 workgroups at once, blocks of 4 (5 of them; 2 in z).
+    let wide = PlanCaps {
+        parallel: 4,
+        ..caps
+    };
+    let l = plan_matvec(
+        &[(&m, 0, 300, 0)],
+        b,
+        Reduction::RowPerInvocationSubgroup,
+        wide,
+    );
+    assert!(l.iter().all(|l| l.params.tb == 4 && l.groups == [1, 1, 2]));
     let l = plan_matvec(&[(&m, 0, 300, 0)], b, Reduction::RowPerInvocation, caps);
     assert!(l.iter().all(|l| !l.batched && l.params.tb == 1));
 }
