@@ -355,10 +355,28 @@ pub trait BatchEngine: Send {
     /// item, or no work; [`Error::TokenOutOfRange`] (nothing stepped); the
     /// engine's step errors (the slots have then advanced).
     fn step(&mut self, work: &[(usize, &[u32])]) -> Result<&[f32]>;
+    /// [`BatchEngine::step`] with every kernel run of the step timed into
+    /// `tally` (the CPU: timers at the kernel boundaries; the GPU: as `timing`
+    /// says, over every dispatch of its passes); returns how the kernels were
+    /// timed. The logits are [`BatchEngine::last_logits`], the same as an
+    /// untimed step's.
+    ///
+    /// # Errors
+    /// As [`BatchEngine::step`]; [`Error::Gpu`] for
+    /// [`crate::gpu::profile::GpuTiming::Timestamps`] on a device without
+    /// timestamp queries.
+    fn step_timed(
+        &mut self,
+        work: &[(usize, &[u32])],
+        timing: crate::gpu::profile::GpuTiming,
+        tally: &mut crate::profile::KernelTally,
+    ) -> Result<String>;
     /// The logits of the last step that succeeded, `[items, vocab]`.
     fn last_logits(&self) -> &[f32];
     /// What runs the batch (as [`Engine::describe`]).
     fn describe(&self) -> String;
+    /// The arithmetic of its CQ matvecs (as [`Engine::precision`]).
+    fn precision(&self) -> Precision;
 }
 
 /// Check a batch step's `work` for `slots` slots and `vocab` ids: the errors of

@@ -4,9 +4,12 @@ use super::{BackendArgs, ModelArgs};
 use anyhow::{bail, Context, Result};
 use cqlm::builder::AnyEngine;
 use cqlm::gpu::profile::GpuTiming;
-use cqlm::profile::KernelProfile;
+use cqlm::profile::{KernelProfile, KernelTally};
+use cqlm::weights::Model;
 use cqlm::Engine;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -14,7 +17,8 @@ pub struct Args {
     model: ModelArgs,
     #[command(flatten)]
     backend: BackendArgs,
-    /// Decode steps to profile (logits every token); times are averaged per token.
+    /// Decode steps to profile (logits every token); times are averaged per token
+    /// (with `--sequences`: passes, averaged per pass).
     #[arg(long, default_value_t = 8)]
     tokens: usize,
     /// Prompt tokens stepped first, unprofiled (warm-up; also fills the KV cache).
@@ -29,6 +33,12 @@ pub struct Args {
     /// per prompt token; `--tokens` is then unused. CPU backend only.
     #[arg(long)]
     prefill: bool,
+    /// Profile a pass of N sequences stepped together by the backend's batch
+    /// engine (what `cqlm serve --parallel N` runs): each sequence prefills its own
+    /// `--prompt-len` tokens unprofiled, then `--tokens` passes of one token of
+    /// every sequence are timed, averaged per pass.
+    #[arg(long, value_name = "N")]
+    sequences: Option<usize>,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -42,7 +52,17 @@ pub fn run(a: Args) -> Result<()> {
     if a.tokens == 0 {
         bail!("--tokens must be at least 1");
     }
+    match a.sequences {
+        Some(0) => bail!("--sequences must be at least 1"),
+        Some(_) if a.prefill => {
+            bail!("--prefill profiles one sequence's prefill: drop --sequences")
+        }
+        _ => {}
+    }
     let model = a.model.load()?;
+    if let Some(n) = a.sequences {
+        return batch(&a, model, n);
+    }
     let vocab = model.config.vocab as u64;
     let built = a
         .backend
@@ -114,8 +134,53 @@ pub fn run(a: Args) -> Result<()> {
     )
 }
 
+/// `--sequences n`: `a.tokens` passes of one token of each of `n` sequences
+/// (after each sequence's own prompt), every dispatch or kernel of the passes
+/// timed, averaged per pass.
+fn batch(a: &Args, model: Arc<Model>, n: usize) -> Result<()> {
+    let vocab = model.config.vocab as u64;
+    let make = super::batch_factory(model, &a.backend, n, cqlm::Precision::Fast)?;
+    let mut b = make()?;
+    // Sequence s: a fixed pseudo-random prompt and tokens of its own.
+    let id = |s: usize, i: usize| {
+        (((i as u64).wrapping_mul(2654435761) + s as u64 * 40503) >> 7) as u32 % vocab as u32
+    };
+    if a.prompt_len > 0 {
+        let prompts: Vec<Vec<u32>> = (0..n)
+            .map(|s| (0..a.prompt_len).map(|i| id(s, i)).collect())
+            .collect();
+        let work: Vec<(usize, &[u32])> = prompts.iter().map(|p| &p[..]).enumerate().collect();
+        b.step(&work)?;
+    }
+    let timing = if a.per_dispatch {
+        GpuTiming::PerDispatch
+    } else {
+        GpuTiming::Auto
+    };
+    let mut tally = KernelTally::default();
+    let (mut wall, mut method) = (0.0, String::new());
+    for k in 0..a.tokens {
+        let ids: Vec<[u32; 1]> = (0..n).map(|s| [id(s, a.prompt_len + k)]).collect();
+        let work: Vec<(usize, &[u32])> = ids.iter().map(|t| &t[..]).enumerate().collect();
+        let t0 = Instant::now();
+        method = b.step_timed(&work, timing, &mut tally)?;
+        wall += t0.elapsed().as_secs_f64();
+    }
+    let profile = tally.into_profile(a.tokens, wall, &method);
+    report(
+        a,
+        &profile,
+        &b.describe(),
+        b.precision().as_str(),
+        a.prompt_len as u64,
+        None,
+        None,
+        &format!("batch of {n}"),
+    )
+}
+
 /// Print (and chart) a profile of `kind` passes (`decode` steps from position
-/// `first`, or a `prefill`).
+/// `first`, a `prefill`, or passes of a `batch of N` sequences).
 #[allow(clippy::too_many_arguments)]
 fn report(
     a: &Args,
@@ -128,7 +193,12 @@ fn report(
     kind: &str,
 ) -> Result<()> {
     if let Some(path) = &a.svg {
-        svg_chart(path, profile, backend)
+        let unit = if kind.starts_with("batch") {
+            "pass"
+        } else {
+            "token"
+        };
+        svg_chart(path, profile, backend, unit)
             .with_context(|| format!("writing the chart {}", path.display()))?;
     }
     if a.json {
@@ -162,6 +232,12 @@ fn report(
             "bytes_per_token": profile.bytes_per_token(),
             "rows": rows,
         });
+        // A batch profile averages per pass: say so in every key.
+        let v = if kind.starts_with("batch") {
+            per_pass(v)
+        } else {
+            v
+        };
         println!("{v}");
     } else {
         print_table(profile, backend, first, dispatches, kind, a.prompt_len);
@@ -170,6 +246,20 @@ fn report(
         }
     }
     Ok(())
+}
+
+/// `v` with every object key `…_per_token` renamed `…_per_pass`.
+fn per_pass(v: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        Value::Object(m) => Value::Object(
+            m.into_iter()
+                .map(|(k, v)| (k.replace("_per_token", "_per_pass"), per_pass(v)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.into_iter().map(per_pass).collect()),
+        v => v,
+    }
 }
 
 fn fmt_bytes(b: u64) -> String {
@@ -191,8 +281,16 @@ fn print_table(
 ) {
     println!("backend   {backend}");
     println!("method    {}", p.method);
+    let batched = kind.starts_with("batch");
+    let unit = if batched { "pass" } else { "token" };
     if kind == "prefill" {
         println!("prefill   {prompt_len} prompt tokens in chunks, logits after the last, averaged per token");
+    } else if batched {
+        println!(
+            "passes    {} passes of one token of each sequence ({kind}, each after its own \
+             {prompt_len}-token prompt), logits of every sequence, averaged per pass",
+            p.tokens
+        );
     } else {
         println!(
             "steps     {} decode steps with logits at positions {first}..{}, averaged per token",
@@ -210,7 +308,12 @@ fn print_table(
         .max(12);
     println!(
         "{:<w$}  {:>6}  {:>12}  {:>6}  {:>11}  {:>8}",
-        "kernel", "calls", "µs/token", "share", "bytes", "GB/s"
+        "kernel",
+        "calls",
+        format!("µs/{unit}"),
+        "share",
+        "bytes",
+        "GB/s"
     );
     // A prefill's kernels run once per chunk, not per token.
     let calls = |c: usize| match kind {
@@ -240,7 +343,7 @@ fn print_table(
     );
     println!(
         "{:<w$}  {:>6}  {:>12.1}  100.0%   (other: {:.1} µs outside the kernels: host work, submit, readback, gaps)",
-        "step (wall)",
+        format!("{} (wall)", if batched { "pass" } else { "step" }),
         "",
         p.step_seconds * 1e6,
         (p.step_seconds - sum) * 1e6
@@ -250,8 +353,8 @@ fn print_table(
     }
 }
 
-/// A horizontal bar chart of µs per token per kernel, largest on top.
-fn svg_chart(path: &Path, p: &KernelProfile, backend: &str) -> Result<()> {
+/// A horizontal bar chart of µs per `unit` (token or pass) per kernel, largest on top.
+fn svg_chart(path: &Path, p: &KernelProfile, backend: &str, unit: &str) -> Result<()> {
     use plotters::prelude::*;
     let n = p.rows.len().max(1);
     let max_us = p
@@ -265,8 +368,9 @@ fn svg_chart(path: &Path, p: &KernelProfile, backend: &str) -> Result<()> {
     let root = SVGBackend::new(path, (960, height)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
     let title = format!(
-        "cqlm profile: {backend}: {:.1} µs per step, {:.1} µs in kernels",
+        "cqlm profile: {backend}: {:.1} µs per {}, {:.1} µs in kernels",
         p.step_seconds * 1e6,
+        if unit == "pass" { "pass" } else { "step" },
         p.kernel_seconds() * 1e6
     );
     let mut chart = ChartBuilder::on(&root)
@@ -290,7 +394,7 @@ fn svg_chart(path: &Path, p: &KernelProfile, backend: &str) -> Result<()> {
         .disable_y_mesh()
         .y_labels(n)
         .y_label_formatter(&label)
-        .x_desc("µs per token")
+        .x_desc(format!("µs per {unit}"))
         .draw()
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let bar = RGBColor(66, 114, 196);

@@ -10,6 +10,7 @@ use super::scratch::Scratch;
 use super::state::{alloc, State};
 use crate::error::Result;
 use crate::precision::Precision;
+use crate::profile::{KernelTally, KernelTimer};
 use crate::weights::Model;
 use std::sync::Arc;
 
@@ -94,6 +95,27 @@ impl CpuBatch {
     /// (nothing is stepped then); [`Error::NonFinite`](crate::Error::NonFinite) / [`Error::Alloc`](crate::Error::Alloc) as a
     /// step's (the slots have then advanced).
     pub fn step(&mut self, work: &[(usize, &[u32])]) -> Result<&[f32]> {
+        self.step_hooked(work, None)
+    }
+
+    /// [`CpuBatch::step`] with its kernels timed into `tally` (timers at the
+    /// boundaries of the GPU's dispatches, as [`crate::CpuEngine::profile`]).
+    ///
+    /// # Errors
+    /// As [`CpuBatch::step`].
+    pub fn step_timed(
+        &mut self,
+        work: &[(usize, &[u32])],
+        tally: &mut KernelTally,
+    ) -> Result<&[f32]> {
+        self.step_hooked(work, Some(tally))
+    }
+
+    fn step_hooked(
+        &mut self,
+        work: &[(usize, &[u32])],
+        tally: Option<&mut KernelTally>,
+    ) -> Result<&[f32]> {
         let vocab = self.model.config.vocab;
         crate::engine::check_batch_work(work, self.states.len(), vocab)?;
         self.items = 0;
@@ -114,7 +136,7 @@ impl CpuBatch {
             &self.model,
             &mut segs,
             &mut self.scratch,
-            &mut StepHooks::new(None, None),
+            &mut StepHooks::new(None, tally.map(|t| t as &mut dyn KernelTimer)),
             Some(out),
         )?;
         self.items = work.len();
@@ -141,10 +163,22 @@ impl crate::engine::BatchEngine for CpuBatch {
     fn step(&mut self, work: &[(usize, &[u32])]) -> Result<&[f32]> {
         CpuBatch::step(self, work)
     }
+    fn step_timed(
+        &mut self,
+        work: &[(usize, &[u32])],
+        _timing: crate::gpu::profile::GpuTiming,
+        tally: &mut KernelTally,
+    ) -> Result<String> {
+        CpuBatch::step_timed(self, work, tally)?;
+        Ok(super::profile::METHOD.to_string())
+    }
     fn last_logits(&self) -> &[f32] {
         CpuBatch::last_logits(self)
     }
     fn describe(&self) -> String {
         super::engine::describe(self.scratch.prep.precision)
+    }
+    fn precision(&self) -> Precision {
+        self.scratch.prep.precision
     }
 }

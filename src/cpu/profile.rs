@@ -5,6 +5,9 @@ use crate::error::Result;
 use crate::profile::{KernelProfile, KernelTally};
 use std::time::Instant;
 
+/// How the CPU times its kernels (the profile's `method`).
+pub(crate) const METHOD: &str = "cpu: std::time::Instant at kernel boundaries";
+
 /// Run `step` (a timed decode step with logits, reporting to the tally) for
 /// every id of `tokens` and average the kernels per token.
 ///
@@ -21,11 +24,7 @@ pub(super) fn profile(
         step(t, &mut tally)?;
         wall += t0.elapsed().as_secs_f64();
     }
-    Ok(tally.into_profile(
-        tokens.len(),
-        wall,
-        "cpu: std::time::Instant at kernel boundaries",
-    ))
+    Ok(tally.into_profile(tokens.len(), wall, METHOD))
 }
 
 /// Run `run` (a timed pass of several tokens, reporting to the tally) `runs`
@@ -43,9 +42,5 @@ pub(super) fn profile_runs(
     for _ in 0..runs {
         run(&mut tally)?;
     }
-    Ok(tally.into_profile(
-        tokens,
-        t0.elapsed().as_secs_f64(),
-        "cpu: std::time::Instant at kernel boundaries",
-    ))
+    Ok(tally.into_profile(tokens, t0.elapsed().as_secs_f64(), METHOD))
 }

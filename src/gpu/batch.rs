@@ -25,10 +25,12 @@
 
 use super::engine::GpuEngine;
 use super::prefill::{mixed_ops, PrefillPlan, SeqBinding};
-use super::recorder::{self, Observer};
+use super::profile::GpuTiming;
+use super::recorder::{self, Observer, Queries};
 use super::step_input::StepInput;
 use super::{GpuContext, ProgramKind};
 use crate::error::{Error, Result};
+use crate::profile::{KernelTally, KernelTimer};
 use crate::weights::Model;
 use std::sync::Arc;
 
@@ -58,6 +60,16 @@ pub struct GpuBatch {
     pass: Vec<Placed>,
     words: Vec<u32>,
     ends: Vec<usize>,
+    /// While [`GpuBatch::step_timed`] runs: how each pass is timed, and the
+    /// tally its dispatches go to.
+    timer: Option<PassTimer>,
+}
+
+/// The timing of a [`GpuBatch::step_timed`]: timestamp queries around each
+/// dispatch (else a submit and wait per dispatch) and the tally they fill.
+struct PassTimer {
+    timestamps: bool,
+    tally: KernelTally,
 }
 
 impl std::fmt::Debug for GpuBatch {
@@ -118,6 +130,7 @@ impl GpuBatch {
             pass: Vec::with_capacity(engine.slots.count),
             words: Vec::new(),
             ends: Vec::with_capacity(engine.slots.count),
+            timer: None,
             engine,
         })
     }
@@ -223,6 +236,35 @@ impl GpuBatch {
         Ok(&self.logits[..work.len() * vocab])
     }
 
+    /// [`GpuBatch::step`] with every dispatch of its passes timed into `tally`
+    /// by kernel name (with timestamp queries inside the passes where `timing`
+    /// allows them, else a submit and wait per dispatch, which includes that
+    /// overhead); returns how they were timed. The same logits as an untimed step.
+    ///
+    /// # Errors
+    /// As [`GpuBatch::step`]; [`Error::Gpu`] for [`GpuTiming::Timestamps`] on a
+    /// device without timestamp queries.
+    pub fn step_timed(
+        &mut self,
+        work: &[(usize, &[u32])],
+        timing: GpuTiming,
+        tally: &mut KernelTally,
+    ) -> Result<String> {
+        let ctx = Arc::clone(&self.engine.ctx);
+        let timestamps = timing.use_timestamps(&ctx)?;
+        self.timer = Some(PassTimer {
+            timestamps,
+            tally: std::mem::take(tally),
+        });
+        let ran = self.step(work).map(|_| ());
+        if let Some(t) = self.timer.take() {
+            *tally = t.tally;
+        }
+        ran?;
+        let period = timestamps.then(|| f64::from(ctx.queue.get_timestamp_period()));
+        Ok(GpuTiming::describe(period, ctx.caps.timestamps))
+    }
+
     /// The logits of the last [`GpuBatch::step`] that succeeded, `[items, vocab]`
     /// (empty before any).
     pub fn last_logits(&self) -> &[f32] {
@@ -275,14 +317,44 @@ impl GpuBatch {
             .ok_or_else(|| Error::Gpu("the batch dispatches are missing".into()))?;
         let row = (c.vocab * 4) as u64;
         let staging = &self.staging;
-        recorder::submit(ctx, ops, Observer::Plain, |enc| {
+        let copy_logits = |enc: &mut wgpu::CommandEncoder| {
             for &j in ends.iter() {
                 let window = if batched_tail { j } else { pass[j].seq };
                 let at = state.logits_offset(window);
                 let to = pass[j].item as u64 * row;
                 enc.copy_buffer_to_buffer(&state.logits, at, staging, to, row);
             }
-        })
+        };
+        let Some(timer) = &mut self.timer else {
+            return recorder::submit(ctx, ops, Observer::Plain, copy_logits);
+        };
+        let meta: Vec<(&'static str, u64)> = ops
+            .iter()
+            .filter_map(|op| match op {
+                recorder::Op::Run(d) => Some((d.name, d.bytes)),
+                _ => None,
+            })
+            .collect();
+        let secs = if timer.timestamps {
+            let q = Queries::new(ctx, meta.len())?;
+            recorder::submit(ctx, ops, Observer::Timestamps(&q), copy_logits)?;
+            q.seconds(ctx)?
+        } else {
+            let mut secs = Vec::with_capacity(meta.len());
+            recorder::submit(ctx, ops, Observer::PerDispatch(&mut secs), copy_logits)?;
+            secs
+        };
+        if secs.len() != meta.len() {
+            return Err(Error::Gpu(format!(
+                "profile: {} timings for {} dispatches",
+                secs.len(),
+                meta.len()
+            )));
+        }
+        for ((name, bytes), s) in meta.into_iter().zip(secs) {
+            timer.tally.kernel(name, s, bytes);
+        }
+        Ok(())
     }
 }
 
@@ -308,11 +380,22 @@ impl crate::engine::BatchEngine for GpuBatch {
     fn step(&mut self, work: &[(usize, &[u32])]) -> Result<&[f32]> {
         GpuBatch::step(self, work)
     }
+    fn step_timed(
+        &mut self,
+        work: &[(usize, &[u32])],
+        timing: GpuTiming,
+        tally: &mut KernelTally,
+    ) -> Result<String> {
+        GpuBatch::step_timed(self, work, timing, tally)
+    }
     fn last_logits(&self) -> &[f32] {
         GpuBatch::last_logits(self)
     }
     fn describe(&self) -> String {
         use crate::engine::Engine;
         self.engine.describe()
+    }
+    fn precision(&self) -> crate::Precision {
+        crate::Precision::Exact
     }
 }

@@ -299,3 +299,143 @@ fn cli_profile_on_the_gpu_counts_every_dispatch() {
         None => assert!(per_dispatch, "no host_us_per_token: {v}"),
     }
 }
+
+/// A pass of every slot of `b` (token `t` of slot `s` from `ids`), timed into
+/// `tally` when given: the logits, and how the kernels were timed.
+fn batch_pass(
+    b: &mut dyn cqlm::BatchEngine,
+    t: usize,
+    tally: Option<&mut cqlm::profile::KernelTally>,
+) -> (Vec<f32>, String) {
+    let vocab = b.model().config.vocab;
+    let toks: Vec<[u32; 1]> = (0..b.slots())
+        .map(|s| [ids(t + 1, vocab, 11 + s as u64)[t]])
+        .collect();
+    let work: Vec<(usize, &[u32])> = toks.iter().map(|x| &x[..]).enumerate().collect();
+    match tally {
+        Some(tally) => {
+            let how = b.step_timed(&work, GpuTiming::Auto, tally).unwrap();
+            (b.last_logits().to_vec(), how)
+        }
+        None => (b.step(&work).unwrap().to_vec(), String::new()),
+    }
+}
+
+/// Builds a fresh batch engine.
+type MakeBatch<'a> = Box<dyn Fn() -> Box<dyn cqlm::BatchEngine> + 'a>;
+
+/// The batch `b` after each slot's own 5-token prompt.
+fn primed(mut b: Box<dyn cqlm::BatchEngine>) -> Box<dyn cqlm::BatchEngine> {
+    let vocab = b.model().config.vocab;
+    let prompts: Vec<Vec<u32>> = (0..b.slots())
+        .map(|s| ids(5, vocab, 300 + s as u64))
+        .collect();
+    let work: Vec<(usize, &[u32])> = prompts.iter().map(|p| &p[..]).enumerate().collect();
+    b.step(&work).unwrap();
+    b
+}
+
+#[test]
+fn batch_profiles_time_real_passes_with_every_kernel_once_a_pass() {
+    // step_timed on the CPU and GPU batch engines: the same logits as untimed
+    // passes of a twin batch, bit for bit (so the timed passes are the real
+    // ones), and the kernels a pass of 3 distinct sequences runs as the batching
+    // promises: per layer one premix, qk_store, attend, mlp and route for all
+    // slots; on the GPU the head's gathers in one dispatch and the engram
+    // convolutions per slot and site.
+    let model = tiny(7);
+    let c = model.config.clone();
+    let (layers, sites) = (c.layers, c.engram.as_ref().unwrap().sites.len());
+    let mut engines: Vec<(&str, MakeBatch<'_>)> = vec![(
+        "cpu",
+        Box::new(|| {
+            Box::new(cqlm::CpuBatch::new(Arc::clone(&model), 3, cqlm::Precision::Fast).unwrap())
+        }),
+    )];
+    if let Some(ctx) = gpu() {
+        let m = Arc::clone(&model);
+        engines.push((
+            "gpu",
+            Box::new(move || {
+                Box::new(cqlm::GpuBatch::new(Arc::clone(&m), Arc::clone(&ctx), 3, None).unwrap())
+            }),
+        ));
+    }
+    for (what, make) in engines {
+        let (mut timed, mut plain) = (primed(make()), primed(make()));
+        let mut tally = cqlm::profile::KernelTally::default();
+        let passes = 3;
+        let mut how = String::new();
+        for t in 0..passes {
+            let (a, h) = batch_pass(timed.as_mut(), t, Some(&mut tally));
+            let (b, _) = batch_pass(plain.as_mut(), t, None);
+            assert_eq!(a.len(), 3 * c.vocab);
+            let same = a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "{what}: timed pass {t} changed the logits");
+            how = h;
+        }
+        let p = tally.into_profile(passes, 1.0, &how);
+        check_common(&p, passes, what);
+        for k in ["premix", "qk_store", "attend", "mlp", "route"] {
+            assert_eq!(calls(&p, k), layers, "{what}: {k} calls a pass");
+        }
+        if what == "gpu" {
+            assert!(how.contains("gpu"), "{how}");
+            assert_eq!(calls(&p, "gather_many"), 1, "gathers of every slot at once");
+            assert_eq!(calls(&p, "gather"), 0);
+            assert_eq!(calls(&p, "engram_conv"), 3 * sites);
+        } else {
+            assert!(how.contains("cpu"), "{how}");
+        }
+    }
+}
+
+#[test]
+fn cli_profile_of_a_batch_reports_per_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = |extra: &[&'static str]| -> Vec<&'static str> {
+        let mut a = vec![
+            "profile",
+            "--preset",
+            "tiny",
+            "--backend",
+            "cpu",
+            "--tokens",
+            "2",
+        ];
+        a.extend_from_slice(extra);
+        a
+    };
+    let out = cqlm(dir.path(), &args(&["--sequences", "3", "--json"]));
+    let text = ok(&out, "profile --sequences 3 --json");
+    let v: serde_json::Value = serde_json::from_str(text.trim()).expect("one JSON object");
+    assert_eq!(v["pass"], "batch of 3");
+    assert_eq!(v["tokens"], 2);
+    assert!(v.get("calls_per_token").is_none(), "{v}");
+    let rows = v["rows"].as_array().expect("rows");
+    let mut sum = 0.0;
+    for r in rows {
+        let us = r["us_per_pass"].as_f64().expect("us_per_pass");
+        assert!(us > 0.0 && r["calls_per_pass"].as_u64().unwrap() > 0, "{r}");
+        sum += us;
+    }
+    assert!(sum <= v["step_us"].as_f64().unwrap(), "{v}");
+    let out = cqlm(dir.path(), &args(&["--sequences", "2"]));
+    let text = ok(&out, "profile --sequences 2");
+    assert!(
+        text.contains("µs/pass") && text.contains("batch of 2"),
+        "{text}"
+    );
+    for bad in [
+        &["--sequences", "0"][..],
+        &["--sequences", "2", "--prefill"],
+    ] {
+        let out = cqlm(dir.path(), &args(bad));
+        assert!(!out.status.success(), "{bad:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.starts_with("error:") && err.contains("--"),
+            "{bad:?}: {err}"
+        );
+    }
+}
