@@ -10,9 +10,13 @@
 // Prefixed by common.wgsl (silu) at pipeline build.
 //
 // Entry point and bindings (group 0):
-//   conv  bindings 0..4  dispatch (ceil(hidden / 256), 1, 1), workgroup 256:
+//   conv  bindings 0..4  dispatch (ceil(hidden / 256), slots, 1), workgroup 256:
 //         params, act (read_write), vectors (read), step (read), rings (read_write).
-//         One invocation per column c:
+//         Workgroup y is token slot y: its step words from y · step_stride, its act
+//         offsets from y · act_stride, and its sequence s = step[seq_at] owns the
+//         ring from s · ring_seq_stride on (0 where the rings binding is already
+//         that sequence's window; a batch pass's decode tokens, one per sequence,
+//         run as one dispatch with the stride). One invocation per column c:
 //         ring[t mod ring][c] = v[c];
 //         m = Σ_{j = 0}^{taps−1} [t ≥ j·dilation] conv[j][c] · ring[(t − j·dilation) mod ring][c]
 //         (j ascending from 0.0); value[c] = v[c] + silu(m).
@@ -30,6 +34,10 @@ struct EngramConvParams {
     value: u32,    // act: out
     ring_off: u32, // rings: first element of this site's ring
     conv: u32,     // vectors: conv[taps, hidden]
+    step_stride: u32,     // step words from one token slot to the next
+    act_stride: u32,      // act elements from one token slot to the next
+    seq_at: u32,          // step word of the slot's sequence
+    ring_seq_stride: u32, // rings elements from one sequence's to the next's (or 0)
 }
 @group(0) @binding(0) var<uniform> cp: EngramConvParams;
 @group(0) @binding(1) var<storage, read_write> act: array<f32>;
@@ -44,9 +52,12 @@ fn conv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (c >= h) {
         return;
     }
-    let t = step_words[1];
-    let vv = act[cp.v + c];
-    rings[cp.ring_off + (t % cp.ring) * h + c] = vv;
+    let sw = wid.y * cp.step_stride;
+    let t = step_words[sw + 1u];
+    let ring0 = cp.ring_off + step_words[sw + cp.seq_at] * cp.ring_seq_stride;
+    let a0 = wid.y * cp.act_stride;
+    let vv = act[a0 + cp.v + c];
+    rings[ring0 + (t % cp.ring) * h + c] = vv;
     var m = 0.0;
     for (var j = 0u; j < cp.taps; j++) {
         let back = j * cp.dilation;
@@ -54,7 +65,7 @@ fn conv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             break;
         }
         let r = (t - back) % cp.ring;
-        m += vecs[cp.conv + j * h + c] * rings[cp.ring_off + r * h + c];
+        m += vecs[cp.conv + j * h + c] * rings[ring0 + r * h + c];
     }
-    act[cp.value + c] = vv + silu(m);
+    act[a0 + cp.value + c] = vv + silu(m);
 }

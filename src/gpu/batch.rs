@@ -9,14 +9,14 @@
 //! A pass is one submit: every matvec, the MLP, the lane pre-mix and the lane
 //! routing are one dispatch over its slots, so the weights are decoded once for
 //! all of them, whichever sequences they belong to. Attention (qk_store, attend)
-//! finds each slot's sequence in its step input: the leading slots of distinct
-//! sequences (the decode tokens) run in one dispatch each, the rest (a prompt
-//! chunk's tokens) per slot in order. The head's gathers (embedding and engram
-//! tables) of every slot run in one dispatch, its engram matvecs batched; its
-//! convolutions run per slot, bound to the slot's sequence's rings
-//! ([`PrefillPlan`] with [`SeqBinding::Every`] per sequence, built at its first
-//! pass). A prompt chunk
-//! thus rides in the same pass as the other sequences' decode tokens. The vocabulary projection runs for the slots that
+//! and the engram convolutions find each slot's sequence in its step input: the
+//! leading slots of distinct sequences (the decode tokens) run in one dispatch
+//! each, the rest (a prompt chunk's tokens) per slot in order, bound to the
+//! slot's sequence's rings ([`PrefillPlan`] with [`SeqBinding::Every`] per
+//! sequence, built at its first pass). The head's gathers (embedding and engram
+//! tables) of every slot run in one dispatch, its engram matvecs batched. A
+//! decode pass thus runs no dispatch per slot, and a prompt chunk rides in the
+//! same pass as the other sequences' decode tokens. The vocabulary projection runs for the slots that
 //! end an item: one batched matvec over the pass when they are most of it, else
 //! one per item. The logits of the items that end in a pass are copied out in
 //! its submit, and all are read back with one map. Each item's logits are
@@ -311,8 +311,14 @@ impl GpuBatch {
             .iter()
             .map(|p| self.per_seq[p.seq].as_ref().expect("prepared"))
             .collect();
-        self.shared
-            .prepare_attention(program, super::prefill::distinct_prefix(&plans));
+        self.shared.prepare_distinct(
+            ctx,
+            program,
+            kernels,
+            weights,
+            state,
+            super::prefill::distinct_prefix(&plans),
+        );
         let ops = mixed_ops(&self.shared, &plans, ends, batched_tail)
             .ok_or_else(|| Error::Gpu("the batch dispatches are missing".into()))?;
         let row = (c.vocab * 4) as u64;

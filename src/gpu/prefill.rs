@@ -10,6 +10,7 @@
 //! step per token. The lean program ([`super::lean`]) runs a chunk as its decode steps,
 //! one after another in one submit, each rebound to its token's slot.
 
+use super::kernels::engram::EngramConvParams;
 use super::kernels::mlp::MlpKernels;
 use super::layout::Slots;
 use super::lean::ProgramKind;
@@ -83,10 +84,19 @@ pub(crate) struct PrefillPlan {
     /// Under [`SeqBinding::Batched`], per slot count built so far: the
     /// vocabulary projection of every slot in one batched matvec.
     tails: Vec<(usize, Vec<Dispatch>)>,
-    /// Under [`SeqBinding::Batched`], per count `d` built so far, per layer:
-    /// qk_store and attend of slots `0..d` in one dispatch each (slots of
-    /// distinct sequences, see [`distinct_prefix`]).
-    attention: Vec<(usize, Vec<[Dispatch; 2]>)>,
+    /// Under [`SeqBinding::Batched`], per count `d` built so far, the dispatches
+    /// that run slots `0..d` (of distinct sequences, see [`distinct_prefix`])
+    /// at once.
+    distinct: Vec<(usize, Distinct)>,
+}
+
+/// What a pass runs once for its leading slots of distinct sequences, each
+/// slot on its own sequence's rings and cache (found from its step input).
+struct Distinct {
+    /// The engram convolutions, one dispatch a site.
+    convs: Vec<Dispatch>,
+    /// Per layer: qk_store and attend.
+    layers: Vec<[Dispatch; 2]>,
 }
 
 impl PrefillPlan {
@@ -99,7 +109,7 @@ impl PrefillPlan {
             per_slot: None,
             batched: Vec::new(),
             tails: Vec::new(),
-            attention: Vec::new(),
+            distinct: Vec::new(),
         }
     }
 
@@ -225,26 +235,50 @@ impl PrefillPlan {
         }
     }
 
-    /// Under [`SeqBinding::Batched`], build (once per `d`) qk_store and attend
-    /// over slots `0..d` in one dispatch each: the step's dispatches, which bind
-    /// the whole buffers, over `d` slots. Nothing for `d < 2`.
-    pub(crate) fn prepare_attention(&mut self, program: &StepProgram, d: usize) {
+    /// Under [`SeqBinding::Batched`], build (once per `d`) what slots `0..d`
+    /// (of distinct sequences) run at once: the engram convolutions with the
+    /// rings' sequence stride, and qk_store and attend (the step's dispatches,
+    /// which bind the whole buffers), each one dispatch over `d` slots.
+    /// Nothing for `d < 2`.
+    pub(crate) fn prepare_distinct(
+        &mut self,
+        ctx: &GpuContext,
+        program: &StepProgram,
+        kernels: &Kernels,
+        weights: &GpuWeights,
+        state: &DeviceState,
+        d: usize,
+    ) {
         let fits = self.binding == SeqBinding::Batched && program.kind != ProgramKind::Lean;
-        if !fits || d < 2 || self.attention.iter().any(|(k, _)| *k == d) {
+        if !fits || d < 2 || self.distinct.iter().any(|(k, _)| *k == d) {
             return;
         }
-        let over = |one: &Dispatch| {
-            let mut all = one.clone();
+        let over = |mut all: Dispatch| {
             all.groups[1] = d as u32;
             all.bytes *= d as u64;
             all
         };
+        let convs = program
+            .head_conv_params
+            .iter()
+            .map(|cp| {
+                let cp = EngramConvParams {
+                    ring_seq_stride: state.rings_stride() as u32,
+                    ..*cp
+                };
+                let (act, step, rings) = (&state.act, &state.step, &state.rings);
+                let one = kernels
+                    .engram
+                    .conv(ctx, &cp, act, &weights.vectors, step, rings);
+                over(one)
+            })
+            .collect();
         let layers = program
             .plan
             .iter()
-            .map(|lp| [over(&lp.qk_store), over(&lp.attend)])
+            .map(|lp| [over(lp.qk_store.clone()), over(lp.attend.clone())])
             .collect();
-        self.attention.push((d, layers));
+        self.distinct.push((d, Distinct { convs, layers }));
     }
 
     /// The windows of slot `j` of the per-token buffers, and of sequence `seq`'s.
@@ -291,9 +325,9 @@ pub(crate) fn distinct_prefix(plans: &[&PrefillPlan]) -> usize {
 /// and the vocabulary projection either of each slot in `tails` (into its
 /// sequence's logits window) or, with `batched_tail` (`shared` a
 /// [`SeqBinding::Batched`] plan), of every slot in one matvec (slot `j` into
-/// window `j`). The attention of the [`distinct_prefix`] runs as one dispatch of
-/// `shared`'s when it prepared one for that count, the other slots' in order
-/// after it. A pass of one token runs its plan's decode step instead (its
+/// window `j`). The engram convolutions and the attention of the
+/// [`distinct_prefix`] run as one dispatch each of `shared`'s when it prepared
+/// them for that count, the other slots' in order after them. A pass of one token runs its plan's decode step instead (its
 /// projection, if any, into its sequence's logits window: never `batched_tail`).
 /// `None` if something was not prepared.
 pub(crate) fn mixed_ops<'a>(
@@ -326,12 +360,17 @@ pub(crate) fn mixed_ops<'a>(
     }
     let (_, head, batched) = shared.batched.iter().find(|(k, ..)| *k == n)?;
     let d = distinct_prefix(plans);
-    let together = shared.attention.iter().find(|(k, _)| *k == d);
+    let together = shared
+        .distinct
+        .iter()
+        .find(|(k, _)| *k == d)
+        .map(|(_, x)| x);
     let first_alone = if together.is_some() { d } else { 0 };
     // The gathers of every slot (one dispatch for all when they fit it: a
     // slot's gathers read only its step input), the engram sites' matvecs for
-    // all of them at once, then each slot's convolutions in token order (each
-    // writes its ring row, which the sequence's next tokens read).
+    // all of them at once, then the convolutions: the distinct prefix's at
+    // once, the other slots' in token order (each writes its ring row, which
+    // the sequence's next tokens read).
     match &head.gathers {
         Some(all) => ops.push(Op::Run(all)),
         None => {
@@ -341,7 +380,10 @@ pub(crate) fn mixed_ops<'a>(
         }
     }
     run(&mut ops, &head.sites);
-    for j in 0..n {
+    if let Some(x) = together {
+        run(&mut ops, &x.convs);
+    }
+    for j in first_alone..n {
         run(&mut ops, &slot(j)?.head.get(j)?.1);
     }
     // The per-token kernels run after the batched dispatch that feeds them and
@@ -351,8 +393,8 @@ pub(crate) fn mixed_ops<'a>(
         run(&mut ops, &b.phi);
         ops.push(Op::Run(&b.premix));
         run(&mut ops, &b.qkvg);
-        if let Some((_, layers)) = together {
-            let [qk_store, attend] = layers.get(l)?;
+        if let Some(x) = together {
+            let [qk_store, attend] = x.layers.get(l)?;
             ops.push(Op::Run(qk_store));
             ops.push(Op::Run(attend));
         }

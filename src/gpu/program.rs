@@ -123,8 +123,10 @@ pub(crate) struct StepProgram {
     pub kind: ProgramKind,
     /// Embedding gather and the engram head.
     pub head: Vec<Dispatch>,
-    /// The engram convolutions within the standard head.
+    /// The engram convolutions within the standard head, and their params (a
+    /// batch pass runs them for several sequences at once with a ring stride).
     pub head_conv: std::ops::Range<usize>,
+    pub head_conv_params: Vec<EngramConvParams>,
     /// The engram sites' value and key matvecs within the standard head (between
     /// the gathers and the convolutions), and their plans, which a prefill chunk
     /// runs batched over its token slots.
@@ -253,6 +255,7 @@ impl StepProgram {
         let (mut conv_from, mut conv_to) = (head.len(), head.len());
         let mut sites_from = head.len();
         let mut site_plans = Vec::new();
+        let mut conv_params = Vec::new();
         if let Some(e) = &c.engram {
             let e_dim = e.e_dim();
             for (t, table) in w.tables.iter().enumerate() {
@@ -310,11 +313,17 @@ impl StepProgram {
                     value: at.value as u32,
                     ring_off: (i * ring * h) as u32,
                     conv: site.conv as u32,
+                    step_stride: p.slots.step as u32,
+                    act_stride: p.slots.act as u32,
+                    seq_at: p.step.seq_at() as u32,
+                    // Rebound per sequence (its rings window) or one sequence.
+                    ring_seq_stride: 0,
                 };
                 head.push(
                     k.engram
                         .conv(ctx, &cp, &s.act, &w.vectors, &s.step, &s.rings),
                 );
+                conv_params.push(cp);
             }
             conv_to = head.len();
             let after = head.len();
@@ -389,6 +398,7 @@ impl StepProgram {
             kind: ProgramKind::Standard,
             head,
             head_conv: conv_from..conv_to,
+            head_conv_params: conv_params,
             head_sites: sites_from..conv_from,
             head_site_plans: site_plans,
             head_gathers,

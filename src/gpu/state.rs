@@ -98,6 +98,11 @@ impl DeviceState {
         (self.per_seq[1].1 / 4) as usize
     }
 
+    /// Elements from one sequence's engram rings to the next's.
+    pub(crate) fn rings_stride(&self) -> usize {
+        (self.per_seq[2].1 / 4) as usize
+    }
+
     /// Elements from one sequence's logits to the next's.
     pub(crate) fn logits_stride(&self) -> usize {
         (self.per_seq[0].1 / 4) as usize

@@ -427,6 +427,84 @@ fn mlp_matches_cpu_in_shared_and_global_transforms() {
 }
 
 #[test]
+fn engram_conv_runs_slots_of_distinct_sequences_on_their_own_rings() {
+    // A batch pass's decode tokens: one dispatch over 3 token slots, slot y
+    // reading its position and sequence from its step words (y · step_stride
+    // on) and its v / writing its value at y · act_stride, on the ring of its
+    // sequence (4 sequences' rings, ring_seq_stride apart, 2 sites each; the
+    // slot-to-sequence map permuted, positions across the ring's wrap).
+    // Against the CPU twin per slot; every other ring row and the unused
+    // sequence's rings unchanged, nothing written outside the values.
+    let Some(ctx) = gpu() else { return };
+    let k = EngramKernels::new(&ctx);
+    let mut rng = ChaCha8Rng::seed_from_u64(36);
+    let (hidden, taps, dilation) = (70usize, 4usize, 3usize);
+    let ring = (taps - 1) * dilation + 1;
+    let (seqs, slots) = (4usize, 3usize);
+    let seq_stride = 2 * ring * hidden + 13; // two sites and a gap
+    let (act_stride, step_stride, seq_at) = (2 * hidden + 5, 9usize, 7usize);
+    let rings = random_vec(&mut rng, seqs * seq_stride, 1.0);
+    let conv = random_vec(&mut rng, taps * hidden, 1.0);
+    let mut vecs = vec![2.0f32; 3];
+    let conv_at = push(&mut vecs, &conv);
+    let slot_seq = [2usize, 0, 3];
+    let slot_t = [40u64, 2, 11];
+    let mut act = vec![f32::NAN; slots * act_stride];
+    let mut step = vec![0u32; slots * step_stride];
+    let mut want_rings = rings.clone();
+    let mut want_act = act.clone();
+    for y in 0..slots {
+        let v = random_vec(&mut rng, hidden, 1.0);
+        act[y * act_stride + 3..][..hidden].copy_from_slice(&v);
+        want_act[y * act_stride + 3..][..hidden].copy_from_slice(&v);
+        step[y * step_stride + StepLayout::POS] = slot_t[y] as u32;
+        step[y * step_stride + seq_at] = slot_seq[y] as u32;
+        // The second site's ring of the slot's sequence.
+        let at = slot_seq[y] * seq_stride + ring * hidden;
+        let mut value = vec![f32::NAN; hidden];
+        let r = &mut want_rings[at..at + ring * hidden];
+        engram_conv(slot_t[y], taps, dilation, &v, &conv, r, &mut value);
+        want_act[y * act_stride + 3 + hidden..][..hidden].copy_from_slice(&value);
+    }
+    let p = EngramConvParams {
+        hidden: hidden as u32,
+        taps: taps as u32,
+        dilation: dilation as u32,
+        ring: ring as u32,
+        v: 3,
+        value: (3 + hidden) as u32,
+        ring_off: (ring * hidden) as u32,
+        conv: conv_at,
+        step_stride: step_stride as u32,
+        act_stride: act_stride as u32,
+        seq_at: seq_at as u32,
+        ring_seq_stride: seq_stride as u32,
+    };
+    let ab = ctx.storage_init("act", bytemuck::cast_slice(&act));
+    let vb = ctx.storage_init("vectors", bytemuck::cast_slice(&vecs));
+    let sb = ctx.storage_init("step", bytemuck::cast_slice(&step));
+    let rb = ctx.storage_init("rings", bytemuck::cast_slice(&rings));
+    let mut d = k.conv(&ctx, &p, &ab, &vb, &sb, &rb);
+    d.groups[1] = slots as u32;
+    run_dispatches(&ctx, &[d]).unwrap();
+    let got = ctx.read_f32(&ab, 0, act.len()).unwrap();
+    for (i, (g, w)) in got.iter().zip(&want_act).enumerate() {
+        if w.is_nan() {
+            assert!(g.is_nan(), "act[{i}] written: {g}");
+        } else {
+            assert!(
+                (g - w).abs() <= 1e-5 * (1.0 + w.abs()),
+                "act[{i}] (slot {}): {g} vs {w}",
+                i / act_stride
+            );
+        }
+    }
+    let got_rings = ctx.read_f32(&rb, 0, rings.len()).unwrap();
+    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+    assert_eq!(bits(&got_rings), bits(&want_rings), "rings");
+}
+
+#[test]
 fn engram_conv_matches_cpu_and_writes_the_ring_row() {
     let Some(ctx) = gpu() else { return };
     let k = EngramKernels::new(&ctx);
@@ -463,6 +541,10 @@ fn engram_conv_matches_cpu_and_writes_the_ring_row() {
                 value: push_nan(&mut act, hidden),
                 ring_off: (ring * hidden) as u32,
                 conv: push(&mut vecs, &conv),
+                step_stride: 0,
+                act_stride: 0,
+                seq_at: 5,
+                ring_seq_stride: 0,
             };
             push_nan(&mut act, 2);
             let mut step = vec![0u32; 8];

@@ -33,6 +33,15 @@ pub struct EngramConvParams {
     pub ring_off: u32,
     /// vectors offset of `conv[taps, hidden]`.
     pub conv: u32,
+    /// Step words from one token slot (workgroup y) to the next.
+    pub step_stride: u32,
+    /// act elements from one token slot to the next.
+    pub act_stride: u32,
+    /// Step word holding the slot's sequence.
+    pub seq_at: u32,
+    /// `rings` elements from one sequence's rings to the next's; 0 where the
+    /// binding is already the sequence's window.
+    pub ring_seq_stride: u32,
 }
 
 /// The compiled pipeline of the family.
@@ -49,8 +58,10 @@ impl EngramKernels {
         }
     }
 
-    /// `ceil(hidden / 256)` workgroups: ring row `t mod ring ← v`, then the site value,
-    /// with `t` read from word 1 of `step` (the per-step buffer).
+    /// `ceil(hidden / 256)` workgroups for token slot 0: ring row `t mod ring ← v`,
+    /// then the site value, with `t` read from word 1 of `step` (the per-step
+    /// buffer); with `groups[1] = n`, slots `0..n` at the params' strides, each
+    /// on its sequence's ring (their sequences distinct).
     pub fn conv(
         &self,
         ctx: &GpuContext,
