@@ -15,7 +15,7 @@
 
 use super::fast::{fast_set as model_fast_set, Product};
 use super::hooks::StepHooks;
-use super::par::{per_rows, per_token, row};
+use super::par::{per_rows, per_token, row, splits};
 use super::prep::BatchPrep;
 use super::scratch::Scratch;
 use super::state::State;
@@ -338,8 +338,9 @@ fn layer(
     let (b, u, attn) = (&s.b, &s.u, &s.attn);
     let (hd, z) = (c.hadamard_dim, SharedSlice::new(&mut s.z));
     let outs = [(&mut s.after, h), (&mut s.out, h), (&mut s.update, h)];
+    let mlp_work = hd + 4 * h;
     let mlp = || {
-        per_rows(n, hd + 4 * h, outs, &|part, t, [after, out, update]| {
+        per_rows(n, mlp_work, outs, &|part, t, [after, out, update]| {
             // SAFETY: pool part `part` owns its MLP scratch.
             let z = unsafe { row(&z, part, hd) };
             let tok = t * h..(t + 1) * h;
@@ -354,8 +355,15 @@ fn layer(
     let (a_res, b_res) = (m.a_res[l], &m.b_res[16 * l..16 * l + 16]);
     let (p_res, iters) = (&s.p_res[..n * 16], c.sinkhorn_iters);
     let route_out = &mut s.route[..n * 16];
-    let routes = || routes_of(a_res, p_res, b_res, iters, route_out);
-    beside(n, mlp, routes);
+    // A pass whose MLP stays on one thread (a decode step, a batch of a few
+    // sequences) routes its tokens at once on another, beside it.
+    if splits(n, mlp_work) {
+        mlp();
+        routes_of(a_res, p_res, b_res, iters, route_out);
+    } else {
+        let routes = || sinkhorn_routes(a_res, p_res, b_res, iters, route_out);
+        beside(mlp, routes);
+    }
     hooks.rows(t0, "after_attn", lo, &s.after[..n * h], h);
     hooks.rows(t0, "mlp_out", lo, &s.out[..n * h], h);
     hooks.clock.lap("mlp", || n as u64 * bytes::mlp(h, hd));
@@ -508,12 +516,11 @@ fn fast_set<'m>(model: &'m Model, prep: &BatchPrep) -> Option<&'m FastSet> {
     (prep.precision == Precision::Fast).then(|| &**model_fast_set(model))
 }
 
-/// Run two independent works of a pass of `n` tokens, `a` (which splits its
-/// tokens over the pool itself) and `b`: for one token, whose work does not
-/// split, on two pool parts at once; else one after the other.
-fn beside(n: usize, a: impl FnOnce() + Send, b: impl FnOnce() + Send) {
+/// Run two independent works that do not use the pool themselves on two pool
+/// parts at once (one after the other without a second thread).
+fn beside(a: impl FnOnce() + Send, b: impl FnOnce() + Send) {
     let pool = crate::pool::Pool::global();
-    if n > 1 || pool.threads() < 2 {
+    if pool.threads() < 2 {
         a();
         b();
         return;

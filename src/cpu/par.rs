@@ -14,7 +14,7 @@ const PARALLEL_FLOATS: usize = 1 << 15;
 pub(super) fn per_token(n: usize, work: usize, f: &(dyn Fn(usize, usize) + Sync)) {
     let pool = Pool::global();
     let parts = pool.threads();
-    if n < 2 || parts == 1 || n.saturating_mul(work) < PARALLEL_FLOATS {
+    if !splits(n, work) {
         (0..n).for_each(|t| f(0, t));
         return;
     }
@@ -23,6 +23,12 @@ pub(super) fn per_token(n: usize, work: usize, f: &(dyn Fn(usize, usize) + Sync)
             f(part, t);
         }
     });
+}
+
+/// Whether [`per_token`] splits `n` tokens of `work` floats each over the
+/// pool (else they run on the caller, and the caller may run on a pool part).
+pub(super) fn splits(n: usize, work: usize) -> bool {
+    n >= 2 && Pool::global().threads() > 1 && n.saturating_mul(work) >= PARALLEL_FLOATS
 }
 
 /// Call `f(part, t)` for every token `t < n`, where token `t`'s work is
