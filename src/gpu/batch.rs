@@ -282,10 +282,16 @@ impl GpuBatch {
         // The pass's step inputs, slot after slot, in one write.
         self.words.clear();
         self.words.resize((n - 1) * stride + words, 0);
+        // For a timed pass: the attention's bytes at each token's position (the
+        // dispatches' estimates are for a full cache).
+        let mut attend_bytes = 0;
         for (j, p) in pass.iter().enumerate() {
             let s = &mut self.seqs[p.seq];
             s.input.fill(c, p.token, p.seq, s.pos, 0, stride);
             self.words[j * stride..j * stride + words].copy_from_slice(&s.input.words[..words]);
+            let rows = super::profile::attended(s.pos, c.sink, c.window);
+            attend_bytes +=
+                c.layers as u64 * crate::profile::bytes::attend(c.heads, c.head_dim, rows);
             s.pos += 1;
         }
         e.ctx
@@ -357,7 +363,13 @@ impl GpuBatch {
                 meta.len()
             )));
         }
+        // The pass's attention bytes shared evenly by its attend dispatches.
+        let attends = meta.iter().filter(|(name, _)| *name == "attend").count() as u64;
         for ((name, bytes), s) in meta.into_iter().zip(secs) {
+            let bytes = match name {
+                "attend" => attend_bytes / attends,
+                _ => bytes,
+            };
             timer.tally.kernel(name, s, bytes);
         }
         Ok(())
