@@ -219,12 +219,10 @@ impl PrefillPlan {
                 .iter()
                 .flat_map(|m| m.dispatches(&kernels.cq, ctx, &weights.arenas, n))
                 .collect();
-            let gathers = program.head_gathers.as_ref().map(|one| {
-                let mut all = one.clone();
-                all.groups[1] = n as u32;
-                all.bytes *= n as u64;
-                all
-            });
+            let gathers = program
+                .head_gathers
+                .as_ref()
+                .map(|one| over_slots(one.clone(), n));
             self.batched.push((n, BatchedHead { gathers, sites }, b));
         }
         if !lean && batched_only && !self.tails.iter().any(|(k, _)| *k == n) {
@@ -253,11 +251,7 @@ impl PrefillPlan {
         if !fits || d < 2 || self.distinct.iter().any(|(k, _)| *k == d) {
             return;
         }
-        let over = |mut all: Dispatch| {
-            all.groups[1] = d as u32;
-            all.bytes *= d as u64;
-            all
-        };
+        let over = |one: Dispatch| over_slots(one, d);
         let convs = program
             .head_conv_params
             .iter()
@@ -305,6 +299,13 @@ impl PrefillPlan {
         let tails = if tail { vec![n - 1] } else { Vec::new() };
         mixed_ops(self, &plans, &tails, false)
     }
+}
+
+/// `one` (a dispatch of token slot 0, slot = workgroup y) over slots `0..n`.
+fn over_slots(mut one: Dispatch, n: usize) -> Dispatch {
+    one.groups[1] = n as u32;
+    one.bytes *= n as u64;
+    one
 }
 
 /// How many leading slots of a pass hold tokens of distinct sequences (`plans[j]`
