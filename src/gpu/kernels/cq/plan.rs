@@ -26,12 +26,21 @@ pub struct PlanCaps {
 
 impl PlanCaps {
     /// The planner's view of a device. The batched kernel serves CPU adapters
-    /// only ([`has_batched`]), which run workgroups on this machine's threads.
+    /// only ([`has_batched`]), which run workgroups on this machine's threads:
+    /// as many as it has, or lavapipe's `LP_NUM_THREADS` where that is set.
     pub fn of(caps: &Capabilities) -> PlanCaps {
+        let threads = std::env::var("LP_NUM_THREADS")
+            .ok()
+            .and_then(|v| v.trim().parse::<u32>().ok())
+            .or_else(|| {
+                std::thread::available_parallelism()
+                    .ok()
+                    .map(|n| n.get() as u32)
+            });
         PlanCaps {
             max_workgroups_per_dim: caps.max_workgroups_per_dim,
             subgroup_min: caps.subgroup_min,
-            parallel: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
+            parallel: threads.unwrap_or(1).max(1),
         }
     }
 }
