@@ -284,14 +284,16 @@ impl GpuBatch {
         self.words.resize((n - 1) * stride + words, 0);
         // For a timed pass: the attention's bytes at each token's position (the
         // dispatches' estimates are for a full cache).
-        let mut attend_bytes = 0;
+        let (timed, mut attend_bytes) = (self.timer.is_some(), 0);
         for (j, p) in pass.iter().enumerate() {
             let s = &mut self.seqs[p.seq];
             s.input.fill(c, p.token, p.seq, s.pos, 0, stride);
             self.words[j * stride..j * stride + words].copy_from_slice(&s.input.words[..words]);
-            let rows = super::profile::attended(s.pos, c.sink, c.window);
-            attend_bytes +=
-                c.layers as u64 * crate::profile::bytes::attend(c.heads, c.head_dim, rows);
+            if timed {
+                let rows = super::profile::attended(s.pos, c.sink, c.window);
+                attend_bytes +=
+                    c.layers as u64 * crate::profile::bytes::attend(c.heads, c.head_dim, rows);
+            }
             s.pos += 1;
         }
         e.ctx

@@ -204,13 +204,15 @@ impl PrefillPlan {
                         phi: mv(&lp.phi),
                         premix: kernels
                             .mhc
-                            .premix_tokens(ctx, &lp.premix, lanes, act, vectors, n),
+                            .premix(ctx, &lp.premix, lanes, act, vectors)
+                            .over_slots(n),
                         qkvg: mv(&lp.qkvg),
                         wo: mv(&lp.wo),
-                        mlp: mlp.mlp_tokens(ctx, &lp.mlp, act, vectors, n),
+                        mlp: mlp.mlp(ctx, &lp.mlp, act, vectors).over_slots(n),
                         route: kernels
                             .mhc
-                            .route_tokens(ctx, &lp.route, lanes, act, vectors, n),
+                            .route(ctx, &lp.route, lanes, act, vectors)
+                            .over_slots(n),
                     }
                 })
                 .collect();
@@ -222,7 +224,7 @@ impl PrefillPlan {
             let gathers = program
                 .head_gathers
                 .as_ref()
-                .map(|one| over_slots(one.clone(), n));
+                .map(|one| one.clone().over_slots(n));
             self.batched.push((n, BatchedHead { gathers, sites }, b));
         }
         if !lean && batched_only && !self.tails.iter().any(|(k, _)| *k == n) {
@@ -251,7 +253,7 @@ impl PrefillPlan {
         if !fits || d < 2 || self.distinct.iter().any(|(k, _)| *k == d) {
             return;
         }
-        let over = |one: Dispatch| over_slots(one, d);
+        let over = |one: Dispatch| one.over_slots(d);
         let convs = program
             .head_conv_params
             .iter()
@@ -299,13 +301,6 @@ impl PrefillPlan {
         let tails = if tail { vec![n - 1] } else { Vec::new() };
         mixed_ops(self, &plans, &tails, false)
     }
-}
-
-/// `one` (a dispatch of token slot 0, slot = workgroup y) over slots `0..n`.
-fn over_slots(mut one: Dispatch, n: usize) -> Dispatch {
-    one.groups[1] = n as u32;
-    one.bytes *= n as u64;
-    one
 }
 
 /// How many leading slots of a pass hold tokens of distinct sequences (`plans[j]`

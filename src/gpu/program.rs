@@ -134,7 +134,7 @@ pub(crate) struct StepProgram {
     pub head_site_plans: Vec<MatvecPlan>,
     /// The head's gathers (the embedding and the engram tables) in one
     /// `gather_many` dispatch for one token slot, at the slot strides: with
-    /// `groups[1] = n` a pass's slots `0..n` at once. `None` when they don't
+    /// [`Dispatch::over_slots`] a pass's slots `0..n` at once. `None` when they don't
     /// fit one dispatch ([`crate::gpu::kernels::cq::CqKernels::gather_many`]).
     pub head_gathers: Option<Dispatch>,
     /// Per layer; standard: phi, premix, qkvg, qk_store, attend, wo, mlp, route;
@@ -232,17 +232,30 @@ impl StepProgram {
     pub(crate) fn build(p: &Parts<'_>) -> Result<StepProgram> {
         let (ctx, c, k, w, a, s) = (p.ctx, p.config, p.kernels, p.weights, p.act, p.state);
         let h = c.hidden;
-        // ---- head: embedding and engram.
-        let mut head = k.cq.gather(
-            ctx,
-            &w.arenas,
-            &w.embed,
-            (&s.step, StepLayout::TOKEN),
-            (h as f32).sqrt(),
-            (&s.lanes, 0),
-            4,
-            h,
-        )?;
+        // ---- head: embedding and engram. The gathers `(matrix, step word of the
+        // row, scale, output (0: lanes, 1: act), offset, copies, copy stride)`:
+        // the embedding into the 4 lanes, then each engram table's row.
+        let mut gathers = vec![(&w.embed, StepLayout::TOKEN, (h as f32).sqrt(), 0, 0, 4, h)];
+        if let Some(e) = &c.engram {
+            for (t, table) in w.tables.iter().enumerate() {
+                gathers.push((table, p.step.rows_at() + t, 1.0, 1, a.e + t * e.dim, 1, 0));
+            }
+        }
+        let outs = [&s.lanes, &s.act];
+        let gather = |&(m, idx_at, scale, to, off, copies, stride): &(_, _, _, usize, _, _, _)| {
+            let out = (outs[to], off);
+            k.cq.gather(
+                ctx,
+                &w.arenas,
+                m,
+                (&s.step, idx_at),
+                scale,
+                out,
+                copies,
+                stride,
+            )
+        };
+        let mut head = gather(&gathers[0])?;
         let cap = |after: usize, name: String, layer, source, offset, len| CapturePoint {
             after,
             name,
@@ -258,17 +271,8 @@ impl StepProgram {
         let mut conv_params = Vec::new();
         if let Some(e) = &c.engram {
             let e_dim = e.e_dim();
-            for (t, table) in w.tables.iter().enumerate() {
-                head.extend(k.cq.gather(
-                    ctx,
-                    &w.arenas,
-                    table,
-                    (&s.step, p.step.rows_at() + t),
-                    1.0,
-                    (&s.act, a.e + t * e.dim),
-                    1,
-                    0,
-                )?);
+            for g in &gathers[1..] {
+                head.extend(gather(g)?);
             }
             sites_from = head.len();
             for (site, at) in w.sites.iter().zip(&a.sites) {
@@ -380,18 +384,12 @@ impl StepProgram {
             x_stride: p.slots.lanes,
             y_stride: s.logits_stride(),
         };
-        let mut gathers = vec![(&w.embed, StepLayout::TOKEN, (h as f32).sqrt(), 0, 0, 4, h)];
-        if let Some(e) = &c.engram {
-            for (t, table) in w.tables.iter().enumerate() {
-                gathers.push((table, p.step.rows_at() + t, 1.0, 1, a.e + t * e.dim, 1, 0));
-            }
-        }
         let head_gathers = k.cq.gather_many(
             ctx,
             &w.arenas,
             &gathers,
             &s.step,
-            [&s.lanes, &s.act],
+            outs,
             (p.slots.step, [p.slots.lanes, p.slots.act]),
         );
         let mut program = StepProgram {

@@ -382,6 +382,15 @@ impl Dispatch {
         self
     }
 
+    /// This dispatch of token slot 0 (slot = workgroup y, at the strides its
+    /// params carry) over slots `0..n`: `n` workgroup rows, `n` times the bytes.
+    /// The kernels whose docs say so run each slot as if alone.
+    pub fn over_slots(mut self, n: usize) -> Dispatch {
+        self.groups[1] = n.max(1) as u32;
+        self.bytes *= n.max(1) as u64;
+        self
+    }
+
     /// Record into a compute pass.
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>) {
         pass.set_pipeline(&self.pipeline);

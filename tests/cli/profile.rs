@@ -365,17 +365,33 @@ fn batch_profiles_time_real_passes_with_every_kernel_once_a_pass() {
         let (mut timed, mut plain) = (primed(make()), primed(make()));
         let mut tally = cqlm::profile::KernelTally::default();
         let passes = 3;
-        let mut how = String::new();
+        let (mut how, mut wall) = (String::new(), 0.0);
         for t in 0..passes {
+            let t0 = std::time::Instant::now();
             let (a, h) = batch_pass(timed.as_mut(), t, Some(&mut tally));
+            wall += t0.elapsed().as_secs_f64();
             let (b, _) = batch_pass(plain.as_mut(), t, None);
             assert_eq!(a.len(), 3 * c.vocab);
             let same = a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
             assert!(same, "{what}: timed pass {t} changed the logits");
             how = h;
         }
-        let p = tally.into_profile(passes, 1.0, &how);
+        let p = tally.into_profile(passes, wall, &how);
         check_common(&p, passes, what);
+        // The attention's bytes: each slot's attended rows at its position
+        // (after its 5-token prompt), every layer, as a single step counts them.
+        let attend: u64 = (0..passes as u64)
+            .map(|t| {
+                let rows = cqlm::gpu::profile::attended(5 + t, c.sink, c.window);
+                3 * layers as u64 * cqlm::profile::bytes::attend(c.heads, c.head_dim, rows)
+            })
+            .sum();
+        let got = p.rows.iter().find(|r| r.name == "attend").unwrap();
+        assert_eq!(
+            got.bytes_per_token,
+            attend / passes as u64,
+            "{what}: attend bytes"
+        );
         for k in ["premix", "qk_store", "attend", "mlp", "route"] {
             assert_eq!(calls(&p, k), layers, "{what}: {k} calls a pass");
         }

@@ -827,8 +827,10 @@ fn store_then_attend_over_slots_of_distinct_sequences() {
         ctx.queue
             .write_buffer(&step_b, 0, bytemuck::cast_slice(&step));
         let ds = [
-            kern.qk_store_tokens(&ctx, &p, &act_b, &vec_b, &step_b, &cache, seqs),
-            kern.attend_tokens(&ctx, &p, &act_b, &step_b, &cache, &scores, seqs),
+            kern.qk_store(&ctx, &p, &act_b, &vec_b, &step_b, &cache)
+                .over_slots(seqs),
+            kern.attend(&ctx, &p, &act_b, &step_b, &cache, &scores)
+                .over_slots(seqs),
         ];
         run_dispatches(&ctx, &ds).unwrap();
         let got = ctx.read_f32(&act_b, 0, act.len()).unwrap();

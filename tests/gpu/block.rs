@@ -314,8 +314,8 @@ fn premix_and_route_run_every_slot_as_if_alone() {
     let ab = ctx.storage_init("act", bytemuck::cast_slice(&act));
     let vb = ctx.storage_init("vectors", bytemuck::cast_slice(&vecs));
     let ds = [
-        k.premix_tokens(&ctx, &pm, &lb, &ab, &vb, slots),
-        k.route_tokens(&ctx, &rp, &lb, &ab, &vb, slots),
+        k.premix(&ctx, &pm, &lb, &ab, &vb).over_slots(slots),
+        k.route(&ctx, &rp, &lb, &ab, &vb).over_slots(slots),
     ];
     run_dispatches(&ctx, &ds).unwrap();
     let got_act = ctx.read_f32(&ab, 0, act.len()).unwrap();
@@ -484,8 +484,7 @@ fn engram_conv_runs_slots_of_distinct_sequences_on_their_own_rings() {
     let vb = ctx.storage_init("vectors", bytemuck::cast_slice(&vecs));
     let sb = ctx.storage_init("step", bytemuck::cast_slice(&step));
     let rb = ctx.storage_init("rings", bytemuck::cast_slice(&rings));
-    let mut d = k.conv(&ctx, &p, &ab, &vb, &sb, &rb);
-    d.groups[1] = slots as u32;
+    let d = k.conv(&ctx, &p, &ab, &vb, &sb, &rb).over_slots(slots);
     run_dispatches(&ctx, &[d]).unwrap();
     let got = ctx.read_f32(&ab, 0, act.len()).unwrap();
     for (i, (g, w)) in got.iter().zip(&want_act).enumerate() {

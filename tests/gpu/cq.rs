@@ -606,7 +606,7 @@ fn gather_many_gathers_every_slot_at_its_strides() {
         poisoned(&ctx, slots * stride_b),
     );
     let items = [(&ga, 1, 1.5f32, 0, 2, 4, 100), (&gb, 3, 1.0, 1, 5, 1, 0)];
-    let mut d = k
+    let d = k
         .gather_many(
             &ctx,
             &arenas,
@@ -615,8 +615,8 @@ fn gather_many_gathers_every_slot_at_its_strides() {
             [&out_a, &out_b],
             (idx_stride, [stride_a, stride_b]),
         )
-        .expect("fits one dispatch");
-    d.groups[1] = slots as u32;
+        .expect("fits one dispatch")
+        .over_slots(slots);
     run_dispatches(&ctx, std::slice::from_ref(&d)).unwrap();
     let got_a = ctx.read_f32(&out_a, 0, slots * stride_a).unwrap();
     let got_b = ctx.read_f32(&out_b, 0, slots * stride_b).unwrap();

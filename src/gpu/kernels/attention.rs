@@ -207,6 +207,9 @@ impl AttentionKernels {
     /// quantized to int8 (`scale = max(1e-12, max|x|)/127`,
     /// `code = clamp(round_half_to_even(x/scale), −127, 127)`) and stored at cache
     /// row `(layer, j, step[2])`. RoPE reads `step[cos_at..]` and `step[sin_at..]`.
+    /// Over token slots ([`Dispatch::over_slots`]): slots and sequences at the
+    /// strides of `p`; the slots must belong to distinct sequences (their
+    /// workgroups run in no particular order).
     pub fn qk_store(
         &self,
         ctx: &GpuContext,
@@ -216,26 +219,7 @@ impl AttentionKernels {
         step: &wgpu::Buffer,
         cache: &KvCache,
     ) -> Dispatch {
-        self.qk_store_tokens(ctx, p, act, vectors, step, cache, 1)
-    }
-
-    /// [`AttentionKernels::qk_store`] for token slots `0..tokens` in one dispatch
-    /// (`(heads + kv_heads, tokens, 1)`; slots and sequences at the strides of `p`).
-    /// The slots must belong to distinct sequences: their workgroups run in no
-    /// particular order.
-    #[allow(clippy::too_many_arguments)]
-    pub fn qk_store_tokens(
-        &self,
-        ctx: &GpuContext,
-        p: &AttnParams,
-        act: &wgpu::Buffer,
-        vectors: &wgpu::Buffer,
-        step: &wgpu::Buffer,
-        cache: &KvCache,
-        tokens: usize,
-    ) -> Dispatch {
         debug_check(p, cache);
-        let n = tokens.max(1) as u32;
         let ub = ctx.uniform_init("qk_store params", bytemuck::bytes_of(p));
         Dispatch::new(
             ctx,
@@ -250,11 +234,13 @@ impl AttentionKernels {
                 &cache.k_scale,
                 &cache.v_scale,
             ],
-            [p.heads + p.kv_heads, n, 1],
+            [p.heads + p.kv_heads, 1, 1],
         )
-        .with_bytes(
-            bytes::qk_store(p.heads as usize, p.kv_heads as usize, p.head_dim as usize) * n as u64,
-        )
+        .with_bytes(bytes::qk_store(
+            p.heads as usize,
+            p.kv_heads as usize,
+            p.head_dim as usize,
+        ))
     }
 
     /// Dispatch `(heads, 1, 1)`: query head `h` with KV head `j = h / (heads/kv_heads)`
@@ -265,6 +251,9 @@ impl AttentionKernels {
     /// `o_h ⊙= σ(g_h)`, written at `o_off + h·head_dim` in `act`. `scores` is f32
     /// scratch of at least `heads · rows` elements. The dispatch's byte estimate is
     /// for a full cache (`rows` positions); profiles recount it for the position.
+    /// Over token slots ([`Dispatch::over_slots`]): slots and sequences at the
+    /// strides of `p`; the slots must belong to distinct sequences (each
+    /// sequence's scores are one scratch).
     pub fn attend(
         &self,
         ctx: &GpuContext,
@@ -274,26 +263,7 @@ impl AttentionKernels {
         cache: &KvCache,
         scores: &wgpu::Buffer,
     ) -> Dispatch {
-        self.attend_tokens(ctx, p, act, step, cache, scores, 1)
-    }
-
-    /// [`AttentionKernels::attend`] for token slots `0..tokens` in one dispatch
-    /// (`(heads, tokens, 1)`; slots and sequences at the strides of `p`). The
-    /// slots must belong to distinct sequences (each sequence's scores are one
-    /// scratch).
-    #[allow(clippy::too_many_arguments)]
-    pub fn attend_tokens(
-        &self,
-        ctx: &GpuContext,
-        p: &AttnParams,
-        act: &wgpu::Buffer,
-        step: &wgpu::Buffer,
-        cache: &KvCache,
-        scores: &wgpu::Buffer,
-        tokens: usize,
-    ) -> Dispatch {
         debug_check(p, cache);
-        let n = tokens.max(1) as u32;
         debug_assert!(scores.size() >= u64::from(p.heads) * u64::from(p.rows) * 4);
         let ub = ctx.uniform_init("attend params", bytemuck::bytes_of(p));
         Dispatch::new(
@@ -309,11 +279,13 @@ impl AttentionKernels {
                 &cache.v_scale,
                 scores,
             ],
-            [p.heads, n, 1],
+            [p.heads, 1, 1],
         )
-        .with_bytes(
-            bytes::attend(p.heads as usize, p.head_dim as usize, p.rows as usize) * n as u64,
-        )
+        .with_bytes(bytes::attend(
+            p.heads as usize,
+            p.head_dim as usize,
+            p.rows as usize,
+        ))
     }
 }
 

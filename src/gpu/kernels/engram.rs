@@ -60,8 +60,8 @@ impl EngramKernels {
 
     /// `ceil(hidden / 256)` workgroups for token slot 0: ring row `t mod ring ← v`,
     /// then the site value, with `t` read from word 1 of `step` (the per-step
-    /// buffer); with `groups[1] = n`, slots `0..n` at the params' strides, each
-    /// on its sequence's ring (their sequences distinct).
+    /// buffer). Over token slots ([`Dispatch::over_slots`]): each slot at the
+    /// params' strides, on its sequence's ring (their sequences distinct).
     pub fn conv(
         &self,
         ctx: &GpuContext,

@@ -103,6 +103,8 @@ impl MhcKernels {
 
     /// One workgroup: `u = Σ_i hpre[i]·lanes[i]`, `b = u` (plus `α·value` at an
     /// engram site), written to `act` at `p.u` and `p.b`. `lanes` is only read.
+    /// Over token slots ([`Dispatch::over_slots`]): one workgroup a slot, slot
+    /// `y` at the strides of `p`, each as if alone.
     pub fn premix(
         &self,
         ctx: &GpuContext,
@@ -111,29 +113,15 @@ impl MhcKernels {
         act: &wgpu::Buffer,
         vectors: &wgpu::Buffer,
     ) -> Dispatch {
-        self.premix_tokens(ctx, p, lanes, act, vectors, 1)
-    }
-
-    /// [`MhcKernels::premix`] for token slots `0..tokens` in one dispatch (one
-    /// workgroup a slot; slot `y` at the strides of `p`), each as if alone.
-    pub fn premix_tokens(
-        &self,
-        ctx: &GpuContext,
-        p: &PremixParams,
-        lanes: &wgpu::Buffer,
-        act: &wgpu::Buffer,
-        vectors: &wgpu::Buffer,
-        tokens: usize,
-    ) -> Dispatch {
         let ub = ctx.uniform_init("premix params", bytemuck::bytes_of(p));
-        let n = tokens.max(1) as u32;
-        Dispatch::new(ctx, &self.premix, &[&ub, lanes, act, vectors], [1, n, 1])
-            .with_bytes(bytes::premix(p.hidden as usize, p.site != 0) * n as u64)
+        Dispatch::new(ctx, &self.premix, &[&ub, lanes, act, vectors], [1, 1, 1])
+            .with_bytes(bytes::premix(p.hidden as usize, p.site != 0))
     }
 
     /// `lanes'[i] = Σ_j route[i][j]·lanes[j] + hpost[i]·update`, in place on `lanes`
     /// (`ceil(hidden / 256)` workgroups). `act` is only read but for the 16
-    /// route weights written at `p.route_out`.
+    /// route weights written at `p.route_out`. Over token slots
+    /// ([`Dispatch::over_slots`]): slot `y` at the strides of `p`, each as if alone.
     pub fn route(
         &self,
         ctx: &GpuContext,
@@ -142,30 +130,15 @@ impl MhcKernels {
         act: &wgpu::Buffer,
         vectors: &wgpu::Buffer,
     ) -> Dispatch {
-        self.route_tokens(ctx, p, lanes, act, vectors, 1)
-    }
-
-    /// [`MhcKernels::route`] for token slots `0..tokens` in one dispatch (slot
-    /// `y` at the strides of `p`), each as if alone.
-    pub fn route_tokens(
-        &self,
-        ctx: &GpuContext,
-        p: &RouteParams,
-        lanes: &wgpu::Buffer,
-        act: &wgpu::Buffer,
-        vectors: &wgpu::Buffer,
-        tokens: usize,
-    ) -> Dispatch {
         let ub = ctx.uniform_init("route params", bytemuck::bytes_of(p));
         let groups = p.hidden.div_ceil(256).max(1);
-        let n = tokens.max(1) as u32;
         Dispatch::new(
             ctx,
             &self.route,
             &[&ub, lanes, act, vectors],
-            [groups, n, 1],
+            [groups, 1, 1],
         )
-        .with_bytes(bytes::route(p.hidden as usize) * n as u64)
+        .with_bytes(bytes::route(p.hidden as usize))
     }
 }
 

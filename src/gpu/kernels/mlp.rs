@@ -72,6 +72,8 @@ impl MlpKernels {
 
     /// One workgroup: `after = b + s·zcrms(attn, post_norm)` and
     /// `update = hadamard_mlp(after) − u`, written to `act` at `p.after` and `p.update`.
+    /// Over token slots ([`Dispatch::over_slots`]): one workgroup a slot, run in
+    /// parallel, slot `y` at every act offset plus `y · p.tstride`.
     pub fn mlp(
         &self,
         ctx: &GpuContext,
@@ -79,22 +81,9 @@ impl MlpKernels {
         act: &wgpu::Buffer,
         vectors: &wgpu::Buffer,
     ) -> Dispatch {
-        self.mlp_tokens(ctx, p, act, vectors, 1)
-    }
-
-    /// [`MlpKernels::mlp`] for `tokens` token slots in one dispatch (one workgroup
-    /// each, run in parallel), slot `y` at every act offset plus `y · p.tstride`.
-    pub fn mlp_tokens(
-        &self,
-        ctx: &GpuContext,
-        p: &MlpParams,
-        act: &wgpu::Buffer,
-        vectors: &wgpu::Buffer,
-        tokens: usize,
-    ) -> Dispatch {
         let ub = ctx.uniform_init("mlp params", bytemuck::bytes_of(p));
-        Dispatch::new(ctx, &self.mlp, &[&ub, act, vectors], [1, tokens as u32, 1])
-            .with_bytes(tokens as u64 * bytes::mlp(p.hidden as usize, p.hd as usize))
+        Dispatch::new(ctx, &self.mlp, &[&ub, act, vectors], [1, 1, 1])
+            .with_bytes(bytes::mlp(p.hidden as usize, p.hd as usize))
     }
 }
 

@@ -52,10 +52,10 @@ impl CqKernels {
 
     /// The gathers of `items` (`(matrix, idx_at, scale, output, out_off, copies,
     /// copy_stride)`, as [`CqKernels::gather`] takes them, output 0 or 1 of
-    /// `outs`, all from one index buffer) in one dispatch, for one token slot:
-    /// the dispatch with `groups[1] = n` runs them for slots `0..n`, slot `y`
-    /// reading its indices `y · strides.0` words on and writing its outputs
-    /// `y · strides.1[o]` elements on. `None` when they have more than
+    /// `outs`, all from one index buffer) in one dispatch, for one token slot;
+    /// over slots ([`Dispatch::over_slots`]), slot `y` reads its indices
+    /// `y · strides.0` words on and writes its outputs `y · strides.1[o]`
+    /// elements on. `None` when they have more than
     /// [`GATHER_ENTRIES`] arena parts in all, more than two arenas, a group over
     /// [`MAX_GROUP`], or more workgroups than one grid row holds.
     #[allow(clippy::type_complexity)]

@@ -29,18 +29,24 @@ impl PlanCaps {
     /// only ([`has_batched`]), which run workgroups on this machine's threads:
     /// as many as it has, or lavapipe's `LP_NUM_THREADS` where that is set.
     pub fn of(caps: &Capabilities) -> PlanCaps {
-        let threads = std::env::var("LP_NUM_THREADS")
-            .ok()
-            .and_then(|v| v.trim().parse::<u32>().ok())
-            .or_else(|| {
-                std::thread::available_parallelism()
-                    .ok()
-                    .map(|n| n.get() as u32)
-            });
+        // Read once: every matvec that a program or a prefill builds plans with it.
+        static THREADS: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+        let threads = *THREADS.get_or_init(|| {
+            let lavapipe = std::env::var("LP_NUM_THREADS").ok();
+            lavapipe
+                .and_then(|v| v.trim().parse::<u32>().ok())
+                .or_else(|| {
+                    std::thread::available_parallelism()
+                        .ok()
+                        .map(|n| n.get() as u32)
+                })
+                .unwrap_or(1)
+                .max(1)
+        });
         PlanCaps {
             max_workgroups_per_dim: caps.max_workgroups_per_dim,
             subgroup_min: caps.subgroup_min,
-            parallel: threads.unwrap_or(1).max(1),
+            parallel: threads,
         }
     }
 }
@@ -59,7 +65,7 @@ pub struct Launch {
     /// `w_off`, `lane_stride`, `in_out`: zero here) filled in.
     pub params: MatvecParams,
     /// Workgroups in x, y, z (`params.grid_x` is x; z: the batched kernel's
-    /// blocks of `params.tb` inputs, workgroup z taking blocks z, z + groups[2], …).
+    /// blocks of `params.tb` inputs, workgroup z taking blocks `z, z + groups[2], …`).
     pub groups: [u32; 3],
     /// `groups · group` of the parts' matrices (the prepared input's length).
     pub padded: usize,
