@@ -257,7 +257,10 @@ mod x86 {
         _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i)))
     }
 
-    /// Scores of up to 4 heads (`qs` rows `h0 .. h0 + H`) at every slot.
+    /// Scores of up to 4 heads (`qs` rows `h0 .. h0 + H`) at every slot, two
+    /// slots at a time (`2·H` independent FMA chains: one slot's `H` chains
+    /// alone wait on the FMA latency); each slot's sum in the order of one.
+    /// `d % 8 == 0`, slots inside the cache (the caller checked both).
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn scores<const H: usize>(
@@ -270,24 +273,92 @@ mod x86 {
     ) {
         let n = slots.len();
         let inv = 1.0 / (d as f32).sqrt();
-        for (i, &slot) in slots.iter().enumerate() {
+        let q = qs.as_ptr().add(h0 * d);
+        let mut i = 0;
+        while i + 2 <= n {
+            let (s0, s1) = (*slots.get_unchecked(i), *slots.get_unchecked(i + 1));
+            let (k0, k1) = (kv.k.as_ptr().add(s0 * d), kv.k.as_ptr().add(s1 * d));
+            let mut a0 = [_mm256_setzero_ps(); H];
+            let mut a1 = [_mm256_setzero_ps(); H];
+            for c in (0..d).step_by(8) {
+                let (f0, f1) = (codes8(k0.add(c)), codes8(k1.add(c)));
+                for h in 0..H {
+                    let qv = _mm256_loadu_ps(q.add(h * d + c));
+                    a0[h] = _mm256_fmadd_ps(qv, f0, a0[h]);
+                    a1[h] = _mm256_fmadd_ps(qv, f1, a1[h]);
+                }
+            }
+            let (ks0, ks1) = (*kv.k_scale.get_unchecked(s0), *kv.k_scale.get_unchecked(s1));
+            for h in 0..H {
+                *scores.get_unchecked_mut((h0 + h) * n + i) = hsum8(a0[h]) * ks0 * inv;
+                *scores.get_unchecked_mut((h0 + h) * n + i + 1) = hsum8(a1[h]) * ks1 * inv;
+            }
+            i += 2;
+        }
+        if i < n {
+            let slot = *slots.get_unchecked(i);
             let k = kv.k.as_ptr().add(slot * d);
             let mut acc = [_mm256_setzero_ps(); H];
             for c in (0..d).step_by(8) {
                 let kf = codes8(k.add(c));
                 for h in 0..H {
-                    let q = _mm256_loadu_ps(qs.as_ptr().add((h0 + h) * d + c));
-                    acc[h] = _mm256_fmadd_ps(q, kf, acc[h]);
+                    let qv = _mm256_loadu_ps(q.add(h * d + c));
+                    acc[h] = _mm256_fmadd_ps(qv, kf, acc[h]);
                 }
             }
-            let ks = kv.k_scale[slot];
+            let ks = *kv.k_scale.get_unchecked(slot);
             for h in 0..H {
-                scores[(h0 + h) * n + i] = hsum8(acc[h]) * ks * inv;
+                *scores.get_unchecked_mut((h0 + h) * n + i) = hsum8(acc[h]) * ks * inv;
             }
         }
     }
 
-    /// Outputs of up to 4 heads from their softmax weights (already scaled by the value scales).
+    /// Softmax of one head's scores in place, folded with the value scales of
+    /// their slots: `e_i / Σ e · Vscale[slot_i]`, 8 lanes at a time.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn softmax(s: &mut [f32], kv: &KvHeadView, slots: &[usize]) {
+        let n = s.len();
+        let body = n - n % 8;
+        let mut m = _mm256_set1_ps(f32::NEG_INFINITY);
+        for c in (0..body).step_by(8) {
+            m = _mm256_max_ps(m, _mm256_loadu_ps(s.as_ptr().add(c)));
+        }
+        let mut lanes = [0.0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), m);
+        let max = lanes
+            .iter()
+            .chain(&s[body..])
+            .copied()
+            .fold(f32::NEG_INFINITY, f32::max);
+        s.iter_mut().for_each(|v| *v -= max);
+        exp_slice(s);
+        let mut t = _mm256_setzero_ps();
+        for c in (0..body).step_by(8) {
+            t = _mm256_add_ps(t, _mm256_loadu_ps(s.as_ptr().add(c)));
+        }
+        let total = hsum8(t) + s[body..].iter().sum::<f32>();
+        let inv = 1.0 / total;
+        let iv = _mm256_set1_ps(inv);
+        for c in (0..body).step_by(8) {
+            let sl = slots.as_ptr().add(c);
+            let vs = |j: usize| *kv.v_scale.get_unchecked(*sl.add(j));
+            let scale = _mm256_setr_ps(vs(0), vs(1), vs(2), vs(3), vs(4), vs(5), vs(6), vs(7));
+            let e = _mm256_loadu_ps(s.as_ptr().add(c));
+            _mm256_storeu_ps(
+                s.as_mut_ptr().add(c),
+                _mm256_mul_ps(_mm256_mul_ps(e, iv), scale),
+            );
+        }
+        for (v, &slot) in s[body..].iter_mut().zip(&slots[body..]) {
+            *v = *v * inv * kv.v_scale[slot];
+        }
+    }
+
+    /// Outputs of up to 4 heads from their softmax weights (already scaled by
+    /// the value scales), 16 dimensions at a time where `d` allows (`2·H`
+    /// FMA chains, each weight broadcast once for both halves); each output
+    /// summed over the slots in order.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn values<const H: usize>(
@@ -299,16 +370,38 @@ mod x86 {
         out: &mut [f32],
     ) {
         let n = slots.len();
-        for c in (0..d).step_by(8) {
+        let w = w.as_ptr().add(h0 * n);
+        let o = out.as_mut_ptr().add(h0 * d);
+        let mut c = 0;
+        while c + 16 <= d {
+            let mut a0 = [_mm256_setzero_ps(); H];
+            let mut a1 = [_mm256_setzero_ps(); H];
+            for (i, &slot) in slots.iter().enumerate() {
+                let v = kv.v.as_ptr().add(slot * d + c);
+                let (v0, v1) = (codes8(v), codes8(v.add(8)));
+                for h in 0..H {
+                    let wt = _mm256_broadcast_ss(&*w.add(h * n + i));
+                    a0[h] = _mm256_fmadd_ps(wt, v0, a0[h]);
+                    a1[h] = _mm256_fmadd_ps(wt, v1, a1[h]);
+                }
+            }
+            for h in 0..H {
+                _mm256_storeu_ps(o.add(h * d + c), a0[h]);
+                _mm256_storeu_ps(o.add(h * d + c + 8), a1[h]);
+            }
+            c += 16;
+        }
+        if c < d {
             let mut acc = [_mm256_setzero_ps(); H];
             for (i, &slot) in slots.iter().enumerate() {
                 let vf = codes8(kv.v.as_ptr().add(slot * d + c));
                 for h in 0..H {
-                    acc[h] = _mm256_fmadd_ps(_mm256_set1_ps(w[(h0 + h) * n + i]), vf, acc[h]);
+                    let wt = _mm256_broadcast_ss(&*w.add(h * n + i));
+                    acc[h] = _mm256_fmadd_ps(wt, vf, acc[h]);
                 }
             }
             for h in 0..H {
-                _mm256_storeu_ps(out.as_mut_ptr().add((h0 + h) * d + c), acc[h]);
+                _mm256_storeu_ps(o.add(h * d + c), acc[h]);
             }
         }
     }
@@ -574,13 +667,7 @@ mod x86 {
         }
         // Softmax per head, folded with the value scales.
         for s in scores.chunks_exact_mut(n.max(1)).take(g) {
-            let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            s.iter_mut().for_each(|v| *v -= max);
-            exp_slice(s);
-            let total: f32 = s.iter().sum();
-            for (v, &slot) in s.iter_mut().zip(slots) {
-                *v = *v / total * kv.v_scale[slot];
-            }
+            softmax(s, kv, slots);
         }
         let mut h = 0;
         while h + 4 <= g {
