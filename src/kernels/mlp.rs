@@ -6,75 +6,81 @@ use super::norm::{inv_rms_wide, zcrms_into};
 use super::vmath::silu_of_product;
 use crate::cq::fwht;
 
-/// `out = after + (d3 ⊙ nfwht(silu(d2 ⊙ nfwht(d1 ⊙ pad(zcrms(after, norm))))))[..hidden]`.
-/// `z` is scratch of `hadamard_dim = d1.len()` entries.
-///
-/// The transforms are `n = hadamard_dim` wide, but their input is zero past
-/// `hidden` and only the first `hidden` outputs are used. With
-/// `m = max(16, hidden.next_power_of_two())` (at most `n`) and `H_n = H_{n/m} ⊗
-/// H_m` (Sylvester order, `H_{n/m}`'s first row and column all ones):
-/// - the first transform is `H_m` of the first `m` values, repeated `n/m`
-///   times (zeros add nothing);
-/// - the first `m` outputs of the second are `H_m` of the sum of its input's
-///   `n/m` blocks (summed by folding halves: block `b` plus block
-///   `b + n/2m`, and so on).
-///
-/// So both run `m` wide: the same function up to float rounding (the order of
-/// the second transform's additions, and the sign of an exact zero), the MLP's
-/// transforms `n/m` times cheaper.
-///
-/// # Panics
-/// If the lengths disagree.
-pub fn hadamard_mlp(
-    after: &[f32],
-    norm: &[f32],
-    d1: &[f32],
-    d2: &[f32],
-    d3: &[f32],
-    z: &mut [f32],
-    out: &mut [f32],
-) {
-    let (h, n) = (after.len(), z.len());
-    assert!(d1.len() == n && d2.len() == n && d3.len() == n && out.len() == h);
-    assert!(
-        h <= n && norm.len() == h && n.is_power_of_two(),
-        "hadamard_mlp: lengths"
-    );
-    let m = h.next_power_of_two().max(16).min(n);
-    let s = 1.0 / (n as f32).sqrt();
-    #[cfg(target_arch = "x86_64")]
-    if m >= 16
-        && n / m <= x86::MAX_COPIES
-        && crate::simd::CpuSimd::selected() == crate::simd::CpuSimd::Avx512
-    {
-        // SAFETY: the selection implies AVX-512F; lengths checked above.
-        unsafe { x86::hadamard_mlp_512(after, norm, [d1, d2, d3], m, z, out) };
-        return;
-    }
-    let y = &mut z[..m];
-    zcrms_into(after, norm, &mut y[..h]);
-    y[h..].fill(0.0);
-    for (v, w) in y.iter_mut().zip(d1) {
-        *v *= w;
-    }
-    fwht(y);
-    // The transformed input, scaled, in every block; then silu(d2 ⊙ ·).
-    for i in (0..m).rev() {
-        let v = z[i] * s;
-        for b in 0..n / m {
-            z[b * m + i] = v;
+crate::simd::simd_fn! {
+    /// `out = after + (d3 ⊙ nfwht(silu(d2 ⊙ nfwht(d1 ⊙ pad(zcrms(after, norm))))))[..hidden]`.
+    /// `z` is scratch of `hadamard_dim = d1.len()` entries.
+    ///
+    /// The transforms are `n = hadamard_dim` wide, but their input is zero past
+    /// `hidden` and only the first `hidden` outputs are used. With
+    /// `m = max(16, hidden.next_power_of_two())` (at most `n`) and `H_n = H_{n/m} ⊗
+    /// H_m` (Sylvester order, `H_{n/m}`'s first row and column all ones):
+    /// - the first transform is `H_m` of the first `m` values, repeated `n/m`
+    ///   times (zeros add nothing);
+    /// - the first `m` outputs of the second are `H_m` of the sum of its input's
+    ///   `n/m` blocks (summed by folding halves: block `b` plus block
+    ///   `b + n/2m`, and so on).
+    ///
+    /// So both run `m` wide: the same function up to float rounding (the order of
+    /// the second transform's additions, and the sign of an exact zero), the MLP's
+    /// transforms `n/m` times cheaper.
+    ///
+    /// # Panics
+    /// If the lengths disagree.
+    pub fn hadamard_mlp(
+        after: &[f32],
+        norm: &[f32],
+        d1: &[f32],
+        d2: &[f32],
+        d3: &[f32],
+        z: &mut [f32],
+        out: &mut [f32],
+    ) {
+        let (h, n) = (after.len(), z.len());
+        assert!(d1.len() == n && d2.len() == n && d3.len() == n && out.len() == h);
+        assert!(
+            h <= n && norm.len() == h && n.is_power_of_two(),
+            "hadamard_mlp: lengths"
+        );
+        let m = h.next_power_of_two().max(16).min(n);
+        let s = 1.0 / (n as f32).sqrt();
+        #[cfg(target_arch = "x86_64")]
+        if m >= 16
+            && n / m <= x86::MAX_COPIES
+            && crate::simd::CpuSimd::selected() == crate::simd::CpuSimd::Avx512
+        {
+            // SAFETY: the selection implies AVX-512F; lengths checked above.
+            unsafe { x86::hadamard_mlp_512(after, norm, [d1, d2, d3], m, z, out) };
+            return;
         }
-    }
-    silu_of_product(z, d2);
-    fold_blocks(z, m);
-    fwht(&mut z[..m]);
-    for (((o, a), v), w) in out.iter_mut().zip(after).zip(z.iter()).zip(d3) {
-        *o = a + (v * s) * w;
+        let y = &mut z[..m];
+        zcrms_into(after, norm, &mut y[..h]);
+        y[h..].fill(0.0);
+        for (v, w) in y.iter_mut().zip(d1) {
+            *v *= w;
+        }
+        fwht(y);
+        // The transformed input, scaled, in every block (block 0 last: it is the
+        // source); then silu(d2 ⊙ ·).
+        let (first, rest) = z.split_at_mut(m);
+        for block in rest.chunks_exact_mut(m) {
+            for (o, v) in block.iter_mut().zip(first.iter()) {
+                *o = v * s;
+            }
+        }
+        first.iter_mut().for_each(|v| *v *= s);
+        silu_of_product(z, d2);
+        fold_blocks(z, m);
+        fwht(&mut z[..m]);
+        for (((o, a), v), w) in out.iter_mut().zip(after).zip(z.iter()).zip(d3) {
+            *o = a + (v * s) * w;
+        }
     }
 }
 
 /// `z[..m]` ← the sum of `z`'s `z.len() / m` blocks of `m`, folding halves
 /// (`z[i] += z[i + len/2]` for `len` = `z.len()`, `z.len()/2`, … `2m`).
+/// Inlined into [`hadamard_mlp`]'s SIMD builds.
+#[inline(always)]
 fn fold_blocks(z: &mut [f32], m: usize) {
     let mut len = z.len();
     while len > m {
