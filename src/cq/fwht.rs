@@ -78,7 +78,9 @@ pub fn fwht_scalar(x: &mut [f32]) {
 }
 
 /// AVX2 butterflies: stages 1, 2, 4 inside each 8-lane vector (permute, add,
-/// subtract, blend), then whole-vector stages.
+/// subtract, blend), then whole-vector stages, up to three a pass. Every
+/// output is the same `u + v` or `u − v` of the same inputs, stage by stage in
+/// the same order, as [`fwht_scalar`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn fwht_avx2(x: &mut [f32]) {
@@ -98,18 +100,51 @@ unsafe fn fwht_avx2(x: &mut [f32]) {
         v = _mm256_blend_ps::<0b1111_0000>(_mm256_add_ps(v, t), _mm256_sub_ps(t, v));
         _mm256_storeu_ps(p.add(b), v);
     }
+    // Then up to three stages a pass across 8 registers (radix 8), so each
+    // value is loaded and stored once per three stages.
     let mut h = 8;
     while h < n {
-        for block in (0..n).step_by(2 * h) {
-            for i in (block..block + h).step_by(8) {
-                let a = _mm256_loadu_ps(p.add(i));
-                let b = _mm256_loadu_ps(p.add(i + h));
-                _mm256_storeu_ps(p.add(i), _mm256_add_ps(a, b));
-                _mm256_storeu_ps(p.add(i + h), _mm256_sub_ps(a, b));
+        let r = if h * 8 <= n {
+            across::<8>(p, n, h)
+        } else if h * 4 <= n {
+            across::<4>(p, n, h)
+        } else {
+            across::<2>(p, n, h)
+        };
+        h *= r;
+    }
+}
+
+/// Stages `h, 2h, … (R/2)·h` of the AVX2 transform (`R` a power of two, `R·h ≤
+/// n`), in that order, over registers `h` apart; returns `R`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn across<const R: usize>(p: *mut f32, n: usize, h: usize) -> usize {
+    use std::arch::x86_64::*;
+    for block in (0..n).step_by(R * h) {
+        for i in (block..block + h).step_by(8) {
+            let mut v = [_mm256_setzero_ps(); R];
+            for (k, v) in v.iter_mut().enumerate() {
+                *v = _mm256_loadu_ps(p.add(i + k * h));
+            }
+            let mut d = 1;
+            while d < R {
+                for k in 0..R {
+                    if k & d == 0 {
+                        let (a, b) = (v[k], v[k + d]);
+                        v[k] = _mm256_add_ps(a, b);
+                        v[k + d] = _mm256_sub_ps(a, b);
+                    }
+                }
+                d *= 2;
+            }
+            for (k, v) in v.iter().enumerate() {
+                _mm256_storeu_ps(p.add(i + k * h), *v);
             }
         }
-        h *= 2;
     }
+    R
 }
 
 /// Orthonormal transform `nfwht(x) = fwht(x) / sqrt(n)`, its own inverse.
