@@ -188,10 +188,38 @@ impl<'a> Clock<'a> {
 
 crate::simd::simd_fn! {
     /// The first of the first `limit` rows (of width `w`) of `data` that holds
-    /// a NaN or an infinity: a branch-free scan per row, vectorized.
+    /// a NaN or an infinity: a branch-free scan per row, vectorized (the
+    /// largest magnitude's bits reach the all-ones exponent exactly when one
+    /// value is not finite: an `and` and an integer `max` a register).
     fn first_non_finite(data: &[f32], w: usize, limit: usize) -> Option<usize> {
+        const INF: u32 = 0x7f80_0000;
         data.chunks_exact(w)
             .take(limit)
-            .position(|r| r.iter().fold(false, |bad, v| bad | !v.is_finite()))
+            .position(|r| r.iter().fold(0, |m: u32, v| m.max(v.to_bits() & 0x7fff_ffff)) >= INF)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_non_finite;
+
+    #[test]
+    fn the_scan_finds_the_first_row_with_a_nan_or_an_infinity() {
+        // Finite extremes never count; each non-finite kind does, wherever it
+        // sits in a row of 19 (a register's tail included).
+        let finite = [f32::MAX, -f32::MAX, f32::MIN_POSITIVE / 2.0, -0.0, 1.0];
+        let bad = [f32::NAN, -f32::NAN, f32::INFINITY, f32::NEG_INFINITY];
+        let w = 19;
+        for &b in &bad {
+            for at in [0, 7, 8, 18] {
+                let mut data: Vec<f32> = (0..4 * w).map(|i| finite[i % finite.len()]).collect();
+                assert_eq!(first_non_finite(&data, w, 4), None);
+                data[2 * w + at] = b;
+                assert_eq!(first_non_finite(&data, w, 4), Some(2), "{b} at {at}");
+                assert_eq!(first_non_finite(&data, w, 2), None, "past the limit");
+                data[w + at] = b;
+                assert_eq!(first_non_finite(&data, w, 4), Some(1), "{b} at {at}");
+            }
+        }
     }
 }
