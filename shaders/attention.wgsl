@@ -34,9 +34,12 @@
 //             S = [0, min(sink, t+1)) ++ [max(sink, t-window+1), t] read at their
 //             physical slots: scores (one position per invocation, sequential dot
 //             over d as on the CPU) go to the `scores` scratch buffer at h*rows,
-//             max and sum by shared-memory tree reductions, then each invocation
-//             owns up to 4 code words of o and accumulates over S in order (weights
-//             staged 64 at a time in workgroup memory); o_h ⊙= σ(g_h) is written at
+//             max and sum by shared-memory tree reductions, then the weighted
+//             values (weights staged 64 at a time in workgroup memory): with
+//             words > 32 each invocation owns up to 4 code words of o and
+//             accumulates over S in order; with fewer, S is dealt to 64 / words
+//             interleaved stripes, one invocation per (stripe, word), and the
+//             stripes' partials are added in order; o_h ⊙= σ(g_h) is written at
 //             o_off + h*head_dim.
 
 const WG: u32 = 64u;
@@ -208,6 +211,8 @@ fn qk_store(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
 
 var<workgroup> w_sh: array<f32, WG>;
 var<workgroup> row_sh: array<u32, WG>;
+// attend: each stripe's partial sum of its code word (when words <= WG / 2).
+var<workgroup> part_sh: array<vec4<f32>, WG>;
 
 // qk_attend: the current position's int8 key (words 0..) and value (words
 // MAX_WORDS..) as this workgroup quantized them, and their scales.
@@ -215,6 +220,8 @@ const MAX_WORDS: u32 = MAX_HEAD_DIM / 4u;
 const CUR_ROW: u32 = 0xffffffffu;
 var<workgroup> cur_codes: array<u32, 512>;
 var<workgroup> cur_scale: array<f32, 2>;
+// attend: the query head as vec4 words (xs regrouped).
+var<workgroup> q4: array<vec4<f32>, MAX_WORDS>;
 
 // Cache row (within the head's rows) of the i-th attended position: the sink
 // prefix [0, n1) first, then the window from `lo` on.
@@ -249,6 +256,18 @@ fn attend_bases(y: u32) {
     score0 = seq * ap.scores_stride;
 }
 
+// The 4 value codes of word w of the position staged at k (row_sh[k]: a cache
+// row, or CUR_ROW for qk_attend's current position), as f32.
+fn v_codes(k: u32, w: u32) -> vec4<f32> {
+    var word: u32;
+    if (row_sh[k] == CUR_ROW) {
+        word = cur_codes[MAX_WORDS + w];
+    } else {
+        word = a_vcodes[code0 + row_sh[k] * ap.words + w];
+    }
+    return vec4<f32>(code_at(word, 0u), code_at(word, 1u), code_at(word, 2u), code_at(word, 3u));
+}
+
 // Query head h (already in xs, loaded before the call) attends over S; with `cur`,
 // the current position's key and value come from cur_codes / cur_scale (this
 // workgroup's own quantization, qk_attend) instead of the cache. Uniform control flow.
@@ -271,6 +290,18 @@ fn attend_body(h: u32, li: u32, cur: bool) {
     let sc0 = score0 + h * ap.rows;
 
     workgroupBarrier();
+    // The query as whole code words (zero past head_dim, where the codes are zero
+    // padding): one workgroup load a word below instead of four.
+    for (var w = li; w < ap.words; w += WG) {
+        var v = vec4<f32>(0.0);
+        for (var b = 0u; b < 4u; b++) {
+            if (4u * w + b < n) {
+                v[b] = xs[4u * w + b];
+            }
+        }
+        q4[w] = v;
+    }
+    workgroupBarrier();
 
     // Scores, one position per invocation; position i is always handled by
     // invocation i % WG, so the scratch round trips below need no storage barrier.
@@ -288,12 +319,12 @@ fn attend_body(h: u32, li: u32, cur: bool) {
             } else {
                 word = a_kcodes[kb + w];
             }
-            for (var b = 0u; b < 4u; b++) {
-                let d = 4u * w + b;
-                if (d < n) {
-                    dot += xs[d] * code_at(word, b);
-                }
-            }
+            // In the order of d, as on the CPU (a padding byte adds 0 · 0).
+            let q = q4[w];
+            dot += q.x * code_at(word, 0u);
+            dot += q.y * code_at(word, 1u);
+            dot += q.z * code_at(word, 2u);
+            dot += q.w * code_at(word, 3u);
         }
         var ks: f32;
         if (mine) {
@@ -314,11 +345,23 @@ fn attend_body(h: u32, li: u32, cur: bool) {
     }
     let total = wg_sum(part, li);
 
-    // o = Σ_i (e_i / total) · Vscale · Vcode, in the order of S.
+    // o = Σ_i (e_i / total) · Vscale · Vcode. With few code words (words ≤ WG/2,
+    // e.g. 16 for head_dim 64) the positions are dealt to `stripes = WG / words`
+    // interleaved stripes so that every invocation works: invocation li owns word
+    // li % words of stripe li / words, sums its stripe's positions in the order of
+    // S, and the stripes' partials are added in stripe order at the end. With more
+    // words, one stripe: each invocation owns up to ACC_WORDS words and sums every
+    // position in the order of S (the CPU's order).
+    let stripes = max(1u, WG / ap.words);
     var acc: array<vec4<f32>, ACC_WORDS>;
     for (var c = 0u; c < ACC_WORDS; c++) {
         acc[c] = vec4<f32>(0.0);
     }
+    // The striped sum's accumulator: a register of its own (a dynamically
+    // indexed array lives in memory on CPU adapters).
+    var a0 = vec4<f32>(0.0);
+    let mine_w = li % ap.words;
+    let mine_s = li / ap.words;
     let tiles = (count + WG - 1u) / WG;
     for (var tile = 0u; tile < tiles; tile++) {
         let i = tile * WG + li;
@@ -334,24 +377,41 @@ fn attend_body(h: u32, li: u32, cur: bool) {
         }
         workgroupBarrier();
         let here = min(WG, count - tile * WG);
-        for (var k = 0u; k < here; k++) {
-            let wt = w_sh[k];
-            let vb = code0 + row_sh[k] * ap.words;
-            for (var c = 0u; c < ACC_WORDS; c++) {
-                let w = li + c * WG;
-                if (w < ap.words) {
-                    var word: u32;
-                    if (row_sh[k] == CUR_ROW) {
-                        word = cur_codes[MAX_WORDS + w];
-                    } else {
-                        word = a_vcodes[vb + w];
+        if (stripes > 1u) {
+            // Invocations past the last whole stripe (li >= stripes * words)
+            // start past `here`: they own nothing.
+            var k = mine_s;
+            if (mine_s >= stripes) {
+                k = here;
+            }
+            for (; k < here; k += stripes) {
+                a0 += w_sh[k] * v_codes(k, mine_w);
+            }
+        } else {
+            for (var k = 0u; k < here; k++) {
+                let wt = w_sh[k];
+                for (var c = 0u; c < ACC_WORDS; c++) {
+                    let w = li + c * WG;
+                    if (w < ap.words) {
+                        acc[c] += wt * v_codes(k, w);
                     }
-                    let codes = vec4<f32>(code_at(word, 0u), code_at(word, 1u), code_at(word, 2u), code_at(word, 3u));
-                    acc[c] += wt * codes;
                 }
             }
         }
         workgroupBarrier();
+    }
+    if (stripes > 1u) {
+        if (mine_s < stripes) {
+            part_sh[li] = a0;
+        }
+        workgroupBarrier();
+        if (li < ap.words) {
+            var sum = part_sh[li];
+            for (var s = 1u; s < stripes; s++) {
+                sum += part_sh[s * ap.words + li];
+            }
+            acc[0] = sum;
+        }
     }
 
     // Gate and write.

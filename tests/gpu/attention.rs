@@ -404,10 +404,17 @@ fn attend_matches_cpu() {
     ];
     // Several 64-position tiles of the weighted V sum, and every accumulator word (head_dim 1024).
     let long: &[(usize, usize, &[u64])] = &[(3, 150, &[40, 200]), (0, 70, &[69, 300])];
+    // Code words per head (head_dim / 4, rounded up) decide how the V sum is
+    // split: 64 / words interleaved position stripes below 33 words (16, 3, 16,
+    // 20 and 32 here: 4, 21, 4, 3 and 2 stripes, the 21 and 3 leaving
+    // invocations idle), one stripe of up to 4 words an invocation above.
     for (heads, kv_heads, hd, cases) in [
         (4usize, 2usize, 16usize, small),
         (3, 3, 10, small),
         (8, 2, 64, small),
+        (4, 2, 64, long),
+        (2, 1, 80, long),
+        (2, 2, 128, long),
         (2, 1, 1024, long),
         (2, 2, 264, long),
     ] {
