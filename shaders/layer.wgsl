@@ -361,7 +361,7 @@ fn logits_input(li: u32) {
     sync();
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn layer_step(@builtin(local_invocation_index) li: u32) {
     ta = 0u;
     if ((lp.flags & F_CONV) != 0u) {

@@ -8,7 +8,7 @@
 // Prefixed by common.wgsl (wg_sum, silu, scratch) at pipeline build.
 //
 // Entry point and bindings (group 0):
-//   mlp  bindings 0..2  dispatch (1, tokens, 1), workgroup 256 (ONE workgroup per
+//   mlp  bindings 0..2  dispatch (1, tokens, 1), workgroup WG (ONE workgroup per
 //        token; a decode step has one, a prefill chunk one per token slot, slot y
 //        at act offsets + y·tstride): params, act (read_write), vectors (read).
 //        after  = b + out_scale·zcrms(attn, post_norm)
@@ -23,7 +23,11 @@
 //        of SEED §1 (h = 1, 2, 4, ...), each element seeing the same additions
 //        as on the CPU; the nfwht scale 1/sqrt(hd) is applied after the butterfly.
 
-const WG: u32 = 256u;
+// Invocations per workgroup: a pipeline override (gpu::kernels::mlp::MlpKernels
+// sets it from Capabilities::mlp_workgroup: 256 on GPUs, 64 on CPU adapters,
+// where each barrier runs a loop over the workgroup's subgroups). A power of two,
+// at most SCRATCH_LEN. layer.wgsl keeps the default.
+override WG: u32 = 256u;
 const CHUNK: u32 = 4096u;
 const EPS: f32 = 1e-6;
 const SCRATCH_LEN: u32 = CHUNK;
@@ -162,7 +166,7 @@ fn z_init(i: u32, r: f32) -> f32 {
     return v * vecs[mp.d1 + i];
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn mlp(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     ta = wid.y * mp.tstride;
     mlp_body(li);

@@ -59,6 +59,11 @@ pub struct Capabilities {
     /// Matvecs run one row per invocation (chosen for CPU adapters such as
     /// lavapipe, or forced by [`GpuOptions::row_matvec`] / `CQLM_MATVEC`).
     pub row_matvec: bool,
+    /// Invocations of the MLP's one workgroup a token (shaders/mlp.wgsl's
+    /// override `WG`): 64 on CPU adapters, where each barrier is a loop over the
+    /// workgroup's subgroups (lavapipe: 1.6× faster than 256), 256 on GPUs;
+    /// `CQLM_MLP_WORKGROUP` (64, 128 or 256) forces it.
+    pub mlp_workgroup: u32,
 }
 
 /// A device and its queue, shared by the engines on it.
@@ -240,6 +245,13 @@ impl GpuContext {
                     _ => info.device_type == wgpu::DeviceType::Cpu,
                 }
             }),
+            mlp_workgroup: match std::env::var("CQLM_MLP_WORKGROUP").as_deref() {
+                Ok("64") => 64,
+                Ok("128") => 128,
+                Ok("256") => 256,
+                _ if info.device_type == wgpu::DeviceType::Cpu => 64,
+                _ => 256,
+            },
         };
         // Subgroup kernels assume subgroups are aligned runs of
         // local_invocation_index; no API guarantees it, so check before using them.

@@ -349,10 +349,15 @@ fn premix_and_route_run_every_slot_as_if_alone() {
 #[test]
 fn mlp_matches_cpu_in_shared_and_global_transforms() {
     let Some(ctx) = gpu() else { return };
-    let k = MlpKernels::new(&ctx);
     let mut rng = ChaCha8Rng::seed_from_u64(33);
-    // hd 8192 exceeds the workgroup-memory transform and takes the global path.
-    for (hidden, hd) in [(80usize, 128usize), (200, 256), (512, 2048), (300, 8192)] {
+    // Every workgroup width a device may get (Capabilities::mlp_workgroup: 64 on
+    // CPU adapters, 256 on GPUs) and one between; hd 8192 exceeds the
+    // workgroup-memory transform and takes the global path.
+    let cases = [64u32, 128, 256].into_iter().flat_map(|wg| {
+        [(80usize, 128usize), (200, 256), (512, 2048), (300, 8192)].map(|c| (wg, c))
+    });
+    for (wg, (hidden, hd)) in cases {
+        let k = MlpKernels::with_workgroup(&ctx, wg);
         let b = random_vec(&mut rng, hidden, 2.0);
         let u = random_vec(&mut rng, hidden, 2.0);
         let attn = random_vec(&mut rng, hidden, 3.0);
@@ -409,14 +414,14 @@ fn mlp_matches_cpu_in_shared_and_global_transforms() {
         let got = ctx.read_f32(&ab, 0, act.len()).unwrap();
         let ea = rel_l2(&got[p.after as usize..][..hidden], &after);
         let eu = rel_l2(&got[p.update as usize..][..hidden], &update);
-        assert!(ea <= 1e-5, "mlp after hidden {hidden} hd {hd}: {ea}");
-        assert!(eu <= 1e-5, "mlp update hidden {hidden} hd {hd}: {eu}");
+        assert!(ea <= 1e-5, "mlp {wg} after hidden {hidden} hd {hd}: {ea}");
+        assert!(eu <= 1e-5, "mlp {wg} update hidden {hidden} hd {hd}: {eu}");
         let eo = rel_l2(&got[p.out as usize..][..hidden], &out);
-        assert!(eo <= 1e-5, "mlp out hidden {hidden} hd {hd}: {eo}");
+        assert!(eo <= 1e-5, "mlp {wg} out hidden {hidden} hd {hd}: {eo}");
         let end = p.z as usize + hd;
         assert!(
             got[end..].iter().all(|v| v.is_nan()),
-            "mlp wrote past z (hd {hd})"
+            "mlp {wg} wrote past z (hd {hd})"
         );
         assert_eq!(
             &got[..p.after as usize],

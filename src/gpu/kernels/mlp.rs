@@ -63,10 +63,32 @@ pub struct MlpKernels {
 }
 
 impl MlpKernels {
-    /// Compile the entry point.
+    /// Compile the entry point with the device's workgroup width
+    /// ([`crate::gpu::Capabilities::mlp_workgroup`]).
     pub fn new(ctx: &GpuContext) -> MlpKernels {
+        MlpKernels::with_workgroup(ctx, ctx.caps.mlp_workgroup)
+    }
+
+    /// Compile the entry point with `invocations` per workgroup (a power of two
+    /// from 32 to 256, WebGPU's default limit; every width computes the same
+    /// arithmetic but for the order of the two RMS sums' partials).
+    ///
+    /// # Panics
+    /// If `invocations` is not such a power of two.
+    pub fn with_workgroup(ctx: &GpuContext, invocations: u32) -> MlpKernels {
+        assert!(
+            invocations.is_power_of_two() && (32..=256).contains(&invocations),
+            "mlp workgroup of {invocations} invocations"
+        );
         MlpKernels {
-            mlp: Kernel::new(ctx, SOURCE, "mlp", "mlp", 0, &[]),
+            mlp: Kernel::new(
+                ctx,
+                SOURCE,
+                "mlp",
+                "mlp",
+                0,
+                &[("WG", f64::from(invocations))],
+            ),
         }
     }
 
