@@ -43,22 +43,87 @@ const XW: u32 = 4096u;
 var<workgroup> xw: array<f32, 4096>;
 
 // In-place unnormalised Walsh–Hadamard butterflies on xw[0..len], every group of
-// `group` values (a power of two dividing len) transformed alone, stage by stage in
-// the order of SEED §1, by `threads` invocations (li < threads). Ends each stage
-// with a barrier; call in uniform control flow. (naga takes no workgroup pointers
-// as arguments, so it works on xw, the one staging array of the file.)
+// `group` values (a power of two dividing len) transformed alone, in the stage
+// order of SEED §1, by `threads` invocations (li < threads). Call in uniform
+// control flow; ends with a barrier. (naga takes no workgroup pointers as
+// arguments, so it works on xw, the one staging array of the file.)
+//
+// Three stages a pass (radix 8, as mlp.wgsl's fwht_shared): a pass from stage h0
+// gives each invocation runs of m = min(8, group / h0) values base + j·h0, which
+// it loads into registers, runs stages h0, 2·h0, 4·h0 on (those below group) and
+// stores back: one barrier a pass instead of one a stage, and two workgroup
+// accesses a value a pass instead of a stage (per-lane gathers on CPU adapters).
+// A run never crosses a group (m·h0 divides group), every value sees the same
+// additions in the same order as stage by stage, so the result is bit-identical.
+// Indices by shifts and masks: h0 = 2^sh, m = 2^msh.
 fn fwht_groups(len: u32, group: u32, li: u32, threads: u32) {
-    for (var h = 1u; h < group; h = h << 1u) {
-        for (var p = li; p < len / 2u; p += threads) {
-            let i = (p / h) * 2u * h + (p % h);
-            let j = i + h;
-            let a = xw[i];
-            let b = xw[j];
-            xw[i] = a + b;
-            xw[j] = a - b;
+    var sh = 0u;
+    for (var h0 = 1u; h0 < group; h0 = h0 << 3u) {
+        let m = min(8u, group >> sh);
+        let msh = countTrailingZeros(m);
+        for (var r = li; r < (len >> msh); r += threads) {
+            let e = (((r >> sh) << msh) << sh) + (r & (h0 - 1u));
+            // Unrolled by hand so the values stay in registers.
+            if (m == 8u) {
+                var v0 = xw[e];
+                var v1 = xw[e + h0];
+                var v2 = xw[e + 2u * h0];
+                var v3 = xw[e + 3u * h0];
+                var v4 = xw[e + 4u * h0];
+                var v5 = xw[e + 5u * h0];
+                var v6 = xw[e + 6u * h0];
+                var v7 = xw[e + 7u * h0];
+                bfly(&v0, &v1);
+                bfly(&v2, &v3);
+                bfly(&v4, &v5);
+                bfly(&v6, &v7);
+                bfly(&v0, &v2);
+                bfly(&v1, &v3);
+                bfly(&v4, &v6);
+                bfly(&v5, &v7);
+                bfly(&v0, &v4);
+                bfly(&v1, &v5);
+                bfly(&v2, &v6);
+                bfly(&v3, &v7);
+                xw[e] = v0;
+                xw[e + h0] = v1;
+                xw[e + 2u * h0] = v2;
+                xw[e + 3u * h0] = v3;
+                xw[e + 4u * h0] = v4;
+                xw[e + 5u * h0] = v5;
+                xw[e + 6u * h0] = v6;
+                xw[e + 7u * h0] = v7;
+            } else if (m == 4u) {
+                var v0 = xw[e];
+                var v1 = xw[e + h0];
+                var v2 = xw[e + 2u * h0];
+                var v3 = xw[e + 3u * h0];
+                bfly(&v0, &v1);
+                bfly(&v2, &v3);
+                bfly(&v0, &v2);
+                bfly(&v1, &v3);
+                xw[e] = v0;
+                xw[e + h0] = v1;
+                xw[e + 2u * h0] = v2;
+                xw[e + 3u * h0] = v3;
+            } else {
+                var v0 = xw[e];
+                var v1 = xw[e + h0];
+                bfly(&v0, &v1);
+                xw[e] = v0;
+                xw[e + h0] = v1;
+            }
         }
         workgroupBarrier();
+        sh += 3u;
     }
+}
+
+// One butterfly: (a, b) <- (a + b, a - b).
+fn bfly(a: ptr<function, f32>, b: ptr<function, f32>) {
+    let t = *a;
+    *a = t + *b;
+    *b = t - *b;
 }
 
 // ---------------------------------------------------------------- matvec
