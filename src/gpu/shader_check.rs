@@ -93,17 +93,18 @@ mod tests {
             (sample::SOURCE, "topk", 1024 + 16 + 16 + 16 + 1024),
             // xs 1024 × 4 + scratch 64 × 4; attend adds w_sh and row_sh (64 × 4
             // each) and, through attend_body (which qk_attend shares), cur_codes
-            // (512 × 4) and cur_scale (2 × 4 → 16).
+            // (512 × 4), cur_scale (2 × 4 → 16), q4 (256 vec4: 4096) and
+            // part_sh (64 vec4: 1024): 12 KiB, within WebGPU's default 16 KiB.
             (attention::SOURCE, "qk_store", 4096 + 256),
             (
                 attention::SOURCE,
                 "attend",
-                4096 + 256 + 256 + 256 + 2048 + 16,
+                4096 + 256 + 256 + 256 + 2048 + 16 + 4096 + 1024,
             ),
             (
                 attention::SOURCE,
                 "qk_attend",
-                4096 + 256 + 256 + 256 + 2048 + 16,
+                4096 + 256 + 256 + 256 + 2048 + 16 + 4096 + 1024,
             ),
             // mlp.wgsl's scratch only: within WebGPU's default 16 KiB.
             (layer::SOURCE, "layer_step", 16384),
