@@ -63,7 +63,34 @@ pub struct Capabilities {
     /// override `WG`): 64 on CPU adapters, where each barrier is a loop over the
     /// workgroup's subgroups (lavapipe: 1.6× faster than 256), 256 on GPUs;
     /// `CQLM_MLP_WORKGROUP` (64, 128 or 256) forces it.
-    pub mlp_workgroup: u32,
+    pub mlp_workgroup: MlpWorkgroup,
+}
+
+/// The widths the GPU MLP kernel is built at ([`Capabilities::mlp_workgroup`]):
+/// powers of two within WebGPU's default 256 invocations a workgroup. Every
+/// width computes the same arithmetic but for the order of the RMS sums' partials.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MlpWorkgroup {
+    /// 64 invocations (chosen on CPU adapters).
+    W64,
+    /// 128 invocations.
+    W128,
+    /// 256 invocations (chosen on GPUs).
+    W256,
+}
+
+impl MlpWorkgroup {
+    /// Every width, narrowest first.
+    pub const ALL: [MlpWorkgroup; 3] = [MlpWorkgroup::W64, MlpWorkgroup::W128, MlpWorkgroup::W256];
+
+    /// Invocations per workgroup.
+    pub fn invocations(self) -> u32 {
+        match self {
+            MlpWorkgroup::W64 => 64,
+            MlpWorkgroup::W128 => 128,
+            MlpWorkgroup::W256 => 256,
+        }
+    }
 }
 
 /// A device and its queue, shared by the engines on it.
@@ -246,11 +273,11 @@ impl GpuContext {
                 }
             }),
             mlp_workgroup: match std::env::var("CQLM_MLP_WORKGROUP").as_deref() {
-                Ok("64") => 64,
-                Ok("128") => 128,
-                Ok("256") => 256,
-                _ if info.device_type == wgpu::DeviceType::Cpu => 64,
-                _ => 256,
+                Ok("64") => MlpWorkgroup::W64,
+                Ok("128") => MlpWorkgroup::W128,
+                Ok("256") => MlpWorkgroup::W256,
+                _ if info.device_type == wgpu::DeviceType::Cpu => MlpWorkgroup::W64,
+                _ => MlpWorkgroup::W256,
             },
         };
         // Subgroup kernels assume subgroups are aligned runs of

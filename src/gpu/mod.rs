@@ -31,7 +31,7 @@ mod util;
 pub use batch::GpuBatch;
 pub use capture::Captured;
 pub use context::{
-    device_type_name, env_flag, list_adapters, Capabilities, GpuContext, GpuOptions,
+    device_type_name, env_flag, list_adapters, Capabilities, GpuContext, GpuOptions, MlpWorkgroup,
 };
 pub use engine::GpuEngine;
 pub use layout::PREFILL_SLOTS;

@@ -8,8 +8,8 @@ use crate::common::random_vec;
 use cqlm::gpu::kernels::engram::{EngramConvParams, EngramKernels};
 use cqlm::gpu::kernels::mhc::{MhcKernels, PremixParams, RouteParams};
 use cqlm::gpu::kernels::mlp::{MlpKernels, MlpParams};
-use cqlm::gpu::run_dispatches;
 use cqlm::gpu::step_input::StepLayout;
+use cqlm::gpu::{run_dispatches, MlpWorkgroup};
 use cqlm::kernels::engram::conv as engram_conv;
 use cqlm::kernels::mhc::{premix, route, EngramGate};
 use cqlm::kernels::mlp;
@@ -353,11 +353,12 @@ fn mlp_matches_cpu_in_shared_and_global_transforms() {
     // Every workgroup width a device may get (Capabilities::mlp_workgroup: 64 on
     // CPU adapters, 256 on GPUs) and one between; hd 8192 exceeds the
     // workgroup-memory transform and takes the global path.
-    let cases = [64u32, 128, 256].into_iter().flat_map(|wg| {
-        [(80usize, 128usize), (200, 256), (512, 2048), (300, 8192)].map(|c| (wg, c))
-    });
-    for (wg, (hidden, hd)) in cases {
-        let k = MlpKernels::with_workgroup(&ctx, wg);
+    let cases = MlpWorkgroup::ALL
+        .into_iter()
+        .flat_map(|w| [(80usize, 128usize), (200, 256), (512, 2048), (300, 8192)].map(|c| (w, c)));
+    for (width, (hidden, hd)) in cases {
+        let k = MlpKernels::with_workgroup(&ctx, width);
+        let wg = width.invocations();
         let b = random_vec(&mut rng, hidden, 2.0);
         let u = random_vec(&mut rng, hidden, 2.0);
         let attn = random_vec(&mut rng, hidden, 3.0);

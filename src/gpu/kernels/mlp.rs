@@ -2,7 +2,7 @@
 //! residual before it and the lane update after it (shaders/mlp.wgsl).
 //! CPU twin: [`crate::kernels::mlp::block`].
 
-use crate::gpu::{Dispatch, GpuContext, Kernel};
+use crate::gpu::{Dispatch, GpuContext, Kernel, MlpWorkgroup};
 use crate::profile::bytes;
 use bytemuck::{Pod, Zeroable};
 
@@ -69,26 +69,11 @@ impl MlpKernels {
         MlpKernels::with_workgroup(ctx, ctx.caps.mlp_workgroup)
     }
 
-    /// Compile the entry point with `invocations` per workgroup (a power of two
-    /// from 32 to 256, WebGPU's default limit; every width computes the same
-    /// arithmetic but for the order of the two RMS sums' partials).
-    ///
-    /// # Panics
-    /// If `invocations` is not such a power of two.
-    pub fn with_workgroup(ctx: &GpuContext, invocations: u32) -> MlpKernels {
-        assert!(
-            invocations.is_power_of_two() && (32..=256).contains(&invocations),
-            "mlp workgroup of {invocations} invocations"
-        );
+    /// Compile the entry point at the workgroup width `width`.
+    pub fn with_workgroup(ctx: &GpuContext, width: MlpWorkgroup) -> MlpKernels {
+        let wg = f64::from(width.invocations());
         MlpKernels {
-            mlp: Kernel::new(
-                ctx,
-                SOURCE,
-                "mlp",
-                "mlp",
-                0,
-                &[("WG", f64::from(invocations))],
-            ),
+            mlp: Kernel::new(ctx, SOURCE, "mlp", "mlp", 0, &[("WG", wg)]),
         }
     }
 
