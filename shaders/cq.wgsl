@@ -6,6 +6,8 @@
 // f32 bit patterns. Offsets in the params are in u32 words (packed, codebook) or
 // in f16 units from the arena's start (norms).
 //
+// Prefixed by butterfly.wgsl (bfly, bfly4, bfly8) at pipeline build.
+//
 // Entry points and bindings (group 0):
 //   matvec   bindings 4..8  dispatch (ceil(total_rows / (4·team_rows))) as a 2-D
 //            grid of width grid_x, workgroup 64 = 4 teams x 16 lanes, each team
@@ -73,18 +75,7 @@ fn fwht_groups(len: u32, group: u32, li: u32, threads: u32) {
                 var v5 = xw[e + 5u * h0];
                 var v6 = xw[e + 6u * h0];
                 var v7 = xw[e + 7u * h0];
-                bfly(&v0, &v1);
-                bfly(&v2, &v3);
-                bfly(&v4, &v5);
-                bfly(&v6, &v7);
-                bfly(&v0, &v2);
-                bfly(&v1, &v3);
-                bfly(&v4, &v6);
-                bfly(&v5, &v7);
-                bfly(&v0, &v4);
-                bfly(&v1, &v5);
-                bfly(&v2, &v6);
-                bfly(&v3, &v7);
+                bfly8(&v0, &v1, &v2, &v3, &v4, &v5, &v6, &v7);
                 xw[e] = v0;
                 xw[e + h0] = v1;
                 xw[e + 2u * h0] = v2;
@@ -98,10 +89,7 @@ fn fwht_groups(len: u32, group: u32, li: u32, threads: u32) {
                 var v1 = xw[e + h0];
                 var v2 = xw[e + 2u * h0];
                 var v3 = xw[e + 3u * h0];
-                bfly(&v0, &v1);
-                bfly(&v2, &v3);
-                bfly(&v0, &v2);
-                bfly(&v1, &v3);
+                bfly4(&v0, &v1, &v2, &v3);
                 xw[e] = v0;
                 xw[e + h0] = v1;
                 xw[e + 2u * h0] = v2;
@@ -117,13 +105,6 @@ fn fwht_groups(len: u32, group: u32, li: u32, threads: u32) {
         workgroupBarrier();
         sh += 3u;
     }
-}
-
-// One butterfly: (a, b) <- (a + b, a - b).
-fn bfly(a: ptr<function, f32>, b: ptr<function, f32>) {
-    let t = *a;
-    *a = t + *b;
-    *b = t - *b;
 }
 
 // ---------------------------------------------------------------- matvec

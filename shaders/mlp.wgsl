@@ -5,7 +5,8 @@
 // All activations live in one f32 buffer `act` and all F32 model tensors in one
 // f32 buffer `vectors`, addressed by element offsets in the params.
 //
-// Prefixed by common.wgsl (wg_sum, silu, scratch) at pipeline build.
+// Prefixed by common.wgsl (wg_sum, silu, scratch) and butterfly.wgsl (bfly4, bfly8)
+// at pipeline build.
 //
 // Entry point and bindings (group 0):
 //   mlp  bindings 0..2  dispatch (1, tokens, 1), workgroup WG (ONE workgroup per
@@ -71,12 +72,6 @@ var<private> ta: u32;
 // with per-invocation indices are gathers on CPU adapters). Every stage pairs
 // the same elements with the same additions as the stage-by-stage order of
 // SEED §1, in the same order, so the result is bit-identical.
-// One butterfly: (a, b) <- (a + b, a - b).
-fn bfly(a: ptr<function, f32>, b: ptr<function, f32>) {
-    let t = *a;
-    *a = t + *b;
-    *b = t - *b;
-}
 
 fn fwht_shared(n: u32, li: u32) {
     for (var h0 = 1u; h0 < n; h0 = h0 * 8u) {
@@ -93,18 +88,7 @@ fn fwht_shared(n: u32, li: u32) {
                 var v5 = scratch[e + 5u * h0];
                 var v6 = scratch[e + 6u * h0];
                 var v7 = scratch[e + 7u * h0];
-                bfly(&v0, &v1);
-                bfly(&v2, &v3);
-                bfly(&v4, &v5);
-                bfly(&v6, &v7);
-                bfly(&v0, &v2);
-                bfly(&v1, &v3);
-                bfly(&v4, &v6);
-                bfly(&v5, &v7);
-                bfly(&v0, &v4);
-                bfly(&v1, &v5);
-                bfly(&v2, &v6);
-                bfly(&v3, &v7);
+                bfly8(&v0, &v1, &v2, &v3, &v4, &v5, &v6, &v7);
                 scratch[e + 0u * h0] = v0;
                 scratch[e + 1u * h0] = v1;
                 scratch[e + 2u * h0] = v2;
@@ -118,10 +102,7 @@ fn fwht_shared(n: u32, li: u32) {
                 var v1 = scratch[e + 1u * h0];
                 var v2 = scratch[e + 2u * h0];
                 var v3 = scratch[e + 3u * h0];
-                bfly(&v0, &v1);
-                bfly(&v2, &v3);
-                bfly(&v0, &v2);
-                bfly(&v1, &v3);
+                bfly4(&v0, &v1, &v2, &v3);
                 scratch[e + 0u * h0] = v0;
                 scratch[e + 1u * h0] = v1;
                 scratch[e + 2u * h0] = v2;

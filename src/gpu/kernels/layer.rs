@@ -13,10 +13,11 @@ use crate::gpu::arena::GpuCq;
 use crate::gpu::{Dispatch, GpuContext, Kernel};
 use bytemuck::{Pod, Zeroable};
 
-/// The WGSL source: `common.wgsl`, `mlp.wgsl` (whose bindings and `mlp_body` the
+/// The WGSL source: `common.wgsl`, `butterfly.wgsl`, `mlp.wgsl` (whose bindings and `mlp_body` the
 /// kernel uses), then `layer.wgsl`.
 pub const SOURCE: &str = concat!(
     include_str!("../../../shaders/common.wgsl"),
+    include_str!("../../../shaders/butterfly.wgsl"),
     include_str!("../../../shaders/mlp.wgsl"),
     include_str!("../../../shaders/layer.wgsl")
 );

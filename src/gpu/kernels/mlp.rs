@@ -6,10 +6,11 @@ use crate::gpu::{Dispatch, GpuContext, Kernel, MlpWorkgroup};
 use crate::profile::bytes;
 use bytemuck::{Pod, Zeroable};
 
-/// The WGSL source of the family: the shared prelude `shaders/common.wgsl`, then
-/// `shaders/mlp.wgsl`.
+/// The WGSL source of the family: the shared prelude `shaders/common.wgsl`, the
+/// FWHT's register butterflies `shaders/butterfly.wgsl`, then `shaders/mlp.wgsl`.
 pub const SOURCE: &str = concat!(
     include_str!("../../../shaders/common.wgsl"),
+    include_str!("../../../shaders/butterfly.wgsl"),
     include_str!("../../../shaders/mlp.wgsl")
 );
 /// Largest `hadamard_dim` transformed entirely in workgroup memory; above it the

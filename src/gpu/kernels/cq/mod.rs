@@ -15,8 +15,12 @@ use crate::profile::bytes;
 pub use params::{GatherMany, GatherParams, MatvecParams, GATHER_ENTRIES, PREPARED};
 pub use plan::{plan_matvec, Launch, MatvecItem, PlanCaps};
 
-/// The WGSL source of the family.
-pub const SOURCE: &str = include_str!("../../../../shaders/cq.wgsl");
+/// The WGSL source of the family: `shaders/butterfly.wgsl` (the FWHT's register
+/// butterflies), then `shaders/cq.wgsl`.
+pub const SOURCE: &str = concat!(
+    include_str!("../../../../shaders/butterfly.wgsl"),
+    include_str!("../../../../shaders/cq.wgsl")
+);
 /// The subgroup matvec variant, appended to [`SOURCE`]. (naga 30 takes subgroup
 /// builtins without WGSL's `enable subgroups;` and rejects that directive; the
 /// device's SUBGROUP feature is what gates them.)
