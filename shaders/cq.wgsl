@@ -401,7 +401,10 @@ fn matvec_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
             stage_chunk(li, 0u, padded, r);
         }
         let first = (wg * 64u + li) * ROWS_PER_INV;
-        // Rows past the last compute on the last row and write nothing.
+        // Rows past the last read the last row and write nothing; an invocation
+        // with no row of its own skips the sums (a matrix of few rows, such as
+        // the 24 of Φ, leaves most of the workgroup idle).
+        let live = first < mp.total_rows;
         var rr: array<RowRef, 4>;
         var cb: array<array<f32, 16>, 4>;
         for (var k = 0u; k < ROWS_PER_INV; k++) {
@@ -418,7 +421,8 @@ fn matvec_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                 stage_chunk(li, c0, len, r);
             }
             let g0 = c0 / (mp.group_words * per);
-            for (var g = g0; g < g0 + len / (mp.group_words * per); g++) {
+            let g_end = select(g0, g0 + len / (mp.group_words * per), live);
+            for (var g = g0; g < g_end; g++) {
                 var gacc = vec4<f32>(0.0);
                 for (var w = 0u; w < mp.group_words; w++) {
                     let wi = g * mp.group_words + w;

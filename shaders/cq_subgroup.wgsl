@@ -86,7 +86,10 @@ fn matvec_rows_sg(
             stage_chunk(li, 0u, padded, r);
         }
         let first = (wg * 64u + li) * ROWS_PER_INV;
-        // Rows past the last compute on the last row and write nothing.
+        // Rows past the last read the last row and write nothing; a subgroup
+        // with no row at all skips the sums (subgroup-uniform, so the broadcasts
+        // inside still see every lane).
+        let live = subgroupAny(first < mp.total_rows);
         var rr: array<RowRef, 4>;
         var cb: array<array<f32, 16>, 4>;
         for (var k = 0u; k < ROWS_PER_INV; k++) {
@@ -103,7 +106,8 @@ fn matvec_rows_sg(
                 stage_chunk(li, c0, len, r);
             }
             let g0 = c0 / (mp.group_words * per);
-            for (var g = g0; g < g0 + len / (mp.group_words * per); g++) {
+            let g_end = select(g0, g0 + len / (mp.group_words * per), live);
+            for (var g = g0; g < g_end; g++) {
                 var gacc = vec4<f32>(0.0);
                 // Four words at a time where a group holds whole fours (packed rows
                 // start 16-byte aligned): one vec4<u32> gather per row instead of four.
@@ -347,6 +351,8 @@ fn matvec_rows_sgb(
     let wg = wid.x + wid.y * mp.grid_x;
     let padded = mp.row_words * per;
     let first = (wg * 64u + li) * ROWS_PER_INV;
+    // As in matvec_rows_sg: a subgroup with no row of its own skips the sums.
+    let live = subgroupAny(first < mp.total_rows);
     var rr: array<RowRef, 4>;
     var cb: array<array<f32, 16>, 4>;
     for (var k = 0u; k < ROWS_PER_INV; k++) {
@@ -365,7 +371,7 @@ fn matvec_rows_sgb(
         for (var t = 0u; t < 8u; t++) {
             acc[t] = vec4<f32>(0.0);
         }
-        for (var g = 0u; g < groups; g++) {
+        for (var g = 0u; g < select(0u, groups, live); g++) {
             var gacc: array<vec4<f32>, 8>;
             for (var t = 0u; t < 8u; t++) {
                 gacc[t] = vec4<f32>(0.0);
