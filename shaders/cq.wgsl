@@ -29,7 +29,15 @@
 //            decode step), input t at x_off + t·x_tstride and its outputs at
 //            out_off + t·y_tstride, one after another with the same arithmetic;
 //            cq_subgroup.wgsl's matvec_rows_sgb shares each decoded word among
-//            up to 8 of them.
+//            up to 8 of them (prepared inputs only, read from binding 10).
+//   prepare_inputs  bindings 4, 6..8 (no arena), dispatch (tokens, 1, 1), workgroup
+//            64: workgroup t prepares input t (at x_off + t·x_tstride) exactly as
+//            each matvec workgroup stages a raw input (input_rms + stage_chunk:
+//            the same operations, so the same values) and writes its prep_len
+//            columns to yout[prep_out + t·y_tstride ..]. A batched matvec whose
+//            rows span several workgroups, or that runs matvec_rows_sgb, then
+//            reads them with mode 4 instead of every workgroup preparing every
+//            input again.
 //   gather   bindings 12..15 dispatch (groups, 1, 1), workgroup 256:
 //            dequantize_row of the row whose index is idx[idx_at], times `scale`,
 //            written `copies` times `copy_stride` apart. group <= 4096. A matrix
@@ -131,9 +139,9 @@ struct MatvecParams {
     y_tstride: u32,
     in_out: u32,      // bit 0: the input lives in the output buffer (read through
                       // yout); bit 1: the gains do (see x_at)
+    prep_len: u32,    // `prepare_inputs`: columns prepared (groups · group)
+    prep_out: u32,    // `prepare_inputs`: first output element of input 0
     _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
     // Per part p: parts[2p] = (packed_off, norms_off, cb_off, row_first),
     //             parts[2p+1] = (rows, out_off, 0, 0).
     parts: array<vec4<u32>, 8>,
@@ -244,6 +252,26 @@ fn stage_chunk(li: u32, c0: u32, len: u32, r: f32) {
         xw[i] = xw[i] * sc;
     }
     workgroupBarrier();
+}
+
+// ---------------------------------------------------------------- prepare_inputs
+// See the header. Each workgroup's input is uniform (workgroup_id), so the
+// barriers inside input_rms and stage_chunk are in uniform control flow.
+@compute @workgroup_size(64)
+fn prepare_inputs(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let t = wid.x;
+    xbase = mp.x_off + t * mp.x_tstride;
+    let r = input_rms(li);
+    let dst = mp.prep_out + t * mp.y_tstride;
+    for (var c0 = 0u; c0 < mp.prep_len; c0 += XW) {
+        let len = min(XW, mp.prep_len - c0);
+        stage_chunk(li, c0, len, r);
+        for (var i = li; i < len; i += 64u) {
+            yout[dst + c0 + i] = xw[i];
+        }
+        // The next chunk's staging must not overwrite values still being written out.
+        workgroupBarrier();
+    }
 }
 
 fn norm_at(i: u32) -> f32 {

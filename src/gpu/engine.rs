@@ -139,7 +139,13 @@ impl GpuEngine {
         let weights = GpuWeights::upload(&ctx, &model)?;
         let act = ActLayout::new(c, weights.sites.len(), weights.embed.padded());
         let input = StepInput::for_model(&model, fault == Some(Fault::RopeAtPhysicalSlot));
-        let slots = Slots::new(&ctx, act.len, c.hidden, input.layout.words());
+        let slots = Slots::new(
+            &ctx,
+            act.len,
+            c.hidden,
+            input.layout.words(),
+            weights.max_matvec_padded(),
+        );
         let state = DeviceState::new(&ctx, c, &slots, weights.sites.len(), seqs)?;
         let program = StepProgram::build(&Parts {
             ctx: &ctx,

@@ -148,23 +148,34 @@ pub(crate) struct Slots {
     pub lanes: usize,
     /// Stride of the step input.
     pub step: usize,
+    /// Stride of the prepared matvec inputs ([`super::state::DeviceState::prep`]).
+    pub prep: usize,
 }
 
 impl Slots {
-    /// Slots for `act_len`, `4 · hidden` lanes and `step_words`, each at a stride
-    /// the device can bind a window at, as many as fit the binding limit (at most
+    /// Slots for `act_len`, `4 · hidden` lanes, `step_words` and `prep_len`
+    /// prepared columns, each at a stride the device can bind a window at (and a
+    /// multiple of 4 elements), as many as fit the binding limit (at most
     /// [`PREFILL_SLOTS`]).
-    pub(crate) fn new(ctx: &GpuContext, act_len: usize, hidden: usize, step_words: usize) -> Slots {
-        let align = (ctx.device.limits().min_storage_buffer_offset_alignment as usize / 4).max(1);
+    pub(crate) fn new(
+        ctx: &GpuContext,
+        act_len: usize,
+        hidden: usize,
+        step_words: usize,
+        prep_len: usize,
+    ) -> Slots {
+        let align = (ctx.device.limits().min_storage_buffer_offset_alignment as usize / 4).max(4);
         let stride = |n: usize| n.div_ceil(align) * align;
         let (act, lanes, step) = (stride(act_len), stride(4 * hidden), stride(step_words));
+        let prep = stride(prep_len);
         let fit = ctx.caps.max_storage_binding.min(ctx.caps.max_buffer) as usize
-            / (4 * act.max(lanes).max(step));
+            / (4 * act.max(lanes).max(step).max(prep));
         Slots {
             count: fit.clamp(1, PREFILL_SLOTS),
             act,
             lanes,
             step,
+            prep,
         }
     }
 }

@@ -1,5 +1,6 @@
 //! [`PrefillPlan`]: how a prefill chunk runs its tokens. Token `j` sits in slot
-//! `j` of the per-token buffers. Each matvec (the engram sites' too), the MLP,
+//! `j` of the per-token buffers. Each matvec (the engram sites' too; its inputs
+//! prepared once by a dispatch before it where that saves work), the MLP,
 //! the lane pre-mix and the lane routing run as one dispatch for the whole chunk,
 //! so the weights are decoded once for all tokens (built per chunk length,
 //! cached); the head's gathers of every slot are one `gather_many` dispatch.

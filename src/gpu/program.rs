@@ -5,7 +5,7 @@
 use super::arena::GpuCq;
 use super::capture::{CapturePoint, Source};
 use super::kernels::attention::{AttentionKernels, AttnParams};
-use super::kernels::cq::{Batch, CqKernels, MatvecInput, PrepareMode};
+use super::kernels::cq::{Batch, CqKernels, MatvecInput, PrepareMode, Scratch};
 use super::kernels::engram::{EngramConvParams, EngramKernels};
 use super::kernels::layer::LayerKernels;
 use super::kernels::mhc::{MhcKernels, PremixParams, RouteParams};
@@ -70,6 +70,9 @@ pub(crate) struct MatvecPlan {
     /// Elements between token slots of the input and of the output buffer.
     x_stride: usize,
     y_stride: usize,
+    /// Where a batch's inputs may be prepared once, before the matvec
+    /// ([`CqKernels::matvec_prepared_once`]): [`DeviceState::prep`], its slot stride.
+    scratch: (wgpu::Buffer, usize, usize),
 }
 
 impl MatvecPlan {
@@ -98,7 +101,12 @@ impl MatvecPlan {
             x_stride: self.x_stride,
             y_stride: self.y_stride,
         };
-        cq.matvec(ctx, arenas, &items, input, &self.out, batch)
+        let scratch = Scratch {
+            buffer: &self.scratch.0,
+            offset: self.scratch.1,
+            stride: self.scratch.2,
+        };
+        cq.matvec_prepared_once(ctx, arenas, &items, input, &self.out, batch, scratch)
     }
 }
 
@@ -167,6 +175,13 @@ pub(crate) struct Parts<'a> {
     pub fault: Option<Fault>,
     /// The program asked for (`None`: [`ProgramKind::choose`]).
     pub program: Option<ProgramKind>,
+}
+
+impl Parts<'_> {
+    /// Where a batched matvec's inputs are prepared once ([`MatvecPlan::scratch`]).
+    fn scratch(&self) -> (wgpu::Buffer, usize, usize) {
+        (self.state.prep.clone(), 0, self.slots.prep)
+    }
 }
 
 /// Layer `l`'s MLP params (both programs).
@@ -303,6 +318,7 @@ impl StepProgram {
                     out: s.act.clone(),
                     x_stride: p.slots.act,
                     y_stride: p.slots.act,
+                    scratch: p.scratch(),
                 });
             }
             let ring = e.ring();
@@ -383,6 +399,7 @@ impl StepProgram {
             out: s.logits.clone(),
             x_stride: p.slots.lanes,
             y_stride: s.logits_stride(),
+            scratch: p.scratch(),
         };
         let head_gathers = k.cq.gather_many(
             ctx,
@@ -441,6 +458,7 @@ impl StepProgram {
                     p.slots.act
                 },
                 y_stride: p.slots.act,
+                scratch: p.scratch(),
             }
         };
         let mut caps = Vec::new();

@@ -86,7 +86,8 @@ mod tests {
     fn workgroup_bytes_of_each_entry_point_match_a_hand_count() {
         // Hand counts from the `var<workgroup>` declarations (f32/u32/atomic = 4 bytes,
         // each variable rounded up to 16 bytes).
-        let cases: [(&str, &str, u32); 12] = [
+        let sg = cq::subgroup_source();
+        let cases: [(&str, &str, u32); 14] = [
             // best_v, best_i, bad: 3 × 256 × 4 (topk's variables don't count).
             (sample::SOURCE, "argmax", 3 * 1024),
             // hist 1024, taken 4 → 16, flag 4 → 16, sel 16, scratch 256 × 4.
@@ -118,6 +119,10 @@ mod tests {
             (cq::SOURCE, "matvec", 16384 + 4096 + 256),
             // xw 4096 × 4.
             (cq::SOURCE, "gather_many", 16384),
+            // xw 4096 × 4, red 64 × 4 (input_rms).
+            (cq::SOURCE, "prepare_inputs", 16384 + 256),
+            // Reads prepared inputs from a buffer: no workgroup memory (no barrier).
+            (&sg, "matvec_rows_sgb", 0),
         ];
         for (src, entry, want) in cases {
             assert_eq!(workgroup_bytes(src, entry), Ok(want), "{entry}");

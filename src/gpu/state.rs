@@ -18,6 +18,10 @@ pub(crate) struct DeviceState {
     pub lanes: wgpu::Buffer,
     /// The step input ([`super::step_input::StepLayout`]), `slots.count` slots.
     pub step: wgpu::Buffer,
+    /// A batched matvec's inputs, prepared once for all its workgroups
+    /// (`slots.count` slots of `slots.prep`; apart from `act`, so the batched
+    /// kernel can read them while it writes there).
+    pub prep: wgpu::Buffer,
     /// The `[vocab]` logits of the last step with a readout.
     pub logits: wgpu::Buffer,
     /// The int8 KV cache.
@@ -64,6 +68,7 @@ impl DeviceState {
             act: ctx.storage_zeroed("activations", (slots.count * slots.act) as u64 * 4)?,
             lanes: ctx.storage_zeroed("lanes", (slots.count * slots.lanes) as u64 * 4)?,
             step: ctx.storage_zeroed("step", (slots.count * slots.step) as u64 * 4)?,
+            prep: ctx.storage_zeroed("prepared inputs", (slots.count * slots.prep) as u64 * 4)?,
             logits: ctx.storage_zeroed("logits", ls * (logit_windows - 1) + lb)?,
             cache: KvCache::with_seqs(ctx, c.layers, c.kv_heads, rows, c.head_dim, seqs)?,
             scores: ctx.storage_zeroed("attention scores", all(per_seq[1]))?,
@@ -121,6 +126,7 @@ impl DeviceState {
             &self.act,
             &self.lanes,
             &self.step,
+            &self.prep,
             &self.logits,
             &self.scores,
             &self.rings,

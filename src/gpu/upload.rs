@@ -208,3 +208,23 @@ impl GpuWeights {
         self.vectors.size() + self.arenas.iter().map(wgpu::Buffer::size).sum::<u64>()
     }
 }
+
+impl GpuWeights {
+    /// The longest prepared input (`groups · group`) of any matrix a step
+    /// multiplies (not the gathered engram tables): what one token slot's
+    /// `prep` region of `act` must hold.
+    pub(crate) fn max_matvec_padded(&self) -> usize {
+        let layers = self
+            .layers
+            .iter()
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wg, &l.wo]);
+        let sites = self.sites.iter().flat_map(|s| [&s.wk, &s.wv]);
+        [&self.embed, &self.phi_pre, &self.phi_post, &self.phi_res]
+            .into_iter()
+            .chain(layers)
+            .chain(sites)
+            .map(GpuCq::padded)
+            .max()
+            .unwrap_or(0)
+    }
+}

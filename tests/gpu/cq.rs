@@ -384,10 +384,10 @@ fn batched_matvec_equals_one_dispatch_per_input_bit_for_bit() {
     // A prefill matvec takes `tokens` inputs `x_stride` apart and writes outputs
     // `y_stride` apart. Each output must be exactly what the one-input dispatch
     // gives for that input (and so within SPEC §6 of the CPU), for every variant,
-    // every bit width, raw and prepared inputs, more inputs than one staged block
-    // (8), blocks limited by the input length, an input too long for the batched
-    // kernel, and more rows than one workgroup (not a multiple of 4); the gaps
-    // between outputs stay poisoned.
+    // every bit width, raw and prepared inputs (the batched kernel takes the
+    // prepared ones), more inputs than one block (8), inputs longer than the
+    // staging array's half, and more rows than one workgroup (not a multiple of
+    // 4); the gaps between outputs stay poisoned.
     // Bit for bit holds on lavapipe (IEEE arithmetic, one compiler for both
     // pipelines), not necessarily on a real GPU, where matvec_rows_sgb and
     // matvec_rows_sg may fuse multiply-adds differently: CPU adapters only; the twin
@@ -397,9 +397,9 @@ fn batched_matvec_equals_one_dispatch_per_input_bit_for_bit() {
         return;
     }
     let mut rng = ChaCha8Rng::seed_from_u64(41);
-    // (cols, bits, group): four-word groups at 4 and 2 bits (the batched kernel:
-    // 8 inputs per block at 300 columns, 4 at 1000), groups of fewer words, 1 and 8
-    // bits, and 2500 columns (over half the staging array: one input at a time).
+    // (cols, bits, group): four-word groups at 4 and 2 bits (the batched kernel),
+    // groups of fewer words, 1 and 8 bits, and 2500 columns (over half the
+    // staging array, which the batched kernel no longer uses).
     let shapes = [
         (300usize, 4u32, 128usize),
         (1000, 4, 256),
@@ -424,7 +424,8 @@ fn batched_matvec_equals_one_dispatch_per_input_bit_for_bit() {
             let mut ab = ArenaBuilder::new(ctx.caps.max_storage_binding);
             let g = ab.push_cq(&m).expect("fits");
             let arenas = ab.upload(&ctx, "arena").unwrap();
-            let (xs, ys) = (n.max(m.padded()) + 5, rows + 3);
+            // A stride that is a multiple of 4: the batched kernel reads vec4s.
+            let (xs, ys) = ((n.max(m.padded()) + 5).next_multiple_of(4), rows + 3);
             let xs_all = random_vec(&mut rng, tokens * xs, 1.0);
             let w = random_vec(&mut rng, n, 1.0);
             let src = ctx.storage_init("inputs", bytemuck::cast_slice(&xs_all));
@@ -459,9 +460,9 @@ fn batched_matvec_equals_one_dispatch_per_input_bit_for_bit() {
                 let ds = k.matvec(&ctx, &arenas, &[(&g, 0, rows, 1)], input_at(0), &out, batch);
                 let batched_kernel = red == Reduction::RowPerInvocationSubgroup
                     && ctx.caps.subgroup_min >= 8
+                    && mode.is_none()
                     && (bits == 2 || bits == 4)
-                    && (m.group() * bits as usize).is_multiple_of(128)
-                    && 2 * m.padded() <= 4096;
+                    && (m.group() * bits as usize).is_multiple_of(128);
                 assert_eq!(
                     ds[0].name.ends_with("_batch"),
                     batched_kernel,
@@ -506,6 +507,238 @@ fn batched_matvec_equals_one_dispatch_per_input_bit_for_bit() {
                     let want = cqlm::cq::cq_matvec(&m, &pre).unwrap();
                     let e = rel_l2(&row[1..=rows], &want);
                     assert!(e <= 1e-5, "{what}: input {t} against the CPU: {e}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn prepare_inputs_match_the_cpu_prepare_in_every_mode() {
+    // CqKernels::prepare: each of 3 raw inputs (x_stride apart) prepared once, as
+    // every matvec workgroup stages one, into slots of a destination (its own
+    // stride), for every pre-op, groups 32..256, inputs shorter than, not a
+    // multiple of and a multiple of the group, and one longer than a staged
+    // chunk of 4096 columns; with the input and gains in their own buffers and
+    // in the destination's (read through its binding). The CPU twin: pre_op,
+    // then prepare_into. The gaps between slots stay poisoned.
+    use cqlm::gpu::kernels::cq::Scratch;
+    let Some(ctx) = gpu() else { return };
+    let k = CqKernels::new(&ctx);
+    let mut rng = ChaCha8Rng::seed_from_u64(47);
+    let tokens = 3usize;
+    for (n, group) in [
+        (5000usize, 256usize),
+        (77, 32),
+        (130, 64),
+        (300, 128),
+        (256, 128),
+    ] {
+        let padded = n.div_ceil(group) * group;
+        // Each input: 4 lanes of n (MeanLanesZcrms reads all 4), then a gap.
+        let xs = 4 * n + 7;
+        let data = random_vec(&mut rng, tokens * xs, 1.0);
+        let w = random_vec(&mut rng, n, 1.0);
+        let stride = padded + 9;
+        for mode in [
+            PrepareMode::Copy,
+            PrepareMode::RmsUnit,
+            PrepareMode::Zcrms,
+            PrepareMode::MeanLanesZcrms,
+        ] {
+            for in_dst in [false, true] {
+                // The destination: (the inputs and the gains when `in_dst`), then
+                // the prepared slots from `base` on, all else NaN.
+                let base = if in_dst { tokens * xs + n + 3 } else { 5 };
+                let mut init = vec![f32::NAN; base + tokens * stride];
+                if in_dst {
+                    init[..tokens * xs].copy_from_slice(&data);
+                    init[tokens * xs..tokens * xs + n].copy_from_slice(&w);
+                }
+                let dst = ctx.storage_init("dst", bytemuck::cast_slice(&init));
+                let src = ctx.storage_init("inputs", bytemuck::cast_slice(&data));
+                let wb = ctx.storage_init("gains", bytemuck::cast_slice(&w));
+                let (x, gains) = if in_dst {
+                    ((&dst, 0), (&dst, tokens * xs))
+                } else {
+                    ((&src, 0), (&wb, 0))
+                };
+                let input = MatvecInput::Raw {
+                    mode,
+                    n,
+                    src: x,
+                    lane_stride: n,
+                    gains,
+                };
+                let scratch = Scratch {
+                    buffer: &dst,
+                    offset: base,
+                    stride,
+                };
+                let batch = Batch {
+                    tokens,
+                    x_stride: xs,
+                    y_stride: 0,
+                };
+                let d = k
+                    .prepare(&ctx, input, group, padded, scratch, batch)
+                    .expect("a raw input needs a dispatch");
+                run_dispatches(&ctx, &[d]).unwrap();
+                let got = ctx.read_f32(&dst, 0, init.len()).unwrap();
+                let what =
+                    format!("{mode:?} n {n} group {group} input in the destination {in_dst}");
+                assert!(
+                    got[..base]
+                        .iter()
+                        .zip(&init)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{what}: before the slots"
+                );
+                for t in 0..tokens {
+                    let lanes = &data[t * xs..t * xs + 4 * n];
+                    let mut pre = vec![f32::NAN; n];
+                    pre_op(mode, lanes, n, n, &w, &mut pre);
+                    let mut want = vec![f32::NAN; padded];
+                    cqlm::cq::prepare_into(&pre, group, &mut want);
+                    let at = base + t * stride;
+                    let e = rel_l2(&got[at..at + padded], &want);
+                    assert!(e <= 1e-5, "{what}: input {t}: {e}");
+                    assert!(
+                        got[at + padded..at + stride].iter().all(|v| v.is_nan()),
+                        "{what}: gap after input {t}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matvec_prepared_once_equals_one_raw_dispatch_per_input_bit_for_bit() {
+    // A batch's raw inputs prepared once (a prepare_inputs dispatch) and the
+    // matvec on them, against the one-input dispatch that prepares its own
+    // input, for every variant: bit for bit on CPU adapters (as the batched test
+    // above), for matrices of one and of several row workgroups, with the
+    // batched kernel (4 and 2 bits, prepared in a buffer of their own) and
+    // without it (8 bits; the scratch in the output buffer). When a dispatch
+    // prepares the inputs first, it is because several workgroups would have
+    // staged each input or the batched kernel reads them; one input (a decode
+    // step) is never prepared apart.
+    use cqlm::gpu::kernels::cq::Scratch;
+    let Some(ctx) = gpu() else { return };
+    if ctx.info.device_type != wgpu::DeviceType::Cpu {
+        return;
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(48);
+    let tokens = 5usize;
+    for red in [
+        Reduction::Portable,
+        Reduction::Subgroup,
+        Reduction::RowPerInvocation,
+        Reduction::RowPerInvocationSubgroup,
+    ] {
+        let k = CqKernels::with_reduction(&ctx, red);
+        for &(rows, n, bits, group, own_scratch) in &[
+            (600usize, 300usize, 4u32, 128usize, true),
+            (40, 1000, 4, 256, true),
+            (300, 200, 2, 64, true),
+            (270, 77, 8, 32, false),
+        ] {
+            let m = random_cq(&mut rng, rows, n, bits, group, 0.05);
+            let mut ab = ArenaBuilder::new(ctx.caps.max_storage_binding);
+            let g = ab.push_cq(&m).expect("fits");
+            let arenas = ab.upload(&ctx, "arena").unwrap();
+            let (xs, ys) = (n + 3, rows + 2);
+            let xs_all = random_vec(&mut rng, tokens * xs, 1.0);
+            let w = random_vec(&mut rng, n, 1.0);
+            let src = ctx.storage_init("inputs", bytemuck::cast_slice(&xs_all));
+            let wb = ctx.storage_init("w", bytemuck::cast_slice(&w));
+            let input_at = |at: usize| MatvecInput::Raw {
+                mode: PrepareMode::Zcrms,
+                n,
+                src: (&src, at),
+                lane_stride: 0,
+                gains: (&wb, 0),
+            };
+            let what = format!("{red:?} rows {rows} n {n} bits {bits} group {group}");
+            // Outputs, then (without a scratch buffer of its own) the prepared slots.
+            let stride = m.padded().next_multiple_of(4);
+            let out = poisoned(&ctx, tokens * ys + tokens * stride);
+            let scratch_buf = poisoned(&ctx, tokens * stride);
+            let scratch = if own_scratch {
+                Scratch {
+                    buffer: &scratch_buf,
+                    offset: 0,
+                    stride,
+                }
+            } else {
+                Scratch {
+                    buffer: &out,
+                    offset: tokens * ys,
+                    stride,
+                }
+            };
+            let batch = Batch {
+                tokens,
+                x_stride: xs,
+                y_stride: ys,
+            };
+            let item = [(&g, 0, rows, 1)];
+            let ds =
+                k.matvec_prepared_once(&ctx, &arenas, &item, input_at(0), &out, batch, scratch);
+            let single = k.matvec_prepared_once(
+                &ctx,
+                &arenas,
+                &item,
+                input_at(0),
+                &out,
+                Batch::single(),
+                scratch,
+            );
+            assert!(
+                single.iter().all(|d| d.name != "prepare_inputs"),
+                "{what}: one input"
+            );
+            let prepared = ds[0].name == "prepare_inputs";
+            let batched = ds.iter().any(|d| d.name.ends_with("_batch"));
+            let several = k.stagings(&ctx, &item, batch) > 1;
+            assert_eq!(
+                prepared,
+                several || batched,
+                "{what}: {:?}",
+                ds.iter().map(|d| d.name).collect::<Vec<_>>()
+            );
+            let batched_kernel = red == Reduction::RowPerInvocationSubgroup
+                && ctx.caps.subgroup_min >= 8
+                && own_scratch;
+            assert_eq!(batched, batched_kernel, "{what}");
+            run_dispatches(&ctx, &ds).unwrap();
+            let got = ctx.read_f32(&out, 0, tokens * ys).unwrap();
+            for t in 0..tokens {
+                let one = poisoned(&ctx, ys);
+                let ds = k.matvec(
+                    &ctx,
+                    &arenas,
+                    &item,
+                    input_at(t * xs),
+                    &one,
+                    Batch::single(),
+                );
+                run_dispatches(&ctx, &ds).unwrap();
+                let single = ctx.read_f32(&one, 0, ys).unwrap();
+                let row = &got[t * ys..(t + 1) * ys];
+                assert!(
+                    row[0].is_nan() && row[rows + 1].is_nan(),
+                    "{what}: gap of input {t} written"
+                );
+                for r in 1..=rows {
+                    assert_eq!(
+                        row[r].to_bits(),
+                        single[r].to_bits(),
+                        "{what}: input {t} row {r}: {} vs {}",
+                        row[r],
+                        single[r]
+                    );
                 }
             }
         }

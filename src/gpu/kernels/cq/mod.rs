@@ -1,6 +1,7 @@
 //! GPU twins of the CQ kernels of [`crate::cq`]: multi-part `matvec` (which
-//! prepares its own input, SPEC §2's `prepare` with the step's pre-ops) and row
-//! `gather` (shaders/cq.wgsl). This file compiles the pipelines and picks the
+//! prepares its own input, SPEC §2's `prepare` with the step's pre-ops, or reads
+//! inputs that `prepare_inputs` prepared once for a batch) and row `gather`
+//! (shaders/cq.wgsl). This file compiles the pipelines and picks the
 //! matvec variant ([`Reduction`]); [`plan`] decides a matvec's dispatches,
 //! [`params`] mirrors the shader's params, `gather.rs` builds the gathers.
 //! CPU twins: [`crate::kernels::prepare::pre_op`] (for the same [`PrepareMode`]s)
@@ -47,9 +48,7 @@ pub enum Reduction {
 /// Largest group the shared-memory FWHTs of `matvec` and `gather` handle.
 pub const MAX_GROUP: usize = 4096;
 
-/// Columns of the workgroup staging array (WGSL `XW`).
-const XW: usize = 4096;
-/// Most inputs `matvec_rows_sgb` stages together (the size of its accumulator arrays).
+/// Most inputs `matvec_rows_sgb` takes together (the size of its accumulator arrays).
 const MAX_TB: usize = 8;
 
 /// The inputs of a batched matvec dispatch: `tokens` inputs, input `t` at the
@@ -114,6 +113,23 @@ pub struct CqKernels {
     batched: Option<[Kernel; 2]>,
     gather: Kernel,
     gather_many: Kernel,
+    /// `prepare_inputs`: a batch's raw inputs prepared once ([`CqKernels::prepare`]).
+    prepare: Kernel,
+    /// A small read-only storage buffer bound where `prepare_inputs` reads
+    /// nothing (its input or gains in the destination's buffer, or no gains).
+    placeholder: wgpu::Buffer,
+}
+
+/// Where [`CqKernels::matvec_prepared_once`] may write prepared inputs: a buffer,
+/// the element offset of input 0's and the elements between inputs.
+#[derive(Debug, Clone, Copy)]
+pub struct Scratch<'a> {
+    /// The buffer.
+    pub buffer: &'a wgpu::Buffer,
+    /// Element offset of input 0's prepared columns.
+    pub offset: usize,
+    /// Elements between consecutive inputs' prepared columns.
+    pub stride: usize,
 }
 
 fn bits_slot(bits: u32) -> usize {
@@ -185,6 +201,8 @@ impl CqKernels {
                 mv(8, "matvec8"),
             ],
             gather: Kernel::new(ctx, SOURCE, "gather", "gather", 12, &[]),
+            prepare: Kernel::new(ctx, SOURCE, "prepare_inputs", "prepare_inputs", 4, &[]),
+            placeholder: ctx.storage_init("cq placeholder", &[0u8; 16]),
             gather_many: Kernel::new(ctx, SOURCE, "gather_many", "gather_many", 16, &[]),
         }
     }
@@ -198,7 +216,9 @@ impl CqKernels {
     /// dispatch runs before. Every output equals what the single-input dispatch
     /// computes for its input, bit for bit (the kernels run the same operations in
     /// the same order per input); on CPU adapters with subgroups, 2- and 4-bit
-    /// matrices decode each packed word once for up to 8 inputs.
+    /// matrices decode each packed word once for up to 8 inputs when these are
+    /// prepared already, in a buffer other than `out`, at an offset and a stride
+    /// that are multiples of 4 ([`CqKernels::matvec_prepared_once`] arranges that).
     pub fn matvec(
         &self,
         ctx: &GpuContext,
@@ -246,7 +266,12 @@ impl CqKernels {
         let x_in_out = x_buf == out;
         let gains_in_out = gains_buf == Some(out);
         let in_out = x_in_out as u32 | (gains_in_out as u32) << 1;
-        let launches = plan_matvec(items, batch, self.reduction, PlanCaps::of(&ctx.caps));
+        let vec4_input = raw.is_none()
+            && !x_in_out
+            && x_off.is_multiple_of(4)
+            && (tokens == 1 || batch.x_stride.is_multiple_of(4));
+        let caps = PlanCaps::of(&ctx.caps);
+        let launches = plan_matvec(items, batch, self.reduction, caps, vec4_input);
         launches
             .into_iter()
             .map(|l| {
@@ -279,17 +304,30 @@ impl CqKernels {
                 let x = if x_in_out { arena } else { x_buf };
                 let gains = gains_buf.filter(|_| !gains_in_out).unwrap_or(arena);
                 // (binding - 4, buffer, writable).
-                let mut bufs = vec![
-                    (0, &ub, false),
-                    (1, arena, false),
-                    (2, x, false),
-                    (3, out, true),
-                    (4, gains, false),
-                ];
-                if self.reduction == Reduction::RowPerInvocationSubgroup {
-                    // Binding 9: the arena again, read as vec4<u32>.
-                    bufs.push((5, arena, false));
-                }
+                let bufs = if l.batched {
+                    // matvec_rows_sgb: the arena as u32 and vec4<u32>, the output,
+                    // and the prepared inputs as vec4s (binding 10).
+                    vec![
+                        (0, &ub, false),
+                        (1, arena, false),
+                        (3, out, true),
+                        (5, arena, false),
+                        (6, x_buf, false),
+                    ]
+                } else {
+                    let mut bufs = vec![
+                        (0, &ub, false),
+                        (1, arena, false),
+                        (2, x, false),
+                        (3, out, true),
+                        (4, gains, false),
+                    ];
+                    if self.reduction == Reduction::RowPerInvocationSubgroup {
+                        // Binding 9: the arena again, read as vec4<u32>.
+                        bufs.push((5, arena, false));
+                    }
+                    bufs
+                };
                 // Checked as the dispatch is built, so a step pays nothing; a caller
                 // passing an arena as the output gets a device error, not a panic.
                 if let Some((a, b)) = writable_alias(&bufs) {
@@ -304,6 +342,146 @@ impl CqKernels {
                 Dispatch::new_at(ctx, kernel, &at, l.groups).with_bytes(bytes)
             })
             .collect()
+    }
+}
+
+impl CqKernels {
+    /// How many workgroups of a matvec of `items` over `batch` stage each input
+    /// (every workgroup of rows prepares the inputs it reads raw itself), summed
+    /// over its dispatches. Above one, a [`CqKernels::prepare`] dispatch first
+    /// does that work once ([`CqKernels::matvec_prepared_once`]).
+    pub fn stagings(&self, ctx: &GpuContext, items: &[MatvecItem<'_>], batch: Batch) -> usize {
+        plan_matvec(items, batch, self.reduction, PlanCaps::of(&ctx.caps), false)
+            .iter()
+            .map(|l| l.groups[0] as usize * l.groups[1] as usize)
+            .sum()
+    }
+
+    /// The dispatch that prepares `batch.tokens` raw inputs once: SPEC §2's
+    /// `prepare` with the input's pre-op, computed as every matvec workgroup
+    /// stages a raw input (the same operations in the same order, so a matvec
+    /// reading the result as [`MatvecInput::Prepared`] gives the same outputs,
+    /// bit for bit). Input `t` is read at the input's offset plus `t ·
+    /// batch.x_stride`; its `padded` columns (groups of `group`) are written to
+    /// `dst` from `dst.offset + t · dst.stride` on. `None` for an input already
+    /// prepared. The destination must not overlap the input or the gains.
+    pub fn prepare(
+        &self,
+        ctx: &GpuContext,
+        input: MatvecInput<'_>,
+        group: usize,
+        padded: usize,
+        dst: Scratch<'_>,
+        batch: Batch,
+    ) -> Option<Dispatch> {
+        let MatvecInput::Raw {
+            mode,
+            n,
+            src,
+            lane_stride,
+            gains,
+        } = input
+        else {
+            return None;
+        };
+        let tokens = batch.tokens.max(1);
+        let lanes = if mode == PrepareMode::MeanLanesZcrms {
+            4
+        } else {
+            1
+        };
+        let g = matches!(mode, PrepareMode::Zcrms | PrepareMode::MeanLanesZcrms);
+        let x_in_out = src.0 == dst.buffer;
+        let gains_in_out = g && gains.0 == dst.buffer;
+        let params = MatvecParams {
+            n_parts: 0,
+            group_words: 0,
+            row_words: 0,
+            total_rows: 0,
+            x_off: src.1 as u32,
+            grid_x: tokens as u32,
+            mode: mode as u32,
+            n: n as u32,
+            w_off: gains.1 as u32,
+            lane_stride: lane_stride as u32,
+            group: group as u32,
+            team_rows: 0,
+            tokens: tokens as u32,
+            tb: 0,
+            x_tstride: batch.x_stride as u32,
+            y_tstride: dst.stride as u32,
+            in_out: x_in_out as u32 | (gains_in_out as u32) << 1,
+            prep_len: padded as u32,
+            prep_out: dst.offset as u32,
+            _pad: 0,
+            parts: [[0; 8]; 4],
+        };
+        let ub = ctx.uniform_init("prepare params", bytemuck::bytes_of(&params));
+        // An input or gains in the destination's buffer are read through the
+        // output binding (as in `matvec`); their read-only bindings then get a
+        // placeholder.
+        let x = if x_in_out { &self.placeholder } else { src.0 };
+        let gains = if g && !gains_in_out {
+            gains.0
+        } else {
+            &self.placeholder
+        };
+        let at = [(0, &ub), (2, x), (3, dst.buffer), (4, gains)];
+        let bytes = tokens as u64 * bytes::prepare(n, lanes, g, padded);
+        Some(Dispatch::new_at(ctx, &self.prepare, &at, [tokens as u32, 1, 1]).with_bytes(bytes))
+    }
+
+    /// [`CqKernels::matvec`], with the raw inputs of a batch (two or more; a
+    /// decode step's one input stays staged by each workgroup, which keeps its
+    /// dispatch count) first prepared once into `scratch`
+    /// ([`CqKernels::prepare`]) when the items share one group width and padded
+    /// length and either more than one workgroup would stage each
+    /// input ([`CqKernels::stagings`]) or the batched kernel takes the prepared
+    /// inputs (on CPU adapters with subgroups); else the matvec's own dispatches
+    /// alone. The outputs are the same bit for bit either way. `scratch` must
+    /// hold `batch.tokens` inputs of the padded length and overlap neither the
+    /// input, the gains nor the outputs; the batched kernel needs it in another
+    /// buffer than `out`, at an offset and a stride that are multiples of 4.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_prepared_once(
+        &self,
+        ctx: &GpuContext,
+        arenas: &[wgpu::Buffer],
+        items: &[MatvecItem<'_>],
+        input: MatvecInput<'_>,
+        out: &wgpu::Buffer,
+        batch: Batch,
+        scratch: Scratch<'_>,
+    ) -> Vec<Dispatch> {
+        let geometry = |m: &MatvecItem<'_>| (m.0.group, m.0.padded());
+        let shared = items
+            .first()
+            .map(geometry)
+            .filter(|g| items.iter().all(|m| geometry(m) == *g));
+        let prepared_batch = Batch {
+            x_stride: scratch.stride,
+            ..batch
+        };
+        let vec4 = scratch.buffer != out
+            && scratch.offset.is_multiple_of(4)
+            && scratch.stride.is_multiple_of(4);
+        let caps = PlanCaps::of(&ctx.caps);
+        let batched = || {
+            plan_matvec(items, prepared_batch, self.reduction, caps, vec4)
+                .iter()
+                .any(|l| l.batched)
+        };
+        let prep = shared
+            .filter(|_| batch.tokens > 1)
+            .filter(|_| self.stagings(ctx, items, batch) > 1 || batched())
+            .and_then(|(group, padded)| self.prepare(ctx, input, group, padded, scratch, batch));
+        let Some(prep) = prep else {
+            return self.matvec(ctx, arenas, items, input, out, batch);
+        };
+        let prepared = MatvecInput::Prepared(scratch.buffer, scratch.offset);
+        let mut ds = vec![prep];
+        ds.extend(self.matvec(ctx, arenas, items, prepared, out, prepared_batch));
+        ds
     }
 }
 

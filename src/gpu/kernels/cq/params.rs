@@ -36,7 +36,7 @@ pub struct MatvecParams {
     pub team_rows: u32,
     /// Inputs in the dispatch (1 for a decode step).
     pub tokens: u32,
-    /// Inputs `matvec_rows_sgb` stages together.
+    /// Inputs `matvec_rows_sgb` takes together (a block).
     pub tb: u32,
     /// Elements between consecutive inputs.
     pub x_tstride: u32,
@@ -45,8 +45,13 @@ pub struct MatvecParams {
     /// Bit 0: the input is in the output buffer (read through the output
     /// binding); bit 1: the gains are. See [`super::CqKernels::matvec`].
     pub in_out: u32,
+    /// `prepare_inputs`: columns prepared per input (`groups · group`).
+    pub prep_len: u32,
+    /// `prepare_inputs`: first output element of input 0 (input `t` at
+    /// `prep_out + t · y_tstride`).
+    pub prep_out: u32,
     /// Padding (`parts` is 16-byte aligned).
-    pub _pad: [u32; 3],
+    pub _pad: u32,
     /// `[packed_off, norms_off, cb_off, row_first, rows, out_off, 0, 0]` per part.
     pub parts: [[u32; 8]; 4],
 }

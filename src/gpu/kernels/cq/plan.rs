@@ -3,7 +3,7 @@
 //! without a GPU. [`super::CqKernels::matvec`] turns each [`Launch`] into a dispatch.
 
 use super::params::MatvecParams;
-use super::{Batch, Reduction, MAX_TB, XW};
+use super::{Batch, Reduction, MAX_TB};
 use crate::gpu::arena::{CqPart, GpuCq};
 use crate::gpu::{grid, Capabilities};
 
@@ -58,7 +58,7 @@ pub struct Launch {
     pub arena: usize,
     /// Bits per index (which pipeline).
     pub bits: u32,
-    /// Runs `matvec_rows_sgb` (inputs staged `params.tb` at a time) instead of
+    /// Runs `matvec_rows_sgb` (prepared inputs, `params.tb` at a time) instead of
     /// the reduction's matvec.
     pub batched: bool,
     /// The params, with every field but the input's (`x_off`, `mode`, `n`,
@@ -93,11 +93,15 @@ fn rows_per_workgroup(reduction: Reduction, team_rows: u32) -> u32 {
 /// flattened to arena parts, parts of one geometry (arena, bits, group, groups)
 /// fused four at a time in the order geometries first appear, each with its
 /// `team_rows`, grid and (on devices with the batched kernel) inputs per block.
+/// `vec4_input`: the inputs are prepared already, in a buffer other than the
+/// output, at offsets and a stride that are multiples of 4 elements: what the
+/// batched kernel (`matvec_rows_sgb`, which reads them as vec4s) needs.
 pub fn plan_matvec(
     items: &[MatvecItem<'_>],
     batch: Batch,
     reduction: Reduction,
     caps: PlanCaps,
+    vec4_input: bool,
 ) -> Vec<Launch> {
     let tokens = batch.tokens.max(1);
     // Flatten to parts with their output offsets.
@@ -145,7 +149,9 @@ pub fn plan_matvec(
             x_tstride: batch.x_stride as u32,
             y_tstride: batch.y_stride as u32,
             in_out: 0,
-            _pad: [0; 3],
+            prep_len: 0,
+            prep_out: 0,
+            _pad: 0,
             parts: [[0; 8]; 4],
         };
         for (k, &(_, p, row_in_part, n, out_off)) in flat[i..j].iter().enumerate() {
@@ -173,19 +179,19 @@ pub fn plan_matvec(
         );
         params.grid_x = g[0];
         // The batched kernel where it applies: its four-word path, at least two
-        // inputs staged together.
+        // inputs, read prepared as vec4s.
         let padded = m0.padded();
         let use_batched = batched
+            && vec4_input
             && tokens > 1
             && (m0.bits == 2 || m0.bits == 4)
-            && m0.group_words() % 4 == 0
-            && 2 * padded <= XW;
+            && m0.group_words() % 4 == 0;
         if use_batched {
             // Each block of tb inputs decodes the words anew, so blocks in
             // workgroups of their own cost no more work; a matrix of few row
             // workgroups also takes smaller blocks until the device's
             // workgroups at once are busy (each block at least 2 inputs).
-            let mut tb = tokens.min(XW / padded).min(MAX_TB);
+            let mut tb = tokens.min(MAX_TB);
             let rows = g[0] as usize * g[1] as usize;
             while tb > 2 && rows * tokens.div_ceil(tb) < caps.parallel as usize {
                 tb = tb.div_ceil(2);

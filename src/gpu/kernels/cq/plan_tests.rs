@@ -79,6 +79,7 @@ fn check(
     batch: Batch,
     red: Reduction,
     caps: PlanCaps,
+    vec4_input: bool,
     launches: &[Launch],
 ) {
     // Every output row exactly once, holding the right matrix row.
@@ -161,17 +162,17 @@ fn check(
         assert_eq!(p.y_tstride as usize, batch.y_stride);
         let eligible = red == Reduction::RowPerInvocationSubgroup
             && caps.subgroup_min >= 8
+            && vec4_input
             && tokens > 1
             && (l.bits == 2 || l.bits == 4)
-            && p.group_words % 4 == 0
-            && 2 * l.padded <= XW;
+            && p.group_words % 4 == 0;
         assert_eq!(l.batched, eligible, "{l:?}");
         let tb = p.tb as usize;
         if l.batched {
-            assert!((2..=MAX_TB).contains(&tb) && tb <= tokens && tb * l.padded <= XW);
-            // The most inputs that fit, halved (rounding up, not below 2) while
-            // the row workgroups times the blocks leave the device idle.
-            let full = tokens.min(MAX_TB).min(XW / l.padded);
+            assert!((2..=MAX_TB).contains(&tb) && tb <= tokens);
+            // The most inputs a block takes, halved (rounding up, not below 2)
+            // while the row workgroups times the blocks leave the device idle.
+            let full = tokens.min(MAX_TB);
             let busy = |tb: usize| gx as usize * gy as usize * tokens.div_ceil(tb);
             let mut want = full;
             while want > 2 && busy(want) < caps.parallel as usize {
@@ -233,8 +234,9 @@ fn plans_cover_every_row_once_within_the_grid_and_fuse_by_four() {
             subgroup_min: g.pick(&[4u32, 8, 32]),
             parallel: g.pick(&[1u32, 2, 16]),
         };
-        let launches = plan_matvec(&refs, batch, red, caps);
-        check(&ms, &items, batch, red, caps, &launches);
+        let vec4_input = case % 8 < 4;
+        let launches = plan_matvec(&refs, batch, red, caps, vec4_input);
+        check(&ms, &items, batch, red, caps, vec4_input, &launches);
     }
 }
 
@@ -271,6 +273,7 @@ fn a_split_matrix_fuses_its_parts_and_a_small_grid_wraps() {
         Batch::single(),
         Reduction::Portable,
         caps,
+        false,
     );
     assert_eq!(l.len(), 2);
     assert_eq!((l[0].params.n_parts, l[0].params.total_rows), (4, 230));
@@ -278,7 +281,7 @@ fn a_split_matrix_fuses_its_parts_and_a_small_grid_wraps() {
     assert_eq!(l[0].params.parts[0], [0, 0, 0, 10, 50, 5, 0, 0]);
     assert_eq!(l[1].params.parts[0], [400, 0, 0, 0, 50, 235, 0, 0]);
     assert_eq!(l[0].groups, [2, 29, 1]);
-    // Row kernels: 256 rows per workgroup; 8 inputs of 256 columns stage together.
+    // Row kernels: 256 rows per workgroup; 8 prepared inputs a block.
     let b = Batch {
         tokens: 20,
         x_stride: 300,
@@ -289,6 +292,7 @@ fn a_split_matrix_fuses_its_parts_and_a_small_grid_wraps() {
         b,
         Reduction::RowPerInvocationSubgroup,
         caps,
+        true,
     );
     assert_eq!(l.len(), 2);
     // 3 blocks of 8 inputs, over the 2 workgroups in z the grid allows.
@@ -305,8 +309,26 @@ fn a_split_matrix_fuses_its_parts_and_a_small_grid_wraps() {
         b,
         Reduction::RowPerInvocationSubgroup,
         wide,
+        true,
     );
     assert!(l.iter().all(|l| l.params.tb == 4 && l.groups == [1, 1, 2]));
-    let l = plan_matvec(&[(&m, 0, 300, 0)], b, Reduction::RowPerInvocation, caps);
+    let l = plan_matvec(
+        &[(&m, 0, 300, 0)],
+        b,
+        Reduction::RowPerInvocation,
+        caps,
+        true,
+    );
     assert!(l.iter().all(|l| !l.batched && l.params.tb == 1));
+    // A raw input (or one the batched kernel can't read as vec4s): one input at a time.
+    let l = plan_matvec(
+        &[(&m, 0, 300, 0)],
+        b,
+        Reduction::RowPerInvocationSubgroup,
+        caps,
+        false,
+    );
+    assert!(l
+        .iter()
+        .all(|l| !l.batched && l.params.tb == 1 && l.groups[2] == 1));
 }
