@@ -396,16 +396,17 @@ fn matvec_rows_sgb(
                 for (var t = 0u; t < tb; t++) {
                     // Vec4 index of the quad's first activation of input t0 + t.
                     let xq = ((mp.x_off + (t0 + t) * mp.x_tstride) >> 2u) + wi * (per >> 2u);
+                    // Activations 4j .. 4j + 3 of the quad: the vec4 lane j loaded.
+                    let v0 = xin4[xq + s];
+                    let x0 = subgroupBroadcast(v0, 0u);
+                    let x1 = subgroupBroadcast(v0, 1u);
+                    let x2 = subgroupBroadcast(v0, 2u);
+                    let x3 = subgroupBroadcast(v0, 3u);
+                    let x4 = subgroupBroadcast(v0, 4u);
+                    let x5 = subgroupBroadcast(v0, 5u);
+                    let x6 = subgroupBroadcast(v0, 6u);
+                    let x7 = subgroupBroadcast(v0, 7u);
                     if (BITS == 4u) {
-                        let v0 = xin4[xq + s];
-                        let x0 = subgroupBroadcast(v0, 0u);
-                        let x1 = subgroupBroadcast(v0, 1u);
-                        let x2 = subgroupBroadcast(v0, 2u);
-                        let x3 = subgroupBroadcast(v0, 3u);
-                        let x4 = subgroupBroadcast(v0, 4u);
-                        let x5 = subgroupBroadcast(v0, 5u);
-                        let x6 = subgroupBroadcast(v0, 6u);
-                        let x7 = subgroupBroadcast(v0, 7u);
                         for (var k = 0u; k < ROWS_PER_INV; k++) {
                             let a = k * 8u;
                             let d0 = dot(lv[a], x0) + dot(lv[a + 1u], x1);
@@ -415,16 +416,8 @@ fn matvec_rows_sgb(
                             gacc[t][k] += (d0 + d1) + (d2 + d3);
                         }
                     } else {
-                        let v0 = xin4[xq + s];
+                        // At 2 bits a quad holds 64: the second 32 from lanes 0..7 again.
                         let v1 = xin4[xq + 8u + s];
-                        let x0 = subgroupBroadcast(v0, 0u);
-                        let x1 = subgroupBroadcast(v0, 1u);
-                        let x2 = subgroupBroadcast(v0, 2u);
-                        let x3 = subgroupBroadcast(v0, 3u);
-                        let x4 = subgroupBroadcast(v0, 4u);
-                        let x5 = subgroupBroadcast(v0, 5u);
-                        let x6 = subgroupBroadcast(v0, 6u);
-                        let x7 = subgroupBroadcast(v0, 7u);
                         let x8 = subgroupBroadcast(v1, 0u);
                         let x9 = subgroupBroadcast(v1, 1u);
                         let x10 = subgroupBroadcast(v1, 2u);

@@ -28,12 +28,7 @@ fn cpu_pre_op(mode: PrepareMode, lanes: &[f32], w: &[f32], n: usize) -> Vec<f32>
 #[test]
 fn matvec_matches_cpu_for_every_bits_and_group_with_fused_parts() {
     let Some(ctx) = gpu() else { return };
-    for red in [
-        Reduction::Portable,
-        Reduction::Subgroup,
-        Reduction::RowPerInvocation,
-        Reduction::RowPerInvocationSubgroup,
-    ] {
+    for red in Reduction::ALL {
         let k = CqKernels::with_reduction(&ctx, red);
         if ctx.caps.subgroups {
             assert_eq!(k.reduction, red);
@@ -349,12 +344,7 @@ fn tall_matrices_spread_rows_over_each_team_in_turn() {
     let src = ctx.storage_init("lanes", bytemuck::cast_slice(&lanes));
     let wb = ctx.storage_init("w", bytemuck::cast_slice(&w));
     let want = cqlm::cq::cq_matvec(&m, &cpu_pre_op(PrepareMode::RmsUnit, &lanes, &w, n)).unwrap();
-    for red in [
-        Reduction::Portable,
-        Reduction::Subgroup,
-        Reduction::RowPerInvocation,
-        Reduction::RowPerInvocationSubgroup,
-    ] {
+    for red in Reduction::ALL {
         let k = CqKernels::with_reduction(&ctx, red);
         let out = poisoned(&ctx, rows);
         let input = MatvecInput::Raw {
@@ -411,12 +401,7 @@ fn batched_matvec_equals_one_dispatch_per_input_bit_for_bit() {
         (2500, 4, 128),
     ];
     let tokens = 11usize;
-    for red in [
-        Reduction::Portable,
-        Reduction::Subgroup,
-        Reduction::RowPerInvocation,
-        Reduction::RowPerInvocationSubgroup,
-    ] {
+    for red in Reduction::ALL {
         let k = CqKernels::with_reduction(&ctx, red);
         for &(n, bits, group) in &shapes {
             let rows = 261;
@@ -631,12 +616,7 @@ fn matvec_prepared_once_equals_one_raw_dispatch_per_input_bit_for_bit() {
     }
     let mut rng = ChaCha8Rng::seed_from_u64(48);
     let tokens = 5usize;
-    for red in [
-        Reduction::Portable,
-        Reduction::Subgroup,
-        Reduction::RowPerInvocation,
-        Reduction::RowPerInvocationSubgroup,
-    ] {
+    for red in Reduction::ALL {
         let k = CqKernels::with_reduction(&ctx, red);
         for &(rows, n, bits, group, own_scratch) in &[
             (600usize, 300usize, 4u32, 128usize, true),

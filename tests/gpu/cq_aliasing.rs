@@ -28,12 +28,7 @@ fn an_input_or_gains_in_the_output_buffer_give_the_same_bits() {
     let s = 5 * n + rows + 3;
     let data: Vec<f32> = (0..3 * s).map(|_| rng.random_range(-1.0f32..1.0)).collect();
     let copy = ctx.storage_init("copy", bytemuck::cast_slice(&data));
-    for red in [
-        Reduction::Portable,
-        Reduction::Subgroup,
-        Reduction::RowPerInvocation,
-        Reduction::RowPerInvocationSubgroup,
-    ] {
+    for red in Reduction::ALL {
         let k = CqKernels::with_reduction(&ctx, red);
         for (bits, group) in [(2u32, 64usize), (4, 64), (8, 128)] {
             let m = random_cq(&mut rng, rows, n, bits, group, 0.1);

@@ -45,6 +45,18 @@ pub enum Reduction {
     /// subgroup broadcasts (`matvec_rows_sg`; adapters with SUBGROUP).
     RowPerInvocationSubgroup,
 }
+
+impl Reduction {
+    /// Every variant (tests run each; on a device without subgroups the
+    /// subgroup ones fall back, see [`CqKernels::with_reduction`]).
+    pub const ALL: [Reduction; 4] = [
+        Reduction::Portable,
+        Reduction::Subgroup,
+        Reduction::RowPerInvocation,
+        Reduction::RowPerInvocationSubgroup,
+    ];
+}
+
 /// Largest group the shared-memory FWHTs of `matvec` and `gather` handle.
 pub const MAX_GROUP: usize = 4096;
 

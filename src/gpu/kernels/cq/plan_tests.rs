@@ -196,12 +196,7 @@ fn check(
 #[test]
 fn plans_cover_every_row_once_within_the_grid_and_fuse_by_four() {
     let mut g = Gen(15);
-    let reds = [
-        Reduction::Portable,
-        Reduction::Subgroup,
-        Reduction::RowPerInvocation,
-        Reduction::RowPerInvocationSubgroup,
-    ];
+    let reds = Reduction::ALL;
     for case in 0..400 {
         let mut off = 0;
         let ms: Vec<GpuCq> = (0..g.range(1, 4))
