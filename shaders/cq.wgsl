@@ -30,14 +30,16 @@
 //            out_off + t·y_tstride, one after another with the same arithmetic;
 //            cq_subgroup.wgsl's matvec_rows_sgb shares each decoded word among
 //            up to 8 of them (prepared inputs only, read from binding 10).
-//   prepare_inputs  bindings 4, 6..8 (no arena), dispatch (tokens, 1, 1), workgroup
-//            64: workgroup t prepares input t (at x_off + t·x_tstride) exactly as
-//            each matvec workgroup stages a raw input (input_rms + stage_chunk:
-//            the same operations, so the same values) and writes its prep_len
-//            columns to yout[prep_out + t·y_tstride ..]. A batched matvec whose
-//            rows span several workgroups, or that runs matvec_rows_sgb, then
-//            reads them with mode 4 instead of every workgroup preparing every
-//            input again.
+//   prepare_inputs  bindings 4, 6..8 (no arena), dispatch (ceil(tokens / tb), 1, 1), workgroup
+//            64: workgroup w prepares inputs w·tb .. w·tb + tb (input t at x_off +
+//            t·x_tstride; tb = mp.tb, 1 for inputs over half the staging array)
+//            exactly as each matvec workgroup stages a raw input (input_rms +
+//            stage_chunk: the same operations, so the same values; with tb > 1 the
+//            inputs side by side in xw, one transform's barriers for all) and
+//            writes input t's prep_len columns to yout[prep_out + t·y_tstride ..].
+//            A batched matvec whose rows span several workgroups, or that runs
+//            matvec_rows_sgb, then reads them with mode 4 instead of every
+//            workgroup preparing every input again.
 //   gather   bindings 12..15 dispatch (groups, 1, 1), workgroup 256:
 //            dequantize_row of the row whose index is idx[idx_at], times `scale`,
 //            written `copies` times `copy_stride` apart. group <= 4096. A matrix
@@ -134,7 +136,8 @@ struct MatvecParams {
     team_rows: u32,   // `matvec`: rows each 16-lane team computes in turn
     tokens: u32,      // inputs in this dispatch (1 for a decode step): input t starts
                       // at x_off + t·x_tstride, its outputs at out_off + t·y_tstride
-    tb: u32,          // `matvec_rows_sgb`: inputs staged together (tb·padded <= XW)
+    tb: u32,          // `matvec_rows_sgb`: inputs a block; `prepare_inputs`: inputs a
+                      // workgroup stages together (tb·prep_len <= XW)
     x_tstride: u32,
     y_tstride: u32,
     in_out: u32,      // bit 0: the input lives in the output buffer (read through
@@ -259,6 +262,30 @@ fn stage_chunk(li: u32, c0: u32, len: u32, r: f32) {
 // barriers inside input_rms and stage_chunk are in uniform control flow.
 @compute @workgroup_size(64)
 fn prepare_inputs(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    if (mp.tb > 1u) {
+        // Inputs t0 .. t0 + tb together (tb · prep_len <= XW): one transform's
+        // barriers for all of them.
+        let t0 = wid.x * mp.tb;
+        let tb = min(mp.tb, mp.tokens - t0);
+        let len = mp.prep_len;
+        for (var t = 0u; t < tb; t++) {
+            xbase = mp.x_off + (t0 + t) * mp.x_tstride;
+            let r = input_rms(li);
+            for (var i = li; i < len; i += 64u) {
+                xw[t * len + i] = pre_op(i, r);
+            }
+        }
+        workgroupBarrier();
+        fwht_groups(tb * len, mp.group, li, 64u);
+        let sc = 1.0 / sqrt(f32(mp.group));
+        for (var t = 0u; t < tb; t++) {
+            let dst = mp.prep_out + (t0 + t) * mp.y_tstride;
+            for (var i = li; i < len; i += 64u) {
+                yout[dst + i] = xw[t * len + i] * sc;
+            }
+        }
+        return;
+    }
     let t = wid.x;
     xbase = mp.x_off + t * mp.x_tstride;
     let r = input_rms(li);

@@ -60,6 +60,8 @@ impl Reduction {
 /// Largest group the shared-memory FWHTs of `matvec` and `gather` handle.
 pub const MAX_GROUP: usize = 4096;
 
+/// Columns of the workgroup staging array (WGSL `XW`).
+const XW: usize = 4096;
 /// Most inputs `matvec_rows_sgb` takes together (the size of its accumulator arrays).
 const MAX_TB: usize = 8;
 
@@ -428,6 +430,19 @@ impl CqKernels {
             _pad: 0,
             parts: [[0; 8]; 4],
         };
+        // Several inputs a workgroup where they fit the staging array together
+        // (one transform's barriers for all: lavapipe runs each barrier as a
+        // switch of every subgroup's coroutine), as long as the device's
+        // workgroups at once stay busy.
+        let parallel = PlanCaps::of(&ctx.caps).parallel as usize;
+        let tb = tokens
+            .div_ceil(parallel)
+            .min(MAX_TB)
+            .min(XW / padded.max(1))
+            .max(1);
+        let mut params = params;
+        params.tb = tb as u32;
+        let groups = tokens.div_ceil(tb) as u32;
         let ub = ctx.uniform_init("prepare params", bytemuck::bytes_of(&params));
         // An input or gains in the destination's buffer are read through the
         // output binding (as in `matvec`); their read-only bindings then get a
@@ -440,7 +455,7 @@ impl CqKernels {
         };
         let at = [(0, &ub), (2, x), (3, dst.buffer), (4, gains)];
         let bytes = tokens as u64 * bytes::prepare(n, lanes, g, padded);
-        Some(Dispatch::new_at(ctx, &self.prepare, &at, [tokens as u32, 1, 1]).with_bytes(bytes))
+        Some(Dispatch::new_at(ctx, &self.prepare, &at, [groups, 1, 1]).with_bytes(bytes))
     }
 
     /// [`CqKernels::matvec`], with the raw inputs of a batch (two or more; a

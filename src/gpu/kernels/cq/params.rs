@@ -36,7 +36,8 @@ pub struct MatvecParams {
     pub team_rows: u32,
     /// Inputs in the dispatch (1 for a decode step).
     pub tokens: u32,
-    /// Inputs `matvec_rows_sgb` takes together (a block).
+    /// Inputs `matvec_rows_sgb` takes together (a block); inputs a
+    /// `prepare_inputs` workgroup stages together.
     pub tb: u32,
     /// Elements between consecutive inputs.
     pub x_tstride: u32,
