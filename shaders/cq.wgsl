@@ -32,7 +32,7 @@
 //            up to 8 of them (prepared inputs only, read from binding 10).
 //   prepare_inputs  bindings 4, 6..8 (no arena), dispatch (ceil(tokens / tb), 1, 1), workgroup
 //            64: workgroup w prepares inputs w·tb .. w·tb + tb (input t at x_off +
-//            t·x_tstride; tb = mp.tb, 1 for inputs over half the staging array)
+//            t·x_tstride; tb = mp.tb, 1 for inputs over the staging array)
 //            exactly as each matvec workgroup stages a raw input (input_rms +
 //            stage_chunk: the same operations, so the same values; with tb > 1 the
 //            inputs side by side in xw, one transform's barriers for all) and
@@ -262,9 +262,9 @@ fn stage_chunk(li: u32, c0: u32, len: u32, r: f32) {
 // barriers inside input_rms and stage_chunk are in uniform control flow.
 @compute @workgroup_size(64)
 fn prepare_inputs(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    if (mp.tb > 1u) {
-        // Inputs t0 .. t0 + tb together (tb · prep_len <= XW): one transform's
-        // barriers for all of them.
+    if (mp.prep_len <= XW) {
+        // Inputs t0 .. t0 + tb side by side (the host keeps tb · prep_len <= XW):
+        // one transform's barriers for all of them.
         let t0 = wid.x * mp.tb;
         let tb = min(mp.tb, mp.tokens - t0);
         let len = mp.prep_len;
@@ -286,6 +286,7 @@ fn prepare_inputs(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
         }
         return;
     }
+    // An input over the staging array: alone (tb = 1), XW columns at a time.
     let t = wid.x;
     xbase = mp.x_off + t * mp.x_tstride;
     let r = input_rms(li);

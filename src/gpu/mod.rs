@@ -16,6 +16,7 @@ mod engine;
 pub mod kernels;
 mod layout;
 mod lean;
+mod matvec_plan;
 mod prefill;
 pub mod profile;
 mod program;

@@ -5,13 +5,14 @@
 use super::arena::GpuCq;
 use super::capture::{CapturePoint, Source};
 use super::kernels::attention::{AttentionKernels, AttnParams};
-use super::kernels::cq::{Batch, CqKernels, MatvecInput, PrepareMode, Scratch};
+use super::kernels::cq::{CqKernels, PrepareMode};
 use super::kernels::engram::{EngramConvParams, EngramKernels};
 use super::kernels::layer::LayerKernels;
 use super::kernels::mhc::{MhcKernels, PremixParams, RouteParams};
 use super::kernels::mlp::{MlpKernels, MlpParams};
 use super::layout::{ActLayout, Slots};
 use super::lean::{self, ProgramKind};
+use super::matvec_plan::MatvecPlan;
 use super::state::DeviceState;
 use super::step_input::StepLayout;
 use super::upload::GpuWeights;
@@ -53,60 +54,6 @@ impl Kernels {
             engram: EngramKernels::new(ctx),
             layer: LayerKernels::new(ctx),
         }
-    }
-}
-
-/// A matvec of the step, kept so that its batched form (one dispatch per fused
-/// geometry for all tokens of a prefill chunk) can be built for any chunk length.
-pub(crate) struct MatvecPlan {
-    /// `(matrix, first row, rows, output offset)`.
-    items: Vec<(GpuCq, usize, usize, usize)>,
-    mode: PrepareMode,
-    n: usize,
-    src: (wgpu::Buffer, usize),
-    lane_stride: usize,
-    gains: (wgpu::Buffer, usize),
-    out: wgpu::Buffer,
-    /// Elements between token slots of the input and of the output buffer.
-    x_stride: usize,
-    y_stride: usize,
-    /// Where a batch's inputs may be prepared once, before the matvec
-    /// ([`CqKernels::matvec_prepared_once`]): [`DeviceState::prep`], its slot stride.
-    scratch: (wgpu::Buffer, usize, usize),
-}
-
-impl MatvecPlan {
-    /// The dispatches for `tokens` inputs in consecutive slots (1: the decode step's).
-    pub(crate) fn dispatches(
-        &self,
-        cq: &CqKernels,
-        ctx: &GpuContext,
-        arenas: &[wgpu::Buffer],
-        tokens: usize,
-    ) -> Vec<Dispatch> {
-        let items: Vec<(&GpuCq, usize, usize, usize)> = self
-            .items
-            .iter()
-            .map(|(m, a, b, o)| (m, *a, *b, *o))
-            .collect();
-        let input = MatvecInput::Raw {
-            mode: self.mode,
-            n: self.n,
-            src: (&self.src.0, self.src.1),
-            lane_stride: self.lane_stride,
-            gains: (&self.gains.0, self.gains.1),
-        };
-        let batch = Batch {
-            tokens,
-            x_stride: self.x_stride,
-            y_stride: self.y_stride,
-        };
-        let scratch = Scratch {
-            buffer: &self.scratch.0,
-            offset: self.scratch.1,
-            stride: self.scratch.2,
-        };
-        cq.matvec_prepared_once(ctx, arenas, &items, input, &self.out, batch, scratch)
     }
 }
 
@@ -179,8 +126,8 @@ pub(crate) struct Parts<'a> {
 
 impl Parts<'_> {
     /// Where a batched matvec's inputs are prepared once ([`MatvecPlan::scratch`]).
-    fn scratch(&self) -> (wgpu::Buffer, usize, usize) {
-        (self.state.prep.clone(), 0, self.slots.prep)
+    fn scratch(&self) -> (wgpu::Buffer, usize) {
+        (self.state.prep.clone(), self.slots.prep)
     }
 }
 
@@ -291,21 +238,7 @@ impl StepProgram {
             }
             sites_from = head.len();
             for (site, at) in w.sites.iter().zip(&a.sites) {
-                head.extend(k.cq.matvec(
-                    ctx,
-                    &w.arenas,
-                    &[(&site.wv, 0, h, at.v), (&site.wk, 0, h, at.key)],
-                    MatvecInput::Raw {
-                        mode: PrepareMode::Copy,
-                        n: e_dim,
-                        src: (&s.act, a.e),
-                        lane_stride: h,
-                        gains: (&w.vectors, 0),
-                    },
-                    &s.act,
-                    Batch::single(),
-                ));
-                site_plans.push(MatvecPlan {
+                let plan = MatvecPlan {
                     items: vec![
                         (site.wv.clone(), 0, h, at.v),
                         (site.wk.clone(), 0, h, at.key),
@@ -319,7 +252,9 @@ impl StepProgram {
                     x_stride: p.slots.act,
                     y_stride: p.slots.act,
                     scratch: p.scratch(),
-                });
+                };
+                head.extend(plan.dispatches(&k.cq, ctx, &w.arenas, 1));
+                site_plans.push(plan);
             }
             let ring = e.ring();
             conv_from = head.len();
@@ -375,20 +310,6 @@ impl StepProgram {
         }
 
         // ---- tail: the vocabulary projection.
-        let tail = k.cq.matvec(
-            ctx,
-            &w.arenas,
-            &[(&w.embed, 0, c.vocab, 0)],
-            MatvecInput::Raw {
-                mode: PrepareMode::MeanLanesZcrms,
-                n: h,
-                src: (&s.lanes, 0),
-                lane_stride: h,
-                gains: (&w.vectors, w.final_norm),
-            },
-            &s.logits,
-            Batch::single(),
-        );
         let tail_plan = MatvecPlan {
             items: vec![(w.embed.clone(), 0, c.vocab, 0)],
             mode: PrepareMode::MeanLanesZcrms,
@@ -401,6 +322,7 @@ impl StepProgram {
             y_stride: s.logits_stride(),
             scratch: p.scratch(),
         };
+        let tail = tail_plan.dispatches(&k.cq, ctx, &w.arenas, 1);
         let head_gathers = k.cq.gather_many(
             ctx,
             &w.arenas,

@@ -207,12 +207,10 @@ impl GpuWeights {
     pub(crate) fn bytes(&self) -> u64 {
         self.vectors.size() + self.arenas.iter().map(wgpu::Buffer::size).sum::<u64>()
     }
-}
 
-impl GpuWeights {
     /// The longest prepared input (`groups · group`) of any matrix a step
-    /// multiplies (not the gathered engram tables): what one token slot's
-    /// `prep` region of `act` must hold.
+    /// multiplies (not the gathered engram tables): what one token slot of the
+    /// prepared-input buffer (`DeviceState::prep`) must hold.
     pub(crate) fn max_matvec_padded(&self) -> usize {
         let layers = self
             .layers

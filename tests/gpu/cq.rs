@@ -502,9 +502,9 @@ fn batched_matvec_equals_one_dispatch_per_input_bit_for_bit() {
 fn prepare_inputs_match_the_cpu_prepare_in_every_mode() {
     // CqKernels::prepare: each of 3 raw inputs (x_stride apart) prepared once, as
     // every matvec workgroup stages one, into slots of a destination (its own
-    // stride); inputs staged several to a workgroup where they fit together (on a
-    // device of 2 or 3 threads at once, as lavapipe on a 2-core machine: 2 and 1)
-    // and one at a time in chunks where they don't; for every pre-op, groups 32..256, inputs shorter than, not a
+    // stride); inputs that fit the staging array side by side (two to a
+    // workgroup on a device of 2 or 3 threads at once, as lavapipe on a 2-core
+    // machine) and the one over it alone, in chunks; for every pre-op, groups 32..256, inputs shorter than, not a
     // multiple of and a multiple of the group, and one longer than a staged
     // chunk of 4096 columns; with the input and gains in their own buffers and
     // in the destination's (read through its binding). The CPU twin: pre_op,

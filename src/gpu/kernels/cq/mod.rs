@@ -407,13 +407,23 @@ impl CqKernels {
         let g = matches!(mode, PrepareMode::Zcrms | PrepareMode::MeanLanesZcrms);
         let x_in_out = src.0 == dst.buffer;
         let gains_in_out = g && gains.0 == dst.buffer;
+        // Several inputs a workgroup where they fit the staging array together
+        // (one transform's barriers for all: lavapipe runs each barrier as a
+        // switch of every subgroup's coroutine), as long as the device's
+        // workgroups at once stay busy; inputs over the array one at a time.
+        let parallel = PlanCaps::of(&ctx.caps).parallel as usize;
+        let tb = tokens
+            .div_ceil(parallel)
+            .min(MAX_TB)
+            .min(XW / padded.max(1))
+            .max(1);
         let params = MatvecParams {
             n_parts: 0,
             group_words: 0,
             row_words: 0,
             total_rows: 0,
             x_off: src.1 as u32,
-            grid_x: tokens as u32,
+            grid_x: 0,
             mode: mode as u32,
             n: n as u32,
             w_off: gains.1 as u32,
@@ -421,7 +431,7 @@ impl CqKernels {
             group: group as u32,
             team_rows: 0,
             tokens: tokens as u32,
-            tb: 0,
+            tb: tb as u32,
             x_tstride: batch.x_stride as u32,
             y_tstride: dst.stride as u32,
             in_out: x_in_out as u32 | (gains_in_out as u32) << 1,
@@ -430,18 +440,6 @@ impl CqKernels {
             _pad: 0,
             parts: [[0; 8]; 4],
         };
-        // Several inputs a workgroup where they fit the staging array together
-        // (one transform's barriers for all: lavapipe runs each barrier as a
-        // switch of every subgroup's coroutine), as long as the device's
-        // workgroups at once stay busy.
-        let parallel = PlanCaps::of(&ctx.caps).parallel as usize;
-        let tb = tokens
-            .div_ceil(parallel)
-            .min(MAX_TB)
-            .min(XW / padded.max(1))
-            .max(1);
-        let mut params = params;
-        params.tb = tb as u32;
         let groups = tokens.div_ceil(tb) as u32;
         let ub = ctx.uniform_init("prepare params", bytemuck::bytes_of(&params));
         // An input or gains in the destination's buffer are read through the
