@@ -35,8 +35,10 @@
 //            t·x_tstride; tb = mp.tb, 1 for inputs over the staging array)
 //            exactly as each matvec workgroup stages a raw input (input_rms +
 //            stage_chunk: the same operations, so the same values; with tb > 1 the
-//            inputs side by side in xw, one transform's barriers for all) and
-//            writes input t's prep_len columns to yout[prep_out + t·y_tstride ..].
+//            inputs side by side in xw, one barrier a reduction level and one a
+//            transform pass for all, the first pass run in the staging and the
+//            last one writing the output) and writes input t's prep_len columns
+//            to yout[prep_out + t·y_tstride ..].
 //            A batched matvec whose rows span several workgroups, or that runs
 //            matvec_rows_sgb, then reads them with mode 4 instead of every
 //            workgroup preparing every input again.
@@ -68,9 +70,12 @@ var<workgroup> xw: array<f32, 4096>;
 // A run never crosses a group (m·h0 divides group), every value sees the same
 // additions in the same order as stage by stage, so the result is bit-identical.
 // Indices by shifts and masks: h0 = 2^sh, m = 2^msh.
-fn fwht_groups(len: u32, group: u32, li: u32, threads: u32) {
-    var sh = 0u;
-    for (var h0 = 1u; h0 < group; h0 = h0 << 3u) {
+// Only the passes from stage 2^sh0 to before stage 2^sh_end run (multiples of
+// 3; prepare_inputs runs the first pass in its staging and the last in its
+// output): 0 and 32 for all.
+fn fwht_groups(len: u32, group: u32, li: u32, threads: u32, sh0: u32, sh_end: u32) {
+    var sh = sh0;
+    for (var h0 = 1u << sh0; h0 < group && sh < sh_end; h0 = h0 << 3u) {
         let m = min(8u, group >> sh);
         let msh = countTrailingZeros(m);
         for (var r = li; r < (len >> msh); r += threads) {
@@ -249,7 +254,7 @@ fn stage_chunk(li: u32, c0: u32, len: u32, r: f32) {
         xw[i] = pre_op(c0 + i, r);
     }
     workgroupBarrier();
-    fwht_groups(len, mp.group, li, 64u);
+    fwht_groups(len, mp.group, li, 64u, 0u, 32u);
     let sc = 1.0 / sqrt(f32(mp.group));
     for (var i = li; i < len; i += 64u) {
         xw[i] = xw[i] * sc;
@@ -258,6 +263,97 @@ fn stage_chunk(li: u32, c0: u32, len: u32, r: f32) {
 }
 
 // ---------------------------------------------------------------- prepare_inputs
+// prepare_inputs' last transform pass over xw[0 .. len] (inputs t0 .. side by
+// side, prep_len columns each), from stage 2^sh (m = group >> sh values a run,
+// 2 to 8): fwht_groups's pass, its values scaled by 1/sqrt(group) and written
+// to the destination where the staging would have stored them for the output
+// loop to copy (the same values: the same bits).
+fn fwht_last_out(len: u32, li: u32, sh: u32, t0: u32) {
+    let h0 = 1u << sh;
+    let m = mp.group >> sh;
+    let msh = countTrailingZeros(m);
+    let sc = 1.0 / sqrt(f32(mp.group));
+    for (var r = li; r < (len >> msh); r += 64u) {
+        let e = (((r >> sh) << msh) << sh) + (r & (h0 - 1u));
+        let t = e / mp.prep_len;
+        let o = mp.prep_out + (t0 + t) * mp.y_tstride + e - t * mp.prep_len;
+        if (m == 8u) {
+            var v0 = xw[e];
+            var v1 = xw[e + h0];
+            var v2 = xw[e + 2u * h0];
+            var v3 = xw[e + 3u * h0];
+            var v4 = xw[e + 4u * h0];
+            var v5 = xw[e + 5u * h0];
+            var v6 = xw[e + 6u * h0];
+            var v7 = xw[e + 7u * h0];
+            bfly8(&v0, &v1, &v2, &v3, &v4, &v5, &v6, &v7);
+            yout[o] = v0 * sc;
+            yout[o + h0] = v1 * sc;
+            yout[o + 2u * h0] = v2 * sc;
+            yout[o + 3u * h0] = v3 * sc;
+            yout[o + 4u * h0] = v4 * sc;
+            yout[o + 5u * h0] = v5 * sc;
+            yout[o + 6u * h0] = v6 * sc;
+            yout[o + 7u * h0] = v7 * sc;
+        } else if (m == 4u) {
+            var v0 = xw[e];
+            var v1 = xw[e + h0];
+            var v2 = xw[e + 2u * h0];
+            var v3 = xw[e + 3u * h0];
+            bfly4(&v0, &v1, &v2, &v3);
+            yout[o] = v0 * sc;
+            yout[o + h0] = v1 * sc;
+            yout[o + 2u * h0] = v2 * sc;
+            yout[o + 3u * h0] = v3 * sc;
+        } else {
+            var v0 = xw[e];
+            var v1 = xw[e + h0];
+            bfly(&v0, &v1);
+            yout[o] = v0 * sc;
+            yout[o + h0] = v1 * sc;
+        }
+    }
+}
+
+// Inputs a prepare_inputs workgroup stages together, at most (the host's MAX_TB).
+const MAX_TB: u32 = 8u;
+var<workgroup> red_tb: array<f32, 512>; // 64 · MAX_TB
+
+// input_rms of inputs t0 .. t0 + tb (tb <= MAX_TB) side by side: each input's
+// sums in input_rms's order (the same bits), one barrier a tree level for all
+// of them instead of one per input and level. Uniform control flow.
+fn inputs_rms(li: u32, t0: u32, tb: u32) -> array<f32, 8> {
+    var rs: array<f32, 8>;
+    if (mp.mode == 0u || mp.mode == 4u) {
+        for (var t = 0u; t < MAX_TB; t++) {
+            rs[t] = 1.0;
+        }
+        return rs;
+    }
+    for (var t = 0u; t < tb; t++) {
+        xbase = mp.x_off + (t0 + t) * mp.x_tstride;
+        var acc = 0.0;
+        for (var i = li; i < mp.n; i += 64u) {
+            let v = x_raw(i);
+            acc += v * v;
+        }
+        red_tb[t * 64u + li] = acc;
+    }
+    workgroupBarrier();
+    for (var s = 32u; s > 0u; s = s >> 1u) {
+        if (li < s) {
+            for (var t = 0u; t < tb; t++) {
+                red_tb[t * 64u + li] += red_tb[t * 64u + li + s];
+            }
+        }
+        workgroupBarrier();
+    }
+    for (var t = 0u; t < tb; t++) {
+        rs[t] = 1.0 / sqrt(red_tb[t * 64u] / f32(mp.n) + 1e-6);
+    }
+    return rs;
+}
+
 // See the header. Each workgroup's input is uniform (workgroup_id), so the
 // barriers inside input_rms and stage_chunk are in uniform control flow.
 @compute @workgroup_size(64)
@@ -268,15 +364,52 @@ fn prepare_inputs(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
         let t0 = wid.x * mp.tb;
         let tb = min(mp.tb, mp.tokens - t0);
         let len = mp.prep_len;
-        for (var t = 0u; t < tb; t++) {
+        let rs = inputs_rms(li, t0, tb);
+        // The staging and the transform's first pass in one: each invocation
+        // runs stages 1, 2, 4 (those below the group) on m consecutive columns
+        // in registers, as fwht_groups's first pass would after the staging.
+        let m = min(8u, mp.group);
+        let msh = countTrailingZeros(m);
+        for (var r = li; r < ((tb * len) >> msh); r += 64u) {
+            let e = r << msh;
+            let t = e / len;
+            let i = e - t * len;
             xbase = mp.x_off + (t0 + t) * mp.x_tstride;
-            let r = input_rms(li);
-            for (var i = li; i < len; i += 64u) {
-                xw[t * len + i] = pre_op(i, r);
+            let rt = rs[t];
+            if (m == 8u) {
+                var v0 = pre_op(i, rt);
+                var v1 = pre_op(i + 1u, rt);
+                var v2 = pre_op(i + 2u, rt);
+                var v3 = pre_op(i + 3u, rt);
+                var v4 = pre_op(i + 4u, rt);
+                var v5 = pre_op(i + 5u, rt);
+                var v6 = pre_op(i + 6u, rt);
+                var v7 = pre_op(i + 7u, rt);
+                bfly8(&v0, &v1, &v2, &v3, &v4, &v5, &v6, &v7);
+                xw[e] = v0;
+                xw[e + 1u] = v1;
+                xw[e + 2u] = v2;
+                xw[e + 3u] = v3;
+                xw[e + 4u] = v4;
+                xw[e + 5u] = v5;
+                xw[e + 6u] = v6;
+                xw[e + 7u] = v7;
+            } else {
+                // Groups of fewer than 8 columns: staged, then transformed below.
+                for (var j = 0u; j < m; j++) {
+                    xw[e + j] = pre_op(i + j, rt);
+                }
             }
         }
         workgroupBarrier();
-        fwht_groups(tb * len, mp.group, li, 64u);
+        if (mp.group > 8u) {
+            // The middle passes, then the last one straight to the destination.
+            let sh_last = 3u * ((countTrailingZeros(mp.group) - 1u) / 3u);
+            fwht_groups(tb * len, mp.group, li, 64u, 3u, sh_last);
+            fwht_last_out(tb * len, li, sh_last, t0);
+            return;
+        }
+        fwht_groups(tb * len, mp.group, li, 64u, select(0u, 3u, m == 8u), 32u);
         let sc = 1.0 / sqrt(f32(mp.group));
         for (var t = 0u; t < tb; t++) {
             let dst = mp.prep_out + (t0 + t) * mp.y_tstride;
@@ -601,7 +734,7 @@ fn gather(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
         xw[c] = norm * bitcast<f32>(garena[gp.cb_off + idx]);
     }
     workgroupBarrier();
-    fwht_groups(gp.group, gp.group, li, WG);
+    fwht_groups(gp.group, gp.group, li, WG, 0u, 32u);
     let s = 1.0 / sqrt(f32(gp.group));
     for (var c = li; c < gp.group; c += WG) {
         let col = k * gp.group + c;
@@ -677,7 +810,7 @@ fn gather_many(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
         xw[c] = norm * bitcast<f32>(gm_word(sel, p.cb_off + idx));
     }
     workgroupBarrier();
-    fwht_groups(p.group, p.group, li, WG);
+    fwht_groups(p.group, p.group, li, WG, 0u, 32u);
     let s = 1.0 / sqrt(f32(p.group));
     let base = p.out_off + wid.y * select(gm.out_stride, gm.out_stride_b, to_b);
     for (var c = li; c < p.group; c += WG) {
