@@ -23,6 +23,9 @@
 //        workgroup, so that is a full synchronisation). Stages run in the order
 //        of SEED §1 (h = 1, 2, 4, ...), each element seeing the same additions
 //        as on the CPU; the nfwht scale 1/sqrt(hd) is applied after the butterfly.
+//        For 16 <= hd <= 4096 the z_init, silu and output loops run inside the
+//        transforms' first and last passes (fwht_first_z, fwht_last_*): the same
+//        values with three workgroup-memory round trips and barriers fewer.
 
 // Invocations per workgroup: a pipeline override (gpu::kernels::mlp::MlpKernels
 // sets it from Capabilities::mlp_workgroup: 256 on GPUs, 64 on CPU adapters,
@@ -61,62 +64,236 @@ var<private> ta: u32;
 // common.wgsl's `scratch` (SCRATCH_LEN = CHUNK floats) is the FWHT buffer; reductions
 // use scratch[0..256] before the transforms use all of it.
 
-// Unnormalised butterfly stages h = 1 .. n/2 on scratch[0..n], in place. Call in uniform
-// control flow after a barrier that follows the loads; ends with a barrier.
+// Unnormalised butterfly stages h = 1 .. n/2 on scratch[0..n], in place: passes
+// p0 .. p1 of fwht_passes(n) (0 and 32 for all). Call in uniform control flow
+// after a barrier that follows the loads; ends with a barrier.
 //
-// Three stages per pass (radix 8): a pass starting at stage h0 gives each
-// invocation groups of m = min(8, n / h0) elements base + j·h0 (j < m), which it
-// loads into registers, runs stages h0, 2·h0, 4·h0 on (those that are < n) and
-// stores back; one barrier per pass instead of one per stage, and 2 loads and
-// stores per element per pass instead of per stage (workgroup memory accesses
-// with per-invocation indices are gathers on CPU adapters). Every stage pairs
-// the same elements with the same additions as the stage-by-stage order of
-// SEED §1, in the same order, so the result is bit-identical.
-
-fn fwht_shared(n: u32, li: u32) {
-    for (var h0 = 1u; h0 < n; h0 = h0 * 8u) {
-        let m = min(8u, n / h0);
+// Up to three stages per pass (radix 8): a pass starting at stage h0 gives each
+// invocation runs of m elements base + j·h0 (j < m), which it loads into
+// registers, runs stages h0 .. (m/2)·h0 on and stores back; one barrier per pass
+// instead of one per stage, and 2 loads and stores per element per pass instead
+// of per stage (workgroup memory accesses with per-invocation indices are
+// gathers on CPU adapters). The first pass runs the 1, 2 or 3 stages that
+// 3-stage passes leave over (m = first_run(n)), every later one 3 (m = 8), so
+// a fused last pass (below) has one form. Every stage pairs the same elements
+// with the same additions as the stage-by-stage order of SEED §1, in the same
+// order, so the result is bit-identical however the stages are grouped.
+fn fwht_shared(n: u32, li: u32, p0: u32, p1: u32) {
+    let m = first_run(n);
+    if (p0 == 0u && p1 > 0u && n > 1u) {
         for (var grp = li; grp < n / m; grp += WG) {
-            let e = (grp / h0) * (m * h0) + grp % h0;
+            let e = grp * m;
             // Unrolled by hand so the values stay in registers.
             if (m == 8u) {
-                var v0 = scratch[e + 0u * h0];
-                var v1 = scratch[e + 1u * h0];
-                var v2 = scratch[e + 2u * h0];
-                var v3 = scratch[e + 3u * h0];
-                var v4 = scratch[e + 4u * h0];
-                var v5 = scratch[e + 5u * h0];
-                var v6 = scratch[e + 6u * h0];
-                var v7 = scratch[e + 7u * h0];
+                var v0 = scratch[e];
+                var v1 = scratch[e + 1u];
+                var v2 = scratch[e + 2u];
+                var v3 = scratch[e + 3u];
+                var v4 = scratch[e + 4u];
+                var v5 = scratch[e + 5u];
+                var v6 = scratch[e + 6u];
+                var v7 = scratch[e + 7u];
                 bfly8(&v0, &v1, &v2, &v3, &v4, &v5, &v6, &v7);
-                scratch[e + 0u * h0] = v0;
-                scratch[e + 1u * h0] = v1;
-                scratch[e + 2u * h0] = v2;
-                scratch[e + 3u * h0] = v3;
-                scratch[e + 4u * h0] = v4;
-                scratch[e + 5u * h0] = v5;
-                scratch[e + 6u * h0] = v6;
-                scratch[e + 7u * h0] = v7;
+                scratch[e] = v0;
+                scratch[e + 1u] = v1;
+                scratch[e + 2u] = v2;
+                scratch[e + 3u] = v3;
+                scratch[e + 4u] = v4;
+                scratch[e + 5u] = v5;
+                scratch[e + 6u] = v6;
+                scratch[e + 7u] = v7;
             } else if (m == 4u) {
-                var v0 = scratch[e + 0u * h0];
-                var v1 = scratch[e + 1u * h0];
-                var v2 = scratch[e + 2u * h0];
-                var v3 = scratch[e + 3u * h0];
+                var v0 = scratch[e];
+                var v1 = scratch[e + 1u];
+                var v2 = scratch[e + 2u];
+                var v3 = scratch[e + 3u];
                 bfly4(&v0, &v1, &v2, &v3);
-                scratch[e + 0u * h0] = v0;
-                scratch[e + 1u * h0] = v1;
-                scratch[e + 2u * h0] = v2;
-                scratch[e + 3u * h0] = v3;
+                scratch[e] = v0;
+                scratch[e + 1u] = v1;
+                scratch[e + 2u] = v2;
+                scratch[e + 3u] = v3;
             } else {
-                var v0 = scratch[e + 0u * h0];
-                var v1 = scratch[e + 1u * h0];
+                var v0 = scratch[e];
+                var v1 = scratch[e + 1u];
                 bfly(&v0, &v1);
-                scratch[e + 0u * h0] = v0;
-                scratch[e + 1u * h0] = v1;
+                scratch[e] = v0;
+                scratch[e + 1u] = v1;
             }
         }
         workgroupBarrier();
     }
+    // The 3-stage passes (one form: no branch around the loads).
+    var h0 = m;
+    for (var p = 1u; p < p0; p++) {
+        h0 = h0 * 8u;
+    }
+    for (var p = max(p0, 1u); h0 < n && p < p1; p++) {
+        for (var grp = li; grp < n / 8u; grp += WG) {
+            let e = (grp / h0) * (8u * h0) + grp % h0;
+            var v0 = scratch[e];
+            var v1 = scratch[e + h0];
+            var v2 = scratch[e + 2u * h0];
+            var v3 = scratch[e + 3u * h0];
+            var v4 = scratch[e + 4u * h0];
+            var v5 = scratch[e + 5u * h0];
+            var v6 = scratch[e + 6u * h0];
+            var v7 = scratch[e + 7u * h0];
+            bfly8(&v0, &v1, &v2, &v3, &v4, &v5, &v6, &v7);
+            scratch[e] = v0;
+            scratch[e + h0] = v1;
+            scratch[e + 2u * h0] = v2;
+            scratch[e + 3u * h0] = v3;
+            scratch[e + 4u * h0] = v4;
+            scratch[e + 5u * h0] = v5;
+            scratch[e + 6u * h0] = v6;
+            scratch[e + 7u * h0] = v7;
+        }
+        workgroupBarrier();
+        h0 = h0 * 8u;
+    }
+}
+
+// Values a run of the first pass: 2, 4 or 8 (n >= 2), the stages that 3-stage
+// passes leave over.
+fn first_run(n: u32) -> u32 {
+    return 1u << (((countTrailingZeros(n) + 2u) % 3u) + 1u);
+}
+
+// Passes of the transform of n >= 2 values.
+fn fwht_passes(n: u32) -> u32 {
+    return 1u + (countTrailingZeros(n) - countTrailingZeros(first_run(n))) / 3u;
+}
+
+// The ends of mlp_body's transforms for CHUNK >= n >= 16 (fwht_shared's passes
+// between them), each fused with the step before or after it: the first
+// transform's first pass reads z_init, the last passes write silu(d2 · v · sc)
+// into scratch or the output (each value the same expression as in a loop of
+// its own: the same bits, with one workgroup-memory round trip and one barrier
+// fewer at each end). Uniform control flow; each ends with a barrier.
+
+// The first pass of the first transform, its values z_init(i, rf).
+fn fwht_first_z(n: u32, li: u32, rf: f32) {
+    let m = first_run(n);
+    for (var grp = li; grp < n / m; grp += WG) {
+        let e = grp * m;
+        if (m == 8u) {
+            var v0 = z_init(e, rf);
+            var v1 = z_init(e + 1u, rf);
+            var v2 = z_init(e + 2u, rf);
+            var v3 = z_init(e + 3u, rf);
+            var v4 = z_init(e + 4u, rf);
+            var v5 = z_init(e + 5u, rf);
+            var v6 = z_init(e + 6u, rf);
+            var v7 = z_init(e + 7u, rf);
+            bfly8(&v0, &v1, &v2, &v3, &v4, &v5, &v6, &v7);
+            scratch[e] = v0;
+            scratch[e + 1u] = v1;
+            scratch[e + 2u] = v2;
+            scratch[e + 3u] = v3;
+            scratch[e + 4u] = v4;
+            scratch[e + 5u] = v5;
+            scratch[e + 6u] = v6;
+            scratch[e + 7u] = v7;
+        } else if (m == 4u) {
+            var v0 = z_init(e, rf);
+            var v1 = z_init(e + 1u, rf);
+            var v2 = z_init(e + 2u, rf);
+            var v3 = z_init(e + 3u, rf);
+            bfly4(&v0, &v1, &v2, &v3);
+            scratch[e] = v0;
+            scratch[e + 1u] = v1;
+            scratch[e + 2u] = v2;
+            scratch[e + 3u] = v3;
+        } else {
+            var v0 = z_init(e, rf);
+            var v1 = z_init(e + 1u, rf);
+            bfly(&v0, &v1);
+            scratch[e] = v0;
+            scratch[e + 1u] = v1;
+        }
+    }
+    workgroupBarrier();
+}
+
+// Run grp of the last pass (stage n / 8 on) in registers, into v.
+fn last_run(n: u32, grp: u32, v: ptr<function, array<f32, 8>>) -> u32 {
+    let h0 = n / 8u;
+    let e = grp;
+    var v0 = scratch[e];
+    var v1 = scratch[e + h0];
+    var v2 = scratch[e + 2u * h0];
+    var v3 = scratch[e + 3u * h0];
+    var v4 = scratch[e + 4u * h0];
+    var v5 = scratch[e + 5u * h0];
+    var v6 = scratch[e + 6u * h0];
+    var v7 = scratch[e + 7u * h0];
+    bfly8(&v0, &v1, &v2, &v3, &v4, &v5, &v6, &v7);
+    *v = array<f32, 8>(v0, v1, v2, v3, v4, v5, v6, v7);
+    return h0;
+}
+
+// The first transform's last pass: scratch[i] = silu(d2[i] · (v · sc)).
+fn fwht_last_silu(n: u32, li: u32, sc: f32) {
+    for (var grp = li; grp < n / 8u; grp += WG) {
+        var v: array<f32, 8>;
+        let h0 = last_run(n, grp, &v);
+        scratch[grp] = silu(vecs[mp.d2 + grp] * (v[0] * sc));
+        scratch[grp + h0] = silu(vecs[mp.d2 + grp + h0] * (v[1] * sc));
+        scratch[grp + 2u * h0] = silu(vecs[mp.d2 + grp + 2u * h0] * (v[2] * sc));
+        scratch[grp + 3u * h0] = silu(vecs[mp.d2 + grp + 3u * h0] * (v[3] * sc));
+        scratch[grp + 4u * h0] = silu(vecs[mp.d2 + grp + 4u * h0] * (v[4] * sc));
+        scratch[grp + 5u * h0] = silu(vecs[mp.d2 + grp + 5u * h0] * (v[5] * sc));
+        scratch[grp + 6u * h0] = silu(vecs[mp.d2 + grp + 6u * h0] * (v[6] * sc));
+        scratch[grp + 7u * h0] = silu(vecs[mp.d2 + grp + 7u * h0] * (v[7] * sc));
+    }
+    workgroupBarrier();
+}
+
+// Output column c from z[c] = v.
+fn put_out(c: u32, v: f32, sc: f32) {
+    let o = act[ta + mp.after + c] + (v * sc) * vecs[mp.d3 + c];
+    act[ta + mp.out + c] = o;
+    act[ta + mp.update + c] = o - act[ta + mp.u + c];
+}
+
+// The second transform's last pass, straight to the output columns < hidden
+// (z above hidden is never read).
+fn fwht_last_out(n: u32, li: u32, sc: f32) {
+    let h = mp.hidden;
+    for (var grp = li; grp < n / 8u; grp += WG) {
+        var v: array<f32, 8>;
+        let h0 = last_run(n, grp, &v);
+        // Column grp + j·h0 is below hidden for j < k.
+        var k = 0u;
+        if (grp < h) {
+            k = min(8u, (h - grp + h0 - 1u) / h0);
+        }
+        if (k > 0u) {
+            put_out(grp, v[0], sc);
+        }
+        if (k > 1u) {
+            put_out(grp + h0, v[1], sc);
+        }
+        if (k > 2u) {
+            put_out(grp + 2u * h0, v[2], sc);
+        }
+        if (k > 3u) {
+            put_out(grp + 3u * h0, v[3], sc);
+        }
+        if (k > 4u) {
+            put_out(grp + 4u * h0, v[4], sc);
+        }
+        if (k > 5u) {
+            put_out(grp + 5u * h0, v[5], sc);
+        }
+        if (k > 6u) {
+            put_out(grp + 6u * h0, v[6], sc);
+        }
+        if (k > 7u) {
+            put_out(grp + 7u * h0, v[7], sc);
+        }
+    }
+    workgroupBarrier();
 }
 
 // Stages h = CHUNK .. hd/2 on act[ta + z .. z + hd], in place. Call in uniform control
@@ -176,17 +353,24 @@ fn mlp_body(li: u32) {
     let rf = 1.0 / sqrt(wg_sum(fsq, li) / f32(h) + EPS);
     storageBarrier();
     let sc = 1.0 / sqrt(f32(hd));
-    if (hd <= CHUNK) {
+    if (hd <= CHUNK && hd >= 16u) {
+        let last = fwht_passes(hd) - 1u;
+        fwht_first_z(hd, li, rf);
+        fwht_shared(hd, li, 1u, last);
+        fwht_last_silu(hd, li, sc);
+        fwht_shared(hd, li, 0u, last);
+        fwht_last_out(hd, li, sc);
+    } else if (hd <= CHUNK) {
         for (var c = li; c < hd; c += WG) {
             scratch[c] = z_init(c, rf);
         }
         workgroupBarrier();
-        fwht_shared(hd, li);
+        fwht_shared(hd, li, 0u, 32u);
         for (var c = li; c < hd; c += WG) {
             scratch[c] = silu(vecs[mp.d2 + c] * (scratch[c] * sc));
         }
         workgroupBarrier();
-        fwht_shared(hd, li);
+        fwht_shared(hd, li, 0u, 32u);
         for (var c = li; c < h; c += WG) {
             let o = act[ta + mp.after + c] + (scratch[c] * sc) * vecs[mp.d3 + c];
             act[ta + mp.out + c] = o;
@@ -199,7 +383,7 @@ fn mlp_body(li: u32) {
                 scratch[c] = z_init(base + c, rf);
             }
             workgroupBarrier();
-            fwht_shared(CHUNK, li);
+            fwht_shared(CHUNK, li, 0u, 32u);
             for (var c = li; c < CHUNK; c += WG) {
                 act[ta + mp.z + base + c] = scratch[c];
             }
@@ -217,7 +401,7 @@ fn mlp_body(li: u32) {
                 scratch[c] = act[ta + mp.z + base + c];
             }
             workgroupBarrier();
-            fwht_shared(CHUNK, li);
+            fwht_shared(CHUNK, li, 0u, 32u);
             for (var c = li; c < CHUNK; c += WG) {
                 act[ta + mp.z + base + c] = scratch[c];
             }
