@@ -56,6 +56,50 @@ const MAX_GROUP: u32 = 4096u;
 const XW: u32 = 4096u;
 var<workgroup> xw: array<f32, 4096>;
 
+// Butterfly stages on the values a0.. of one run (elements e + j·h) in
+// registers, stored back to xw: a pass's step for one run, its values loaded by
+// the caller (from xw, or staged from the raw input). Arguments are values, so
+// the run stays in registers (the compiler inlines these).
+fn xw_put8(e: u32, h: u32, a0: f32, a1: f32, a2: f32, a3: f32, a4: f32, a5: f32, a6: f32, a7: f32) {
+    var v0 = a0;
+    var v1 = a1;
+    var v2 = a2;
+    var v3 = a3;
+    var v4 = a4;
+    var v5 = a5;
+    var v6 = a6;
+    var v7 = a7;
+    bfly8(&v0, &v1, &v2, &v3, &v4, &v5, &v6, &v7);
+    xw[e] = v0;
+    xw[e + h] = v1;
+    xw[e + 2u * h] = v2;
+    xw[e + 3u * h] = v3;
+    xw[e + 4u * h] = v4;
+    xw[e + 5u * h] = v5;
+    xw[e + 6u * h] = v6;
+    xw[e + 7u * h] = v7;
+}
+
+fn xw_put4(e: u32, h: u32, a0: f32, a1: f32, a2: f32, a3: f32) {
+    var v0 = a0;
+    var v1 = a1;
+    var v2 = a2;
+    var v3 = a3;
+    bfly4(&v0, &v1, &v2, &v3);
+    xw[e] = v0;
+    xw[e + h] = v1;
+    xw[e + 2u * h] = v2;
+    xw[e + 3u * h] = v3;
+}
+
+fn xw_put2(e: u32, h: u32, a0: f32, a1: f32) {
+    var v0 = a0;
+    var v1 = a1;
+    bfly(&v0, &v1);
+    xw[e] = v0;
+    xw[e + h] = v1;
+}
+
 // In-place unnormalised Walsh–Hadamard butterflies on xw[0..len], every group of
 // `group` values (a power of two dividing len) transformed alone, in the stage
 // order of SEED §1, by `threads` invocations (li < threads). Call in uniform
@@ -80,41 +124,13 @@ fn fwht_groups(len: u32, group: u32, li: u32, threads: u32, sh0: u32, sh_end: u3
         let msh = countTrailingZeros(m);
         for (var r = li; r < (len >> msh); r += threads) {
             let e = (((r >> sh) << msh) << sh) + (r & (h0 - 1u));
-            // Unrolled by hand so the values stay in registers.
             if (m == 8u) {
-                var v0 = xw[e];
-                var v1 = xw[e + h0];
-                var v2 = xw[e + 2u * h0];
-                var v3 = xw[e + 3u * h0];
-                var v4 = xw[e + 4u * h0];
-                var v5 = xw[e + 5u * h0];
-                var v6 = xw[e + 6u * h0];
-                var v7 = xw[e + 7u * h0];
-                bfly8(&v0, &v1, &v2, &v3, &v4, &v5, &v6, &v7);
-                xw[e] = v0;
-                xw[e + h0] = v1;
-                xw[e + 2u * h0] = v2;
-                xw[e + 3u * h0] = v3;
-                xw[e + 4u * h0] = v4;
-                xw[e + 5u * h0] = v5;
-                xw[e + 6u * h0] = v6;
-                xw[e + 7u * h0] = v7;
+                xw_put8(e, h0, xw[e], xw[e + h0], xw[e + 2u * h0], xw[e + 3u * h0], xw[e + 4u * h0],
+                        xw[e + 5u * h0], xw[e + 6u * h0], xw[e + 7u * h0]);
             } else if (m == 4u) {
-                var v0 = xw[e];
-                var v1 = xw[e + h0];
-                var v2 = xw[e + 2u * h0];
-                var v3 = xw[e + 3u * h0];
-                bfly4(&v0, &v1, &v2, &v3);
-                xw[e] = v0;
-                xw[e + h0] = v1;
-                xw[e + 2u * h0] = v2;
-                xw[e + 3u * h0] = v3;
+                xw_put4(e, h0, xw[e], xw[e + h0], xw[e + 2u * h0], xw[e + 3u * h0]);
             } else {
-                var v0 = xw[e];
-                var v1 = xw[e + h0];
-                bfly(&v0, &v1);
-                xw[e] = v0;
-                xw[e + h0] = v1;
+                xw_put2(e, h0, xw[e], xw[e + h0]);
             }
         }
         workgroupBarrier();
@@ -377,23 +393,8 @@ fn prepare_inputs(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
             xbase = mp.x_off + (t0 + t) * mp.x_tstride;
             let rt = rs[t];
             if (m == 8u) {
-                var v0 = pre_op(i, rt);
-                var v1 = pre_op(i + 1u, rt);
-                var v2 = pre_op(i + 2u, rt);
-                var v3 = pre_op(i + 3u, rt);
-                var v4 = pre_op(i + 4u, rt);
-                var v5 = pre_op(i + 5u, rt);
-                var v6 = pre_op(i + 6u, rt);
-                var v7 = pre_op(i + 7u, rt);
-                bfly8(&v0, &v1, &v2, &v3, &v4, &v5, &v6, &v7);
-                xw[e] = v0;
-                xw[e + 1u] = v1;
-                xw[e + 2u] = v2;
-                xw[e + 3u] = v3;
-                xw[e + 4u] = v4;
-                xw[e + 5u] = v5;
-                xw[e + 6u] = v6;
-                xw[e + 7u] = v7;
+                xw_put8(e, 1u, pre_op(i, rt), pre_op(i + 1u, rt), pre_op(i + 2u, rt), pre_op(i + 3u, rt),
+                        pre_op(i + 4u, rt), pre_op(i + 5u, rt), pre_op(i + 6u, rt), pre_op(i + 7u, rt));
             } else {
                 // Groups of fewer than 8 columns: staged, then transformed below.
                 for (var j = 0u; j < m; j++) {

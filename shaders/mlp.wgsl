@@ -64,6 +64,50 @@ var<private> ta: u32;
 // common.wgsl's `scratch` (SCRATCH_LEN = CHUNK floats) is the FWHT buffer; reductions
 // use scratch[0..256] before the transforms use all of it.
 
+// Butterfly stages on values a0.. of one run (elements e + j·h, j < 8; e + j for 4
+// and 2) in registers, stored back to scratch: a pass's step for one run, its
+// values loaded by the caller (from scratch or z_init). Arguments are values, so
+// the run stays in registers (the compiler inlines these).
+fn put8(e: u32, h: u32, a0: f32, a1: f32, a2: f32, a3: f32, a4: f32, a5: f32, a6: f32, a7: f32) {
+    var v0 = a0;
+    var v1 = a1;
+    var v2 = a2;
+    var v3 = a3;
+    var v4 = a4;
+    var v5 = a5;
+    var v6 = a6;
+    var v7 = a7;
+    bfly8(&v0, &v1, &v2, &v3, &v4, &v5, &v6, &v7);
+    scratch[e] = v0;
+    scratch[e + h] = v1;
+    scratch[e + 2u * h] = v2;
+    scratch[e + 3u * h] = v3;
+    scratch[e + 4u * h] = v4;
+    scratch[e + 5u * h] = v5;
+    scratch[e + 6u * h] = v6;
+    scratch[e + 7u * h] = v7;
+}
+
+fn put4(e: u32, a0: f32, a1: f32, a2: f32, a3: f32) {
+    var v0 = a0;
+    var v1 = a1;
+    var v2 = a2;
+    var v3 = a3;
+    bfly4(&v0, &v1, &v2, &v3);
+    scratch[e] = v0;
+    scratch[e + 1u] = v1;
+    scratch[e + 2u] = v2;
+    scratch[e + 3u] = v3;
+}
+
+fn put2(e: u32, a0: f32, a1: f32) {
+    var v0 = a0;
+    var v1 = a1;
+    bfly(&v0, &v1);
+    scratch[e] = v0;
+    scratch[e + 1u] = v1;
+}
+
 // Unnormalised butterfly stages h = 1 .. n/2 on scratch[0..n], in place: passes
 // p0 .. p1 of fwht_passes(n) (0 and 32 for all). Call in uniform control flow
 // after a barrier that follows the loads; ends with a barrier.
@@ -83,41 +127,13 @@ fn fwht_shared(n: u32, li: u32, p0: u32, p1: u32) {
     if (p0 == 0u && p1 > 0u && n > 1u) {
         for (var grp = li; grp < n / m; grp += WG) {
             let e = grp * m;
-            // Unrolled by hand so the values stay in registers.
             if (m == 8u) {
-                var v0 = scratch[e];
-                var v1 = scratch[e + 1u];
-                var v2 = scratch[e + 2u];
-                var v3 = scratch[e + 3u];
-                var v4 = scratch[e + 4u];
-                var v5 = scratch[e + 5u];
-                var v6 = scratch[e + 6u];
-                var v7 = scratch[e + 7u];
-                bfly8(&v0, &v1, &v2, &v3, &v4, &v5, &v6, &v7);
-                scratch[e] = v0;
-                scratch[e + 1u] = v1;
-                scratch[e + 2u] = v2;
-                scratch[e + 3u] = v3;
-                scratch[e + 4u] = v4;
-                scratch[e + 5u] = v5;
-                scratch[e + 6u] = v6;
-                scratch[e + 7u] = v7;
+                put8(e, 1u, scratch[e], scratch[e + 1u], scratch[e + 2u], scratch[e + 3u],
+                     scratch[e + 4u], scratch[e + 5u], scratch[e + 6u], scratch[e + 7u]);
             } else if (m == 4u) {
-                var v0 = scratch[e];
-                var v1 = scratch[e + 1u];
-                var v2 = scratch[e + 2u];
-                var v3 = scratch[e + 3u];
-                bfly4(&v0, &v1, &v2, &v3);
-                scratch[e] = v0;
-                scratch[e + 1u] = v1;
-                scratch[e + 2u] = v2;
-                scratch[e + 3u] = v3;
+                put4(e, scratch[e], scratch[e + 1u], scratch[e + 2u], scratch[e + 3u]);
             } else {
-                var v0 = scratch[e];
-                var v1 = scratch[e + 1u];
-                bfly(&v0, &v1);
-                scratch[e] = v0;
-                scratch[e + 1u] = v1;
+                put2(e, scratch[e], scratch[e + 1u]);
             }
         }
         workgroupBarrier();
@@ -130,23 +146,8 @@ fn fwht_shared(n: u32, li: u32, p0: u32, p1: u32) {
     for (var p = max(p0, 1u); h0 < n && p < p1; p++) {
         for (var grp = li; grp < n / 8u; grp += WG) {
             let e = (grp / h0) * (8u * h0) + grp % h0;
-            var v0 = scratch[e];
-            var v1 = scratch[e + h0];
-            var v2 = scratch[e + 2u * h0];
-            var v3 = scratch[e + 3u * h0];
-            var v4 = scratch[e + 4u * h0];
-            var v5 = scratch[e + 5u * h0];
-            var v6 = scratch[e + 6u * h0];
-            var v7 = scratch[e + 7u * h0];
-            bfly8(&v0, &v1, &v2, &v3, &v4, &v5, &v6, &v7);
-            scratch[e] = v0;
-            scratch[e + h0] = v1;
-            scratch[e + 2u * h0] = v2;
-            scratch[e + 3u * h0] = v3;
-            scratch[e + 4u * h0] = v4;
-            scratch[e + 5u * h0] = v5;
-            scratch[e + 6u * h0] = v6;
-            scratch[e + 7u * h0] = v7;
+            put8(e, h0, scratch[e], scratch[e + h0], scratch[e + 2u * h0], scratch[e + 3u * h0],
+                 scratch[e + 4u * h0], scratch[e + 5u * h0], scratch[e + 6u * h0], scratch[e + 7u * h0]);
         }
         workgroupBarrier();
         h0 = h0 * 8u;
@@ -177,39 +178,12 @@ fn fwht_first_z(n: u32, li: u32, rf: f32) {
     for (var grp = li; grp < n / m; grp += WG) {
         let e = grp * m;
         if (m == 8u) {
-            var v0 = z_init(e, rf);
-            var v1 = z_init(e + 1u, rf);
-            var v2 = z_init(e + 2u, rf);
-            var v3 = z_init(e + 3u, rf);
-            var v4 = z_init(e + 4u, rf);
-            var v5 = z_init(e + 5u, rf);
-            var v6 = z_init(e + 6u, rf);
-            var v7 = z_init(e + 7u, rf);
-            bfly8(&v0, &v1, &v2, &v3, &v4, &v5, &v6, &v7);
-            scratch[e] = v0;
-            scratch[e + 1u] = v1;
-            scratch[e + 2u] = v2;
-            scratch[e + 3u] = v3;
-            scratch[e + 4u] = v4;
-            scratch[e + 5u] = v5;
-            scratch[e + 6u] = v6;
-            scratch[e + 7u] = v7;
+            put8(e, 1u, z_init(e, rf), z_init(e + 1u, rf), z_init(e + 2u, rf), z_init(e + 3u, rf),
+                 z_init(e + 4u, rf), z_init(e + 5u, rf), z_init(e + 6u, rf), z_init(e + 7u, rf));
         } else if (m == 4u) {
-            var v0 = z_init(e, rf);
-            var v1 = z_init(e + 1u, rf);
-            var v2 = z_init(e + 2u, rf);
-            var v3 = z_init(e + 3u, rf);
-            bfly4(&v0, &v1, &v2, &v3);
-            scratch[e] = v0;
-            scratch[e + 1u] = v1;
-            scratch[e + 2u] = v2;
-            scratch[e + 3u] = v3;
+            put4(e, z_init(e, rf), z_init(e + 1u, rf), z_init(e + 2u, rf), z_init(e + 3u, rf));
         } else {
-            var v0 = z_init(e, rf);
-            var v1 = z_init(e + 1u, rf);
-            bfly(&v0, &v1);
-            scratch[e] = v0;
-            scratch[e + 1u] = v1;
+            put2(e, z_init(e, rf), z_init(e + 1u, rf));
         }
     }
     workgroupBarrier();

@@ -351,11 +351,19 @@ fn mlp_matches_cpu_in_shared_and_global_transforms() {
     let Some(ctx) = gpu() else { return };
     let mut rng = ChaCha8Rng::seed_from_u64(33);
     // Every workgroup width a device may get (Capabilities::mlp_workgroup: 64 on
-    // CPU adapters, 256 on GPUs) and one between; hd 8192 exceeds the
-    // workgroup-memory transform and takes the global path.
-    let cases = MlpWorkgroup::ALL
-        .into_iter()
-        .flat_map(|w| [(80usize, 128usize), (200, 256), (512, 2048), (300, 8192)].map(|c| (w, c)));
+    // CPU adapters, 256 on GPUs) and one between; the shared transform's first
+    // pass runs 2 (hd 128), 4 (256, 2048) and 8 (512) values a run; hd 8192
+    // exceeds the workgroup-memory transform and takes the global path.
+    let cases = MlpWorkgroup::ALL.into_iter().flat_map(|w| {
+        [
+            (80usize, 128usize),
+            (200, 256),
+            (120, 512),
+            (512, 2048),
+            (300, 8192),
+        ]
+        .map(|c| (w, c))
+    });
     for (width, (hidden, hd)) in cases {
         let k = MlpKernels::with_workgroup(&ctx, width);
         let wg = width.invocations();
