@@ -16,6 +16,14 @@ cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
 D=data
 mkdir -p "$D"
+# Keep run N's float checkpoint and log as data/chat_float_stageN.safetensors, chat_log_stageN.csv.
+keep_stage() { cp "$D/chat_float.safetensors" "$D/chat_float_stage$1.safetensors"; cp "$D/chat_log.csv" "$D/chat_log_stage$1.csv"; }
+# Pack data/$1 as ship.sh packs the built-in model (4 bits, the chat template and markers) into data/$2.
+pack_as_shipped() {
+  (cd ../.. && cargo build --release && target/release/cqlm pack --model "tools/train/$D/$1" --bits all=4 \
+      --chat-template tools/train/chat_template.jinja --tool-call-markers "<tool_call>" "</tool_call>" \
+      --out "tools/train/$D/$2")
+}
 "$PY" chat_data.py
 if [[ "${1:-}" != "--all" ]]; then
   git show 008baaf:models/cqlm-small.safetensors > "$D/chat_runs123.safetensors"
@@ -27,23 +35,21 @@ COMMON=(--chat-batch 16 --text-batch 6 --text-seq 256 --lr 1e-3)
 # 1. Tool conversations and text (400 of a 1300-step schedule). After it the model names the
 #    right tool but copies no argument.
 "$PY" finetune.py --base "$D/base.safetensors" --steps 1300 "${COMMON[@]}" --eval-every 200 --stop-at 400
-cp "$D/chat_float.safetensors" "$D/chat_float_stage1.safetensors"; cp "$D/chat_log.csv" "$D/chat_log_stage1.csv"
+keep_stage 1
 
 # 2. + 16 say-it-back rows a step, short spans (150 of 900).
 "$PY" chat_data.py --copy-max-words 8 --copy-max-names 3
 "$PY" finetune.py --resume "$D/chat_float_stage1.safetensors" --steps 900 "${COMMON[@]}" --copy-batch 16 \
     --warmup 20 --eval-every 150 --stop-at 150
-cp "$D/chat_float.safetensors" "$D/chat_float_stage2.safetensors"; cp "$D/chat_log.csv" "$D/chat_log_stage2.csv"
+keep_stage 2
 
 # 3. 48 say-it-back rows a step, longer spans, fewer tool conversations.
 "$PY" chat_data.py
 "$PY" finetune.py --resume "$D/chat_float_stage2.safetensors" --steps 600 --chat-batch 12 --copy-batch 48 \
     --text-batch 5 --text-seq 256 --lr 1e-3 --warmup 10 --eval-every 150 --stop-at 600
-cp "$D/chat_float.safetensors" "$D/chat_float_stage3.safetensors"; cp "$D/chat_log.csv" "$D/chat_log_stage3.csv"
+keep_stage 3
 # Packed as ship.sh packed it then (the archive of 008baaf).
-(cd ../.. && cargo build --release && target/release/cqlm pack --model "tools/train/$D/chat_float_stage3.safetensors" \
-    --bits all=4 --chat-template tools/train/chat_template.jinja --tool-call-markers "<tool_call>" "</tool_call>" \
-    --out "tools/train/$D/chat_runs123.safetensors")
+pack_as_shipped "chat_float_stage3.safetensors" "chat_runs123.safetensors"
 fi
 
 # 4. The name-splitting tokenizer (--split-names): names and numbers are the
@@ -51,28 +57,24 @@ fi
 #    fewer say-it-back rows, more text (the text has to relearn a capital after a lone space).
 "$PY" finetune.py --resume "$D/chat_runs123.safetensors" --split-names --steps 560 --chat-batch 12 --copy-batch 32 \
     --text-batch 8 --text-seq 256 --lr 1e-3 --warmup 20 --eval-every 80
-cp "$D/chat_float.safetensors" "$D/chat_float_stage4.safetensors"; cp "$D/chat_log.csv" "$D/chat_log_stage4.csv"
+keep_stage 4
 
 # 5. Twice the tool conversations a step, half the say-it-back rows, a lower peak (run 4 left
 #    names copied but convert_units often writing its from_unit twice).
 "$PY" finetune.py --resume "$D/chat_float_stage4.safetensors" --steps 600 --chat-batch 24 --copy-batch 16 \
     --text-batch 8 --text-seq 256 --lr 6e-4 --warmup 10 --eval-every 150
-cp "$D/chat_float.safetensors" "$D/chat_float_stage5.safetensors"; cp "$D/chat_log.csv" "$D/chat_log_stage5.csv"
+keep_stage 5
 # Run 5 was shipped packed (commit 0e7e22b), and run 6 resumed from that archive.
-(cd ../.. && cargo build --release && target/release/cqlm pack --model "tools/train/$D/chat_float_stage5.safetensors" \
-    --bits all=4 --chat-template tools/train/chat_template.jinja --tool-call-markers "<tool_call>" "</tool_call>" \
-    --out "tools/train/$D/chat_run5.safetensors")
+pack_as_shipped "chat_float_stage5.safetensors" "chat_run5.safetensors"
 
 # 6. The same mix with a tool call's tokens weighing 3 in the loss (--call-weight: the arguments
 #    are a small share of an assistant turn, and what the evaluation scores), a lower peak.
 "$PY" finetune.py --resume "$D/chat_run5.safetensors" --steps 560 --chat-batch 24 --copy-batch 16 \
     --text-batch 8 --text-seq 256 --lr 5e-4 --warmup 20 --eval-every 140 --call-weight 3
-cp "$D/chat_float.safetensors" "$D/chat_float_stage6.safetensors"; cp "$D/chat_log.csv" "$D/chat_log_stage6.csv"
+keep_stage 6
 # Run 6 was shipped packed (commit 0173afc), and run 8 resumed from that archive. (Run 7, from
 # run 6's float checkpoint, was not shipped and is not replayed: BENCHMARKS.md.)
-(cd ../.. && cargo build --release && target/release/cqlm pack --model "tools/train/$D/chat_float_stage6.safetensors" \
-    --bits all=4 --chat-template tools/train/chat_template.jinja --tool-call-markers "<tool_call>" "</tool_call>" \
-    --out "tools/train/$D/chat_run6.safetensors")
+pack_as_shipped "chat_float_stage6.safetensors" "chat_run6.safetensors"
 
 # 8. A tool call's tokens weighing 5, more tool conversations and fewer say-it-back rows a step,
 #    a lower peak (run 6 still swapped the units of a conversion and cut names of several words).
