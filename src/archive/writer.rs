@@ -8,6 +8,7 @@ use safetensors::tensor::View;
 use safetensors::Dtype;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
 use std::path::Path;
 
 /// One stored tensor: dtype, shape and little-endian bytes.
@@ -113,7 +114,8 @@ pub fn write_archive_file_with_chat(
 }
 
 /// Serialize an archive to bytes. The tensors are written as given (no check
-/// against the config), so tests can build deliberately broken archives.
+/// against the config), so tests can build deliberately broken archives. The same
+/// inputs give the same bytes on every run ([`canonical_metadata`]).
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] if safetensors refuses the data (e.g. a shape that does not match its bytes).
@@ -122,12 +124,57 @@ pub fn write_archive(
     tokenizer: Option<&str>,
     tensors: &BTreeMap<String, Tensor>,
 ) -> Result<Vec<u8>> {
-    let b = blobs(tensors);
-    safetensors::serialize(
-        b.iter().map(|(n, t)| (n.as_str(), t)),
-        Some(metadata(config, tokenizer)),
-    )
-    .map_err(|e| Error::InvalidArgument(format!("cannot serialize archive: {e}")))
+    serialize_blobs(&blobs(tensors), metadata(config, tokenizer), "archive")
+}
+
+/// safetensors' serialization of `blobs` and `metadata`, made deterministic; errors
+/// name `what` is being written.
+fn serialize_blobs(
+    blobs: &[(String, Blob)],
+    metadata: HashMap<String, String>,
+    what: &str,
+) -> Result<Vec<u8>> {
+    let bad = |e: String| Error::InvalidArgument(format!("cannot serialize {what}: {e}"));
+    let bytes = safetensors::serialize(blobs.iter().map(|(n, t)| (n.as_str(), t)), Some(metadata))
+        .map_err(|e| bad(e.to_string()))?;
+    canonical_metadata(bytes).map_err(bad)
+}
+
+/// A safetensors file's bytes with its `__metadata__` entries in name order.
+/// safetensors takes the metadata as a `HashMap` and writes it in that map's
+/// iteration order, which is random per process; sorted, the same archive is the
+/// same bytes on every run (a checksum of a packed model is reproducible). The
+/// header is re-serialized (the tensors' entries in the order safetensors gave them)
+/// and space-padded to 8 bytes as safetensors pads it; the tensor data, whose
+/// offsets are relative to the end of the header, is untouched.
+///
+/// # Errors
+/// What is wrong if `bytes` is not a safetensors file (cannot happen for
+/// safetensors' own output).
+fn canonical_metadata(bytes: Vec<u8>) -> std::result::Result<Vec<u8>, String> {
+    let len: [u8; 8] = bytes
+        .get(..8)
+        .and_then(|b| b.try_into().ok())
+        .ok_or("no header length")?;
+    let end = usize::try_from(u64::from_le_bytes(len))
+        .ok()
+        .and_then(|n| n.checked_add(8))
+        .filter(|&end| end <= bytes.len())
+        .ok_or("header length past the end")?;
+    let mut header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&bytes[8..end]).map_err(|e| e.to_string())?;
+    if let Some(serde_json::Value::Object(meta)) = header.get_mut("__metadata__") {
+        let sorted: BTreeMap<String, serde_json::Value> =
+            std::mem::take(meta).into_iter().collect();
+        *meta = sorted.into_iter().collect();
+    }
+    let mut text = serde_json::to_string(&header).map_err(|e| e.to_string())?;
+    text.extend(std::iter::repeat_n(' ', (8 - text.len() % 8) % 8));
+    let mut out = Vec::with_capacity(8 + text.len() + bytes.len() - end);
+    out.extend_from_slice(&(text.len() as u64).to_le_bytes());
+    out.extend_from_slice(text.as_bytes());
+    out.extend_from_slice(&bytes[end..]);
+    Ok(out)
 }
 
 /// Write an archive to `path` (through a temporary file in the same folder, then a rename).
@@ -143,28 +190,27 @@ pub fn write_archive_file(
     write_blobs_file(path, &blobs(tensors), metadata(config, tokenizer))
 }
 
-/// Write named blobs and string metadata as a safetensors file at `path`.
+/// Write named blobs and string metadata as a safetensors file at `path`
+/// ([`canonical_metadata`]: the same inputs, the same bytes), through a temporary
+/// file in the same folder and a rename, so a reader never sees half a file.
 pub(crate) fn write_blobs_file(
     path: &Path,
     blobs: &[(String, Blob)],
     metadata: HashMap<String, String>,
 ) -> Result<()> {
-    safetensors::serialize_to_file(
-        blobs.iter().map(|(n, t)| (n.as_str(), t)),
-        Some(metadata),
-        path,
-    )
-    .map_err(|e| match e {
-        safetensors::SafeTensorError::IoError(err) => Error::Io {
-            path: path.to_path_buf(),
-            err,
-        },
-        other => Error::InvalidArgument(format!("cannot serialize {}: {other}", path.display())),
-    })?;
-    set_file_mode(path).map_err(|err| Error::Io {
+    let bytes = serialize_blobs(blobs, metadata, &path.display().to_string())?;
+    let io = |err| Error::Io {
         path: path.to_path_buf(),
         err,
-    })
+    };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(io)?;
+    tmp.write_all(&bytes).map_err(io)?;
+    tmp.persist(path).map_err(|e| io(e.error))?;
+    set_file_mode(path).map_err(io)
 }
 
 /// Give a file written through a temporary file the usual `rw-r--r--` mode

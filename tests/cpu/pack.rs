@@ -716,3 +716,87 @@ fn pack_stores_tool_call_markers_and_a_chat_template() {
     );
     assert!(!d.join("q.cqlm").exists());
 }
+
+/// The `__metadata__` keys of a safetensors file, in the order the header holds them.
+fn metadata_keys(bytes: &[u8]) -> Vec<String> {
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    // serde_json is built with `preserve_order` here (a dependency asks for it), so the
+    // map iterates in file order; a build without it would sort the keys, and the
+    // order check below would pass vacuously (the byte comparisons would not).
+    let keys: Vec<String> = header["__metadata__"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
+    keys
+}
+
+/// The same checkpoint and flags give the same archive bytes in every process
+/// (safetensors writes its metadata map in a per-process random order; the writer
+/// sorts it), so a packed model's checksum is reproducible; `synth` likewise.
+#[test]
+fn pack_and_synth_write_the_same_bytes_every_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("tok.json"), TOKENIZER).unwrap();
+    std::fs::write(
+        d.join("chat.jinja"),
+        "{% for m in messages %}{{ m.content }}{% endfor %}",
+    )
+    .unwrap();
+    let mut packs = Vec::new();
+    let mut synths = Vec::new();
+    for run in 0..3 {
+        let (f, p) = (format!("f{run}.safetensors"), format!("p{run}.cqlm"));
+        let synth = [
+            "synth", "--float", "--preset", "tiny", "--seed", "5", "--out", &f,
+        ];
+        assert_ok(&cqlm(d, &synth), "synth --float");
+        let out = cqlm(
+            d,
+            &[
+                "pack",
+                "--model",
+                &f,
+                "--tokenizer",
+                "tok.json",
+                "--chat-template",
+                "chat.jinja",
+                "--tool-call-markers",
+                "<a>",
+                "</a>",
+                "--out",
+                &p,
+            ],
+        );
+        assert_ok(&out, "pack");
+        packs.push(std::fs::read(d.join(&p)).unwrap());
+        synths.push(std::fs::read(d.join(&f)).unwrap());
+    }
+    let keys = metadata_keys(&packs[0]);
+    assert_eq!(keys.len(), 4, "{keys:?}");
+    let mut sorted = keys.clone();
+    sorted.sort();
+    assert_eq!(keys, sorted);
+    for run in 1..3 {
+        assert!(packs[run] == packs[0], "pack run {run} wrote other bytes");
+        assert!(
+            synths[run] == synths[0],
+            "synth run {run} wrote other bytes"
+        );
+    }
+    // And the archive still reads back whole.
+    let raw = read_archive_file(&d.join("p0.cqlm")).unwrap();
+    assert_eq!(raw.tokenizer.as_deref(), Some(TOKENIZER));
+    assert_eq!(raw.config, Config::preset_tiny());
+    assert_eq!(
+        raw.chat_template.as_deref(),
+        Some("{% for m in messages %}{{ m.content }}{% endfor %}")
+    );
+    assert_eq!(
+        raw.tool_markers.map(|m| (m.start, m.end)),
+        Some(("<a>".into(), "</a>".into()))
+    );
+}
