@@ -133,13 +133,13 @@ def bpb(model, cfg, tokenizer_json: str, text_path: str, kv_int8: bool, max_toke
 
 # Chosen so that no stored K/V value of the shipped model lies within NEAR_TIE of an int8
 # rounding boundary for a while (tests/e2e/trained_model.rs tests positions before the first
-# such one strictly): it has none in its 41 positions (`evaluate.py find-prompt` over 300
+# such one strictly): its first comes at position 40 of 41 (`evaluate.py find-prompt` over 300
 # held-out sentences of 30-45 tokens, most of which have one within the first few; each
 # retrained model needs a new search). The shipped model's `<bos>` row itself stores a value within NEAR_TIE of a
 # boundary, so every prompt run from `<bos>` has one at position 0: the fixtures then run the
 # prompt from its first text token (`run_from`), which the engine takes as well as any ids.
-PROMPT = ('The "cup" of verse five is so direct a contrast to that cup concerning which Jesus prayed in '
-          "anguish of spirit, that it cannot be a reference to it.")
+PROMPT = ("Wallow in dust, you leader of the flock; for the days of your slaughter and of your dispersions "
+          "have fully come, and you will fall like fine pottery.")
 NEAR_TIE = 3e-5
 PREFIX_TOKENS = 512
 

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# The shipped chat model, as it was trained: eight runs of finetune.py (1-6, 8, 9), each resuming from the last
+# The shipped chat model, as it was trained: nine runs of finetune.py (1-6, 8-10), each resuming from the last
 # (runs 1 and 2 were stopped early, replayed here with --stop-at; their logs, as they ran, are
 # tools/train/chat_log.csv). Then tools/train/ship.sh packs and ships.
 #
 #   pip install torch numpy tokenizers safetensors jinja2 rdata
 #   python3 tools/train/corpus.py && tools/train/finetune.sh && tools/train/ship.sh
 #
-# By default only runs 4, 5, 6, 8 and 9 (~210 min on 2 CPU cores): it starts from the chat model that runs 1-3
+# By default only runs 4-6 and 8-10 (~250 min on 2 CPU cores): it starts from the chat model that runs 1-3
 # made, as it was shipped (4 bits, commit 008baaf, taken from the repository's history), and
 # retrains it on the tokenizer that splits the space before a capital or a digit
 # (chat_format.NAME_SPLIT). `finetune.sh --all` replays runs 1-3 first (~70 min more, from the
-# prose model of 16e85b4), packs their result as ship.sh did, and runs 4-9 on that.
+# prose model of 16e85b4), packs their result as ship.sh did, and runs 4-10 on that.
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
@@ -87,3 +87,10 @@ pack_as_shipped "chat_float_stage8.safetensors" "chat_run8.safetensors"
 # 9. Run 8 again on new samples (another seed), a lower peak.
 "$PY" finetune.py --resume "$D/chat_run8.safetensors" --steps 420 --chat-batch 28 --copy-batch 12 \
     --text-batch 8 --text-seq 256 --lr 3e-4 --warmup 20 --eval-every 140 --call-weight 5 --seed 4322
+keep_stage 9
+# Run 9 was shipped packed (commit 6119127), and run 10 resumed from that archive.
+pack_as_shipped "chat_float_stage9.safetensors" "chat_run9.safetensors"
+
+# 10. Once more on new samples, 380 steps.
+"$PY" finetune.py --resume "$D/chat_run9.safetensors" --steps 380 --chat-batch 28 --copy-batch 12 \
+    --text-batch 8 --text-seq 256 --lr 3e-4 --warmup 20 --eval-every 190 --call-weight 5 --seed 4323
