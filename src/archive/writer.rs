@@ -145,13 +145,14 @@ fn serialize_blobs(
 /// iteration order, which is random per process; sorted, the same archive is the
 /// same bytes on every run (a checksum of a packed model is reproducible). The
 /// header is re-serialized (the tensors' entries in the order safetensors gave them)
-/// and space-padded to 8 bytes as safetensors pads it; the tensor data, whose
-/// offsets are relative to the end of the header, is untouched.
+/// and space-padded to 8 bytes as safetensors pads it, in place (it is the same
+/// entries, so the same length); the tensor data, whose offsets are relative to the
+/// end of the header, is untouched.
 ///
 /// # Errors
 /// What is wrong if `bytes` is not a safetensors file (cannot happen for
 /// safetensors' own output).
-fn canonical_metadata(bytes: Vec<u8>) -> std::result::Result<Vec<u8>, String> {
+fn canonical_metadata(mut bytes: Vec<u8>) -> std::result::Result<Vec<u8>, String> {
     let len: [u8; 8] = bytes
         .get(..8)
         .and_then(|b| b.try_into().ok())
@@ -170,11 +171,9 @@ fn canonical_metadata(bytes: Vec<u8>) -> std::result::Result<Vec<u8>, String> {
     }
     let mut text = serde_json::to_string(&header).map_err(|e| e.to_string())?;
     text.extend(std::iter::repeat_n(' ', (8 - text.len() % 8) % 8));
-    let mut out = Vec::with_capacity(8 + text.len() + bytes.len() - end);
-    out.extend_from_slice(&(text.len() as u64).to_le_bytes());
-    out.extend_from_slice(text.as_bytes());
-    out.extend_from_slice(&bytes[end..]);
-    Ok(out)
+    let len = (text.len() as u64).to_le_bytes();
+    bytes.splice(..end, len.into_iter().chain(text.into_bytes()));
+    Ok(bytes)
 }
 
 /// Write an archive to `path` (through a temporary file in the same folder, then a rename).
@@ -192,7 +191,9 @@ pub fn write_archive_file(
 
 /// Write named blobs and string metadata as a safetensors file at `path`
 /// ([`canonical_metadata`]: the same inputs, the same bytes), through a temporary
-/// file in the same folder and a rename, so a reader never sees half a file.
+/// file in the same folder and a rename, so a reader never sees half a file (as
+/// `safetensors::serialize_to_file` does; that one streams, but writes the header
+/// it was given, so the file is assembled in memory here).
 pub(crate) fn write_blobs_file(
     path: &Path,
     blobs: &[(String, Blob)],

@@ -717,20 +717,26 @@ fn pack_stores_tool_call_markers_and_a_chat_template() {
     assert!(!d.join("q.cqlm").exists());
 }
 
-/// The `__metadata__` keys of a safetensors file, in the order the header holds them.
+/// The `__metadata__` keys of a safetensors file, in the order its header text
+/// holds them (found in the text itself, so the check does not depend on whether
+/// serde_json keeps a map's order).
 fn metadata_keys(bytes: &[u8]) -> Vec<String> {
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
-    // serde_json is built with `preserve_order` here (a dependency asks for it), so the
-    // map iterates in file order; a build without it would sort the keys, and the
-    // order check below would pass vacuously (the byte comparisons would not).
-    let keys: Vec<String> = header["__metadata__"]
-        .as_object()
-        .unwrap()
+    let text = std::str::from_utf8(&bytes[8..8 + n]).unwrap();
+    let header: serde_json::Value = serde_json::from_str(text).unwrap();
+    let meta = header["__metadata__"].as_object().unwrap();
+    let start = text.find("\"__metadata__\":{").unwrap();
+    let mut keys: Vec<(usize, String)> = meta
         .keys()
-        .cloned()
+        .map(|k| {
+            (
+                start + text[start..].find(&format!("\"{k}\":")).unwrap(),
+                k.clone(),
+            )
+        })
         .collect();
-    keys
+    keys.sort();
+    keys.into_iter().map(|(_, k)| k).collect()
 }
 
 /// The same checkpoint and flags give the same archive bytes in every process
