@@ -20,6 +20,10 @@ name, a number with a unit, an expression, a verse reference), answered with the
 quotes: the copying that tool arguments need, taught on its own (after 400 steps of tool
 conversations alone the model named the right tool 94% of the time but copied no argument).
 
+`--broad` (run 11 on) adds training-only phrasings, the Apocrypha's book names and made-up
+cities and books (`BROAD`, `BROAD_BOOKS`) to the training side after the split: the held-out file
+is the same bytes with or without it, and none of the additions is a held-out phrasing or book.
+
 Seeded (`--seed`, default 20261201): the same command writes the same bytes.
 """
 
@@ -204,6 +208,39 @@ ANSWERS = {
 ERROR_ANSWERS = ["Sorry, the tool said: {error}.", "I could not do that: {error}."]
 POLITE_PRE = ["", "", "", "", "Please, ", "Hi! ", "Hey, ", "Quick question: ", "Excuse me, ", "Hello. "]
 POLITE_POST = ["", "", "", "", " Thanks!", " Thank you.", " please", " thx", " :)", " Cheers."]
+# `--broad` (run 11 on): training-only additions, joined to the training side after the split, so
+# the held-out split (its phrasings, values and conversations) is byte for byte what it was. They
+# widen what the held-out failures of run 10 showed too narrow: the order of a conversion's units,
+# temperature words without a unit, reference forms, terse requests, and names never seen before
+# (made-up cities and books of several words, for the copying of unseen names). None repeats a
+# held-out phrasing; the phrasings that differed from a held-out one by a word or two were left out.
+BROAD = {
+    "weather": [
+        "Is it hot in {city} right now?", "How's the weather in {city} today?", "Tell me the temperature in {city}.",
+        "Should I take a coat in {city}?", "What's it like in {city} at the moment?", "Will it rain in {city} today?",
+        "How cold does it feel in {city}?", "Is the sun out in {city}?", "Need the weather in {city}.",
+        "Weather check: {city}", "tell me about the weather in {city}", "Is it warm enough in {city} for a walk?",
+    ],
+    "weather_unit": [
+        "Tell me the weather in {city} using {unit}.", "{city}, {unit} please: how warm is it?",
+        "I want {city}'s temperature in {unit}.", "Weather for {city} (in {unit})", "What is it like in {city}? Use {unit}.",
+        "{unit} please: weather in {city}",
+    ],
+    "convert": [
+        "How many {b} do {v} {a} make?", "{b}, please: {v} {a}", "Turn {v} {a} into {b} for me.",
+        "What would {v} {a} be in {b}?", "{v} {a} -> {b}", "Need {v} {a} as {b}.", "I'd like {v} {a} in {b}, please.",
+        "In {b}: {v} {a}?", "How many {b} would I get from {v} {a}?", "Work out {v} {a} in {b}.", "{v} {a} into {b}",
+        "Want {b}. I have {v} {a}.", "Give me {b} for {v} {a}.", "What's the {b} figure for {v} {a}?",
+    ],
+    "calc": ["Figure out {e}.", "{e}, please", "How much do you get from {e}?", "Answer this: {e}"],
+    "verse": ["Find me {ref}.", "Look {ref} up, please.", "I need {ref}.", "Read {ref} to me.", "What is {ref}?",
+              "Bring up {ref}."],
+    "ref": ["{book} ch {c} v {v}", "{book} {c} v. {v}", "{book} chapter {c}:{v}", "the book of {book}, {c}:{v}"],
+}
+# Books outside the 66 (the Apocrypha of the KJV, several of them names of three or more words).
+BROAD_BOOKS = ["Wisdom of Solomon", "Prayer of Manasseh", "Bel and the Dragon", "Letter of Jeremiah", "Tobit",
+               "Judith", "Sirach", "Baruch", "1 Maccabees", "2 Maccabees", "1 Esdras", "2 Esdras",
+               "Acts of the Apostles", "Rest of Esther", "Epistle of Jude"]
 SYSTEM_PROMPTS = ["You are a helpful assistant.", "You are cqlm, a small assistant.", "Answer briefly.",
                   "Be concise and friendly."]
 
@@ -277,7 +314,7 @@ def rand_expr(rng: random.Random) -> str:
 
 
 class Generator:
-    def __init__(self, seed: int, verse_texts: list[str]):
+    def __init__(self, seed: int, verse_texts: list[str], broad: bool = False):
         self.rng = random.Random(seed)
         r = random.Random(seed + 1)
         self.phr = {}
@@ -288,6 +325,13 @@ class Generator:
         self.phr["ref"] = ([REF_FORMS[0]] * 3 + self.phr["ref"][0], self.phr["ref"][1])
         self.cities = split(CITIES + MULTI_WORD_CITIES, 5, r)
         self.books = split(BOOKS, 6, r)
+        self.broad = broad
+        if broad:
+            for name, extra in BROAD.items():
+                assert not set(extra) & set(self.phr[name][1]), f"a --broad {name} phrasing is a held-out one"
+                self.phr[name] = (self.phr[name][0] + extra, self.phr[name][1])
+            assert not set(BROAD_BOOKS) & set(self.books[1]), "a --broad book is a held-out one"
+            self.books = (self.books[0] + BROAD_BOOKS, self.books[1])
         self.values = Values(random.Random(seed + 2))
         self.verse_texts = verse_texts
         self.verses: dict = {}
@@ -310,8 +354,18 @@ class Generator:
 
     # ---------------------------------------------------------------- one request each
 
+    def made_up(self, side: str, every: float) -> bool:
+        """With `--broad`, true for a share `every` of training requests (never drawn for held-out ones)."""
+        return side == "train" and self.broad and self.rng.random() < every
+
+    def made_up_name(self, words: int) -> str:
+        return " ".join(rand_word(self.rng).capitalize() for _ in range(words))
+
     def weather(self, side: str):
-        city = self.rng.choice(self.cities[side == "heldout"])
+        if self.made_up(side, 0.25):
+            city = self.made_up_name(self.rng.choice([1, 1, 1, 2, 2, 3]))
+        else:
+            city = self.rng.choice(self.cities[side == "heldout"])
         args = {"city": city}
         if self.rng.random() < 0.3:
             unit = self.rng.choice(["celsius", "fahrenheit"])
@@ -339,7 +393,11 @@ class Generator:
         return self.style(text, side, [e]), "calculate", {"expression": e}, {"e": e}
 
     def verse(self, side: str):
-        book = self.rng.choice(self.books[side == "heldout"])
+        if self.made_up(side, 0.2):
+            book = self.rng.choice(["{} of {}", "{} {}", "{} of the {}", "1 {}", "2 {}", "{}"]).format(
+                self.made_up_name(1), self.made_up_name(1))
+        else:
+            book = self.rng.choice(self.books[side == "heldout"])
         c, v = self.values.draw(side, lambda r: (r.randint(1, 50), r.randint(1, 40)) if r.random() < 0.9
                                 else (r.randint(51, 150), r.randint(1, 60)))
         key = (book.lower(), c, v)
@@ -485,10 +543,12 @@ def main() -> None:
     ap.add_argument("--copy-max-words", type=int, default=20, help="longest span of corpus text to say back")
     ap.add_argument("--copy-max-names", type=int, default=6, help="most made-up words to say back")
     ap.add_argument("--seed", type=int, default=20261201)
+    ap.add_argument("--broad", action="store_true", help="add the training-only phrasings, books and made-up "
+                    "names of BROAD (run 11 on); the held-out split stays the same")
     args = ap.parse_args()
     rng = random.Random(args.seed + 3)
     train_txt = os.path.join(args.data, "train.txt")
-    gen = Generator(args.seed, verse_texts(train_txt, rng))
+    gen = Generator(args.seed, verse_texts(train_txt, rng), args.broad)
     gen.prose = prose(train_txt, rng)
     # Held-out values are drawn first, so the training side can never take them.
     held = [gen.conversation("heldout") for _ in range(args.heldout)]
