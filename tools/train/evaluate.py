@@ -138,8 +138,8 @@ def bpb(model, cfg, tokenizer_json: str, text_path: str, kv_int8: bool, max_toke
 # retrained model needs a new search). The shipped model's `<bos>` row itself stores a value within NEAR_TIE of a
 # boundary, so every prompt run from `<bos>` has one at position 0: the fixtures then run the
 # prompt from its first text token (`run_from`), which the engine takes as well as any ids.
-PROMPT = ("Wallow in dust, you leader of the flock; for the days of your slaughter and of your dispersions "
-          "have fully come, and you will fall like fine pottery.")
+PROMPT = ("But Yahweh of Armies, who tests the righteous, who sees the heart and the mind, let me see your "
+          "vengeance on them, for I have revealed my cause to you.")
 NEAR_TIE = 3e-5
 PREFIX_TOKENS = 512
 
