@@ -78,22 +78,21 @@ pack_as_shipped "chat_float_stage6.safetensors" "chat_run6.safetensors"
 
 # 8. A tool call's tokens weighing 5, more tool conversations and fewer say-it-back rows a step,
 #    a lower peak (run 6 still swapped the units of a conversion and cut names of several words).
-"$PY" finetune.py --resume "$D/chat_run6.safetensors" --steps 420 --chat-batch 28 --copy-batch 12 \
-    --text-batch 8 --text-seq 256 --lr 4e-4 --warmup 20 --eval-every 140 --call-weight 5
+#    Runs 8-12 share this mix and weight (CALLS5).
+CALLS5=(--chat-batch 28 --copy-batch 12 --text-batch 8 --text-seq 256 --warmup 20 --call-weight 5)
+"$PY" finetune.py --resume "$D/chat_run6.safetensors" --steps 420 "${CALLS5[@]}" --lr 4e-4 --eval-every 140
 keep_stage 8
 # Run 8 was shipped packed (commit d6caae7), and run 9 resumed from that archive.
 pack_as_shipped "chat_float_stage8.safetensors" "chat_run8.safetensors"
 
 # 9. Run 8 again on new samples (another seed), a lower peak.
-"$PY" finetune.py --resume "$D/chat_run8.safetensors" --steps 420 --chat-batch 28 --copy-batch 12 \
-    --text-batch 8 --text-seq 256 --lr 3e-4 --warmup 20 --eval-every 140 --call-weight 5 --seed 4322
+"$PY" finetune.py --resume "$D/chat_run8.safetensors" --steps 420 "${CALLS5[@]}" --lr 3e-4 --eval-every 140 --seed 4322
 keep_stage 9
 # Run 9 was shipped packed (commit 6119127), and run 10 resumed from that archive.
 pack_as_shipped "chat_float_stage9.safetensors" "chat_run9.safetensors"
 
 # 10. Once more on new samples, 380 steps.
-"$PY" finetune.py --resume "$D/chat_run9.safetensors" --steps 380 --chat-batch 28 --copy-batch 12 \
-    --text-batch 8 --text-seq 256 --lr 3e-4 --warmup 20 --eval-every 190 --call-weight 5 --seed 4323
+"$PY" finetune.py --resume "$D/chat_run9.safetensors" --steps 380 "${CALLS5[@]}" --lr 3e-4 --eval-every 190 --seed 4323
 keep_stage 10
 # Run 10 was shipped packed (commit e46dc2f), and run 11 resumed from that archive.
 pack_as_shipped "chat_float_stage10.safetensors" "chat_run10.safetensors"
@@ -103,12 +102,10 @@ pack_as_shipped "chat_float_stage10.safetensors" "chat_run10.safetensors"
 #     names it had never seen and added units nobody asked for). The held-out split must not move.
 "$PY" chat_data.py --broad
 git diff --quiet -- chat_heldout.jsonl || { echo "chat_data.py --broad changed the held-out split" >&2; exit 1; }
-"$PY" finetune.py --resume "$D/chat_run10.safetensors" --steps 400 --chat-batch 28 --copy-batch 12 \
-    --text-batch 8 --text-seq 256 --lr 4e-4 --warmup 20 --eval-every 200 --call-weight 5 --seed 4324
+"$PY" finetune.py --resume "$D/chat_run10.safetensors" --steps 400 "${CALLS5[@]}" --lr 4e-4 --eval-every 200 --seed 4324
 keep_stage 11
 # Run 11 was packed as ship.sh packs (not shipped), and run 12 resumed from that archive.
 pack_as_shipped "chat_float_stage11.safetensors" "chat_run11.safetensors"
 
 # 12. Run 11 again on new samples of the same data, a lower peak.
-"$PY" finetune.py --resume "$D/chat_run11.safetensors" --steps 400 --chat-batch 28 --copy-batch 12 \
-    --text-batch 8 --text-seq 256 --lr 3e-4 --warmup 20 --eval-every 200 --call-weight 5 --seed 4325
+"$PY" finetune.py --resume "$D/chat_run11.safetensors" --steps 400 "${CALLS5[@]}" --lr 3e-4 --eval-every 200 --seed 4325
