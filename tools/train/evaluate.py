@@ -133,7 +133,7 @@ def bpb(model, cfg, tokenizer_json: str, text_path: str, kv_int8: bool, max_toke
 
 # Chosen so that no stored K/V value of the shipped model lies within NEAR_TIE of an int8
 # rounding boundary for a while (tests/e2e/trained_model.rs tests positions before the first
-# such one strictly): its first comes at position 40 of 41 (`evaluate.py find-prompt` over 300
+# such one strictly): it has none in its 42 positions (`evaluate.py find-prompt` over 300
 # held-out sentences of 30-45 tokens, most of which have one within the first few; each
 # retrained model needs a new search). The shipped model's `<bos>` row itself stores a value within NEAR_TIE of a
 # boundary, so every prompt run from `<bos>` has one at position 0: the fixtures then run the

@@ -18,12 +18,8 @@ D=data
 mkdir -p "$D"
 # Keep run N's float checkpoint and log as data/chat_float_stageN.safetensors, chat_log_stageN.csv.
 keep_stage() { cp "$D/chat_float.safetensors" "$D/chat_float_stage$1.safetensors"; cp "$D/chat_log.csv" "$D/chat_log_stage$1.csv"; }
-# Pack data/$1 as ship.sh packs the built-in model (4 bits, the chat template and markers) into data/$2.
-pack_as_shipped() {
-  (cd ../.. && cargo build --release && target/release/cqlm pack --model "tools/train/$D/$1" --bits all=4 \
-      --chat-template tools/train/chat_template.jinja --tool-call-markers "<tool_call>" "</tool_call>" \
-      --out "tools/train/$D/$2")
-}
+# Pack data/$1 as ship.sh packs the built-in model (pack_chat.sh) into data/$2.
+pack_as_shipped() { ./pack_chat.sh "$D/$1" "$D/$2"; }
 "$PY" chat_data.py
 if [[ "${1:-}" != "--all" ]]; then
   git show 008baaf:models/cqlm-small.safetensors > "$D/chat_runs123.safetensors"

@@ -13,8 +13,7 @@ FLOAT=${FLOAT:-$DATA/chat_float.safetensors}
 PY=${PYTHON:-python3}
 cargo build --release
 CQLM=target/release/cqlm
-"$CQLM" pack --model "$FLOAT" --bits all=4 --chat-template tools/train/chat_template.jinja \
-    --tool-call-markers "<tool_call>" "</tool_call>" --out models/cqlm-small.safetensors | tee "$DATA/pack4.txt"
+tools/train/pack_chat.sh "$FLOAT" models/cqlm-small.safetensors | tee "$DATA/pack4.txt"
 "$PY" tools/train/evaluate.py fixtures --archive models/cqlm-small.safetensors \
     --float "$FLOAT" --out tests/fixtures/trained
 "$PY" tools/train/chat_fixtures.py
