@@ -11,7 +11,6 @@ cd "$(dirname "$0")/../.."
 DATA=tools/train/data
 FLOAT=${FLOAT:-$DATA/chat_float.safetensors}
 PY=${PYTHON:-python3}
-cargo build --release
 CQLM=target/release/cqlm
 tools/train/pack_chat.sh "$FLOAT" models/cqlm-small.safetensors | tee "$DATA/pack4.txt"
 "$PY" tools/train/evaluate.py fixtures --archive models/cqlm-small.safetensors \
