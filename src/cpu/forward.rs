@@ -14,7 +14,7 @@
 //! to the single one, so a chunk gives exactly the values of one step per token.
 
 use super::fast::{fast_set as model_fast_set, Product};
-use super::hooks::StepHooks;
+use super::hooks::{RowScan, StepHooks};
 use super::par::{per_rows, per_token, row, splits};
 use super::prep::BatchPrep;
 use super::scratch::Scratch;
@@ -301,6 +301,7 @@ fn layer(
         .and_then(|ew| Some((ew, ew.sites.iter().position(|x| x.layer == l)?)));
     let (lanes, p_pre) = (&s.lanes, &s.p_pre);
     let (keys, values) = (&s.site_key, &s.site_value);
+    let scans = [RowScan::new(), RowScan::new()];
     per_rows(n, 4 * h, [(&mut s.u, h), (&mut s.b, h)], &|_, t, [u, b]| {
         let gate = site.map(|(ew, i)| EngramGate {
             key: &keys[i][t * h..(t + 1) * h],
@@ -311,13 +312,15 @@ fn layer(
         let lanes_t = &lanes[t * 4 * h..(t + 1) * 4 * h];
         let (b_pre, p) = (&m.b_pre[4 * l..4 * l + 4], &p_pre[t * 4..t * 4 + 4]);
         premix(l, m.a_pre[l], b_pre, p, lanes_t, gate, u, b);
+        scans[0].note(t, u);
+        scans[1].note(t, b);
     });
-    hooks.rows(t0, "u", lo, &s.u[..n * h], h);
+    hooks.rows_scanned(t0, "u", lo, &s.u[..n * h], &scans[0]);
     let at_site = site.is_some();
     hooks
         .clock
         .lap("premix", || n as u64 * bytes::premix(h, at_site));
-    hooks.rows(t0, "block_in", lo, &s.b[..n * h], h);
+    hooks.rows_scanned(t0, "block_in", lo, &s.b[..n * h], &scans[1]);
 
     // 5: attention, and its output projection.
     attention(model, l, segs, s, n, hooks)?;
@@ -339,6 +342,7 @@ fn layer(
     let (hd, z) = (c.hadamard_dim, SharedSlice::new(&mut s.z));
     let outs = [(&mut s.after, h), (&mut s.out, h), (&mut s.update, h)];
     let mlp_work = hd + 4 * h;
+    let scans = [RowScan::new(), RowScan::new(), RowScan::new()];
     let mlp = || {
         per_rows(n, mlp_work, outs, &|part, t, [after, out, update]| {
             // SAFETY: pool part `part` owns its MLP scratch.
@@ -350,6 +354,9 @@ fn layer(
             mlp::block(
                 b, u, attn, norms.0, norms.1, norms.2, d, z, after, out, update,
             );
+            scans[0].note(t, after);
+            scans[1].note(t, out);
+            scans[2].note(t, update);
         })
     };
     let (a_res, b_res) = (m.a_res[l], &m.b_res[16 * l..16 * l + 16]);
@@ -364,25 +371,27 @@ fn layer(
         let routes = || sinkhorn_routes(a_res, p_res, b_res, iters, route_out);
         beside(mlp, routes);
     }
-    hooks.rows(t0, "after_attn", lo, &s.after[..n * h], h);
-    hooks.rows(t0, "mlp_out", lo, &s.out[..n * h], h);
+    hooks.rows_scanned(t0, "after_attn", lo, &s.after[..n * h], &scans[0]);
+    hooks.rows_scanned(t0, "mlp_out", lo, &s.out[..n * h], &scans[1]);
     hooks.clock.lap("mlp", || n as u64 * bytes::mlp(h, hd));
-    hooks.rows(t0, "update", lo, &s.update[..n * h], h);
+    hooks.rows_scanned(t0, "update", lo, &s.update[..n * h], &scans[2]);
 
     // 8 (the gates)–9: routing, in place on the lanes.
     let (p_post, update, routes) = (&s.p_post, &s.update, &s.route);
+    let scan = RowScan::new();
     per_rows(n, 5 * h, [(&mut s.lanes, 4 * h)], &|_, t, [lanes]| {
         let b_post = &m.b_post[4 * l..4 * l + 4];
         let hpost = post_gates(l, m.a_post[l], &p_post[t * 4..t * 4 + 4], b_post);
         let r = &routes[t * 16..t * 16 + 16];
         let r: [[f32; 4]; 4] = std::array::from_fn(|i| std::array::from_fn(|j| r[4 * i + j]));
         mix_lanes(&hpost, &r, &update[t * h..(t + 1) * h], lanes);
+        scan.note(t, lanes);
     });
     if hooks.is_probed() {
         hooks.rows(t0, "route", lo, &s.route[..n * 16], 16);
     }
     hooks.clock.lap("route", || n as u64 * bytes::route(h));
-    hooks.rows(t0, "lanes", lo, &s.lanes[..n * 4 * h], 4 * h);
+    hooks.rows_scanned(t0, "lanes", lo, &s.lanes[..n * 4 * h], &scan);
     Ok(())
 }
 
@@ -431,13 +440,17 @@ fn attention(
     s.prep.project(fast, &parts, a, n, outs)?;
     hooks.clock.lap_product(&parts, n);
 
-    let (cos, sin) = (&s.cos, &s.sin);
+    let (cos, sin, v) = (&s.cos, &s.sin, &s.v);
+    let scans = [RowScan::new(), RowScan::new(), RowScan::new()];
     per_rows(n, qd, [(&mut s.q, qd), (&mut s.k, kvd)], &|_, t, [q, k]| {
         let (cs, sn) = (
             &cos[t * half..(t + 1) * half],
             &sin[t * half..(t + 1) * half],
         );
         qk_norm_rope(&lw.q_norm, &lw.k_norm, cs, sn, q, k);
+        scans[0].note(t, q);
+        scans[1].note(t, k);
+        scans[2].note(t, &v[t * kvd..(t + 1) * kvd]);
     });
     let (q, k, v) = (&s.q[..n * qd], &s.k[..n * kvd], &s.v[..n * kvd]);
     for (i, g) in segs.iter_mut().enumerate() {
@@ -448,9 +461,9 @@ fn attention(
         );
         s.attention[i].store(c, &mut g.st.kv, l, k, v)?;
     }
-    hooks.rows(t0, "q", lo, q, qd);
-    hooks.rows(t0, "k", lo, k, kvd);
-    hooks.rows(t0, "v", lo, v, kvd);
+    hooks.rows_scanned(t0, "q", lo, q, &scans[0]);
+    hooks.rows_scanned(t0, "k", lo, k, &scans[1]);
+    hooks.rows_scanned(t0, "v", lo, v, &scans[2]);
     hooks.clock.lap("qk_store", || {
         n as u64 * bytes::qk_store(c.heads, c.kv_heads, hd)
     });

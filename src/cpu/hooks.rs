@@ -6,6 +6,7 @@ use super::prep::BatchPrep;
 use crate::cq::CqMatrix;
 use crate::error::{Error, Result};
 use crate::profile::{bytes, KernelTimer};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::Instant;
 
 /// Receives named intermediate tensors of a step (for parity tools and tests).
@@ -83,6 +84,34 @@ impl<'a> StepHooks<'a> {
         }
     }
 
+    /// [`StepHooks::rows`] of a tensor whose rows the pool parts that wrote
+    /// them have scanned already, into `scan` (each row while it was hot, the
+    /// parts at once, instead of one scan of the whole tensor here).
+    pub(super) fn rows_scanned(
+        &mut self,
+        t0: u64,
+        name: impl std::fmt::Display,
+        layer: Option<usize>,
+        data: &[f32],
+        scan: &RowScan,
+    ) {
+        let first = scan.first();
+        let before = self
+            .bad
+            .as_ref()
+            .is_none_or(|(p, _)| t0 + (first as u64) < *p);
+        if first != usize::MAX && before {
+            let tensor = match layer {
+                Some(l) => format!("layer {l} {name}"),
+                None => name.to_string(),
+            };
+            self.bad = Some((t0 + first as u64, tensor));
+        }
+        if let Some(p) = self.probe.as_deref_mut() {
+            p.tensor(&name.to_string(), layer, data);
+        }
+    }
+
     /// [`Error::NonFinite`] for the first non-finite tensor recorded, if any.
     pub(super) fn check(&self) -> Result<()> {
         match &self.bad {
@@ -92,6 +121,32 @@ impl<'a> StepHooks<'a> {
                 position: *position,
             }),
         }
+    }
+}
+
+/// The first row of one tensor that holds a NaN or an infinity, as the pool
+/// parts writing its rows find them ([`RowScan::note`] each row as it is
+/// written), for [`StepHooks::rows_scanned`].
+#[derive(Debug)]
+pub(super) struct RowScan(AtomicUsize);
+
+impl RowScan {
+    /// No bad row yet.
+    pub(super) fn new() -> Self {
+        RowScan(AtomicUsize::new(usize::MAX))
+    }
+
+    /// Row `t` of the tensor is `row`: remember `t` if it holds a non-finite
+    /// value and no earlier row noted does.
+    pub(super) fn note(&self, t: usize, row: &[f32]) {
+        if first_non_finite(row, row.len().max(1), 1).is_some() {
+            self.0.fetch_min(t, Relaxed);
+        }
+    }
+
+    /// The first bad row noted, `usize::MAX` if none.
+    fn first(&self) -> usize {
+        self.0.load(Relaxed)
     }
 }
 
@@ -201,7 +256,50 @@ crate::simd::simd_fn! {
 
 #[cfg(test)]
 mod tests {
-    use super::first_non_finite;
+    use super::{first_non_finite, RowScan, StepHooks};
+    use crate::error::Error;
+
+    #[test]
+    fn scanned_rows_name_the_first_bad_position_then_the_first_tensor() {
+        // Rows noted from several threads: the earliest bad one counts.
+        let w = 8;
+        let mut data = vec![1.0f32; 6 * w];
+        data[4 * w + 3] = f32::INFINITY;
+        data[2 * w] = f32::NAN;
+        let scan = RowScan::new();
+        std::thread::scope(|s| {
+            for part in 0..3 {
+                let (scan, data) = (&scan, &data);
+                s.spawn(move || {
+                    for t in (part..6).step_by(3) {
+                        scan.note(t, &data[t * w..(t + 1) * w]);
+                    }
+                });
+            }
+        });
+        let named = |hooks: &StepHooks| match hooks.check() {
+            Err(Error::NonFinite { tensor, position }) => Some((tensor, position)),
+            _ => None,
+        };
+        // Alone: row 2 of a chunk starting at position 10.
+        let mut hooks = StepHooks::new(None, None);
+        hooks.rows_scanned(10, "a", Some(1), &data, &scan);
+        assert_eq!(named(&hooks), Some(("layer 1 a".into(), 12)));
+        // After a scanned tensor bad at an earlier position: that one stays.
+        let mut hooks = StepHooks::new(None, None);
+        let mut early = vec![1.0f32; 6 * w];
+        early[w + 1] = f32::NAN;
+        hooks.rows(10, "first", None, &early, w);
+        hooks.rows_scanned(10, "a", Some(1), &data, &scan);
+        assert_eq!(named(&hooks), Some(("first".into(), 11)));
+        // A later tensor bad at the same position does not replace it, nor
+        // does a clean scan.
+        let mut hooks = StepHooks::new(None, None);
+        hooks.rows_scanned(10, "a", Some(1), &data, &scan);
+        hooks.rows_scanned(10, "b", Some(1), &data, &scan);
+        hooks.rows_scanned(10, "c", Some(1), &data, &RowScan::new());
+        assert_eq!(named(&hooks), Some(("layer 1 a".into(), 12)));
+    }
 
     #[test]
     fn the_scan_finds_the_first_row_with_a_nan_or_an_infinity() {
