@@ -285,6 +285,41 @@ fn the_fast_input_is_the_scalar_int8_store_of_each_block() {
 }
 
 #[test]
+fn the_fast_input_rounds_quotients_beside_half_integers_as_the_division_does() {
+    // The AVX-512 loop divides by a block's scale through its reciprocal and
+    // a remainder (three multiply-adds, correctly rounded by Markstein's
+    // theorem): the codes must stay those of `v / scale`, above all where the
+    // quotient sits within a few ulps of a half-integer, the one place where
+    // a quotient 1 ulp off would change a code. Blocks of every magnitude,
+    // each led by its maximum, the rest k + 1/2 steps nudged by 0..=3 ulps.
+    use cqlm::kernels::kv::quantize_int8_scalar;
+    let mut rng = ChaCha8Rng::seed_from_u64(69);
+    let blocks = 4096;
+    let mut x = vec![0.0f32; 32 * blocks];
+    for block in x.chunks_exact_mut(32) {
+        let max = 10f32.powf(rng.random_range(-8.0f32..8.0)) * rng.random_range(1.0f32..2.0);
+        let scale = max / 127.0;
+        block[0] = if rng.random_bool(0.5) { max } else { -max };
+        for v in &mut block[1..] {
+            let k = rng.random_range(-127i32..127) as f32 + 0.5;
+            let mut t = k * scale;
+            for _ in 0..rng.random_range(0..=3) {
+                let up = rng.random_bool(0.5) == (t > 0.0);
+                t = f32::from_bits(if up { t.to_bits() + 1 } else { t.to_bits() - 1 });
+            }
+            *v = t.clamp(-max, max);
+        }
+    }
+    let mut q = FastInput::default();
+    q.quantize(&x);
+    for (b, block) in x.chunks_exact(32).enumerate() {
+        let mut want = [0i8; 32];
+        quantize_int8_scalar(block, &mut want);
+        assert_eq!(&q.codes()[32 * b..32 * b + 32], &want, "codes of block {b}");
+    }
+}
+
+#[test]
 fn int8_quantization_simd_equals_its_scalar_loop() {
     // The KV store and the fast input both quantize with quantize_int8; its SIMD
     // form must give the scalar loop's codes and scale for every input: random
