@@ -504,7 +504,13 @@ impl Sink {
                 // SAFETY: the caller's.
                 unsafe {
                     let dst = (*ptr as *mut f32).add(t * stride + lo - range.start);
-                    std::ptr::copy_nonoverlapping(v.as_ptr().add(lo - r0), dst, hi - lo);
+                    if hi - lo == TILE {
+                        // The usual whole tile: a fixed-size copy, inlined
+                        // (a copy of a run-time length is a call to memcpy).
+                        (dst as *mut [f32; TILE]).write_unaligned(*v);
+                    } else {
+                        std::ptr::copy_nonoverlapping(v.as_ptr().add(lo - r0), dst, hi - lo);
+                    }
                 }
             }
         }

@@ -156,6 +156,30 @@ pub fn nfwht(x: &mut [f32]) {
     fwht_then_scale(x, Some(s));
 }
 
+/// `dst ← nfwht(src)`: exactly the values of [`nfwht`] on a copy of `src`,
+/// with the AVX-512 transform reading `src` in its first pass instead of
+/// after a copy.
+///
+/// # Panics
+/// If the lengths differ or are not a power of two.
+pub fn nfwht_into(src: &[f32], dst: &mut [f32]) {
+    assert_eq!(src.len(), dst.len(), "nfwht_into: lengths");
+    #[cfg(target_arch = "x86_64")]
+    if src.len() >= 16 && crate::simd::CpuSimd::selected() == crate::simd::CpuSimd::Avx512 {
+        assert!(
+            src.len().is_power_of_two(),
+            "fwht length {} is not a power of two",
+            src.len()
+        );
+        let s = 1.0 / (src.len() as f32).sqrt();
+        // SAFETY: the selected level implies AVX-512F.
+        unsafe { x86::fwht_avx512_into(src, dst, s) };
+        return;
+    }
+    dst.copy_from_slice(src);
+    nfwht(dst);
+}
+
 /// The AVX-512 transform: the first four stages inside each 16-lane register,
 /// then up to four stages at a time across 16 registers (radix 16), each pass
 /// one load and one store of every value. Every output is the same `u + v` or
@@ -291,6 +315,26 @@ pub(crate) mod x86 {
         }
     }
 
+    /// `dst ← H·src · scale`, as [`fwht_avx512`] of a copy gives it; the
+    /// lengths equal, a power of two ≥ 16.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn fwht_avx512_into(src: &[f32], dst: &mut [f32], scale: f32) {
+        let (p, d) = (src.as_ptr(), dst.as_mut_ptr());
+        let s = _mm512_set1_ps(scale);
+        // SAFETY: every register index is inside both slices (equal lengths).
+        unsafe {
+            fwht_hooked(
+                dst.len() / 16,
+                d,
+                |i| _mm512_loadu_ps(p.add(16 * i)),
+                |i, v| _mm512_storeu_ps(d.add(16 * i), _mm512_mul_ps(v, s)),
+            )
+        }
+    }
+
     /// `x ← H·x`, then times `scale` when given; `x.len()` a power of two ≥ 16.
     ///
     /// # Safety
@@ -408,7 +452,25 @@ mod tests {
                         .all(|(p, q)| p.to_bits() == (q * s).to_bits()),
                     "n = {n}"
                 );
+                // Reading the input from elsewhere: the same values.
+                let mut d = vec![f32::NAN; n];
+                unsafe { x86::fwht_avx512_into(&x, &mut d, s) };
+                assert!(
+                    d.iter()
+                        .zip(&b)
+                        .all(|(p, q)| p.to_bits() == (q * s).to_bits()),
+                    "into, n = {n}"
+                );
             }
+            // The dispatching copy-free form, whatever this CPU runs.
+            let mut d = vec![f32::NAN; n];
+            nfwht_into(&x, &mut d);
+            let mut e = x.clone();
+            nfwht(&mut e);
+            assert!(
+                d.iter().zip(&e).all(|(p, q)| p.to_bits() == q.to_bits()),
+                "nfwht_into, n = {n}"
+            );
         }
     }
 

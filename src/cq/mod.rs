@@ -20,7 +20,7 @@ mod simd;
 pub use fast::{FastInput, FastKernel, FastMatrix, FastProduct, FastSet, BLOCK, QUAD, TILE};
 #[cfg(target_arch = "x86_64")]
 pub(crate) use fwht::x86 as fwht_x86;
-pub use fwht::{fwht, fwht_scalar, nfwht};
+pub use fwht::{fwht, fwht_scalar, nfwht, nfwht_into};
 pub use matrix::CqMatrix;
 pub(crate) use matvec::{BatchIn, BatchLayout};
 pub use plan::{plan_for_preset, BitsPlan};

@@ -1,7 +1,7 @@
 //! SPEC §2 `prepare(x)`: zero-pad an activation to the matrix's padded width and
 //! apply `nfwht` to every group.
 
-use super::fwht::nfwht;
+use super::fwht::{nfwht, nfwht_into};
 use super::matrix::CqMatrix;
 use crate::error::{Error, Result};
 
@@ -26,9 +26,18 @@ pub fn prepare_into(x: &[f32], group: usize, out: &mut [f32]) {
         x.len() <= out.len() && out.len().is_multiple_of(group),
         "prepare: bad lengths"
     );
-    out[..x.len()].copy_from_slice(x);
-    out[x.len()..].fill(0.0);
-    for g in out.chunks_exact_mut(group) {
+    // Whole groups straight from `x`; the last, padded one from a copy.
+    let whole = x.len() / group * group;
+    for (src, dst) in x[..whole]
+        .chunks_exact(group)
+        .zip(out.chunks_exact_mut(group))
+    {
+        nfwht_into(src, dst);
+    }
+    let rest = &mut out[whole..];
+    rest[..x.len() - whole].copy_from_slice(&x[whole..]);
+    rest[x.len() - whole..].fill(0.0);
+    for g in rest.chunks_exact_mut(group) {
         nfwht(g);
     }
 }
