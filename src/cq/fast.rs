@@ -54,6 +54,11 @@ const LINE: usize = 4 * TILE;
 /// alone (a hand-out to the pool costs more).
 const PARALLEL_BYTES: usize = 1 << 14;
 
+/// From this many inputs a part, a product split over the pool splits its
+/// inputs, not its tiles (see `FastMatrix::run`): two passes of the widest
+/// kernel a part at least.
+const SPLIT_INPUTS: usize = 16;
+
 /// A prepared input quantized per §6.1: int8 codes in natural order, and per
 /// block its scale and the VNNI kernels' bias. Buffers are reused.
 #[derive(Debug, Default, Clone)]
@@ -391,8 +396,24 @@ impl FastMatrix {
         // SAFETY (both arms): the tile ranges are disjoint, so each output
         // element is written by one part only; the sink's outputs are
         // borrowed mutably by the callers above for this call.
-        if work < PARALLEL_BYTES || pool.threads() == 1 || self.tiles < 2 {
+        let (n, parts) = (xs.len(), pool.threads());
+        if work < PARALLEL_BYTES || parts == 1 || self.tiles < 2 {
             unsafe { self.tiles_dot(kernel, 0..self.tiles, xs, sink) };
+        } else if n >= SPLIT_INPUTS * parts {
+            // Many inputs (a prefill chunk): part p takes inputs n·p/parts ..
+            // n·(p+1)/parts through every tile, the runs by which the CPU
+            // engine splits its per-token work, so each part reads inputs
+            // that it quantized and writes outputs that it reads next, in its
+            // own cache (split by tiles, every output line would move
+            // between cores twice a product). Each tile is decoded once per
+            // kernel pass of inputs either way.
+            pool.run(&|p| {
+                let r = n * p / parts..n * (p + 1) / parts;
+                if !r.is_empty() {
+                    let sink = sink.skip_inputs(r.start);
+                    unsafe { self.tiles_dot(kernel, 0..self.tiles, &xs[r], &sink) }
+                }
+            });
         } else {
             pool.for_ranges(self.tiles, 1, &|r| unsafe {
                 self.tiles_dot(kernel, r, xs, sink)
@@ -490,6 +511,17 @@ impl Sink {
     fn push(&mut self, range: Range<usize>, ptr: *mut f32, stride: usize) {
         self.ranges[self.len] = (range, ptr as usize, stride);
         self.len += 1;
+    }
+
+    /// The sink whose input `t` is this one's input `t0 + t`.
+    fn skip_inputs(&self, t0: usize) -> Sink {
+        let mut s = Sink::default();
+        for (range, ptr, stride) in &self.ranges[..self.len] {
+            // The address only: nothing is written through it here.
+            let p = (*ptr as *mut f32).wrapping_add(t0 * stride);
+            s.push(range.clone(), p, *stride);
+        }
+        s
     }
 
     /// Tile `tile`'s values `v` (rows `16 · tile ..`) of input `t`.

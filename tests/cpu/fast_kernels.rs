@@ -126,6 +126,50 @@ fn fast_kernels_match_a_naive_f64_loop_and_each_other() {
 }
 
 #[test]
+fn a_prefill_sized_product_splits_its_inputs_over_the_pool_bit_for_bit() {
+    // From 16 inputs a pool part, a product gives each part a run of inputs
+    // through every tile (each part's outputs written through a sink shifted
+    // to its first input) instead of a run of tiles: 45 inputs (runs of 22
+    // and 23 on two threads, each with a remainder below the widest kernel's
+    // pass), three fused parts of odd sizes, every part's rows against the
+    // scalar reference. On one thread the product runs whole on the caller.
+    let mut rng = ChaCha8Rng::seed_from_u64(70);
+    for bits in [1u32, 2, 4] {
+        let ms: Vec<CqMatrix> = [40, 70, 9]
+            .iter()
+            .map(|&rows| random_matrix(&mut rng, rows, 512, bits, 128))
+            .collect();
+        let ranges = [0..40, 3..70, 1..9];
+        let parts: Vec<_> = ms.iter().zip(ranges.clone()).collect();
+        let fm = FastMatrix::new(&parts).expect("a fast form");
+        let qs: Vec<FastInput> = inputs(&mut rng, &ms[0], 45)
+            .into_iter()
+            .map(|(_, q)| q)
+            .collect();
+        for &k in &kernels() {
+            let mut bufs: Vec<Vec<f32>> = (0..3)
+                .map(|i| vec![f32::NAN; qs.len() * fm.part(i).len()])
+                .collect();
+            let mut outs: Vec<&mut [f32]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+            fm.matmul_parts(k, &qs, &mut outs, &[0, 1, 2]);
+            for (i, buf) in bufs.iter().enumerate() {
+                let part = fm.part(i);
+                for (t, x) in qs.iter().enumerate() {
+                    for (j, r) in part.clone().enumerate() {
+                        let (got, want) = (buf[t * part.len() + j], fm.row_dot_scalar(r, x));
+                        assert_eq!(
+                            got.to_bits(),
+                            want.to_bits(),
+                            "{k:?}, bits {bits}, part {i}, input {t}, row {r}: {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn fused_parts_give_each_matrix_its_own_rows() {
     // Three matrices of one width with their own codebooks, odd row ranges (the
     // parts start at multiples of four rows, so a tile holds rows of several),
