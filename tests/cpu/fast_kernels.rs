@@ -126,7 +126,7 @@ fn fast_kernels_match_a_naive_f64_loop_and_each_other() {
 }
 
 #[test]
-fn a_prefill_sized_product_splits_its_inputs_over_the_pool_bit_for_bit() {
+fn a_product_of_many_inputs_splits_them_over_the_pool_bit_for_bit() {
     // From 16 inputs a pool part, a product gives each part a run of inputs
     // through every tile (each part's outputs written through a sink shifted
     // to its first input) instead of a run of tiles: 45 inputs (runs of 22
