@@ -7,7 +7,7 @@ pub const EPS: f32 = 1e-6;
 /// the order the GPU reproduces bit for bit for the per-head q/k norms, whose
 /// result decides int8 KV codes (shaders/common.wgsl). Long vectors use
 /// [`inv_rms_wide`].
-#[inline]
+#[inline(always)]
 pub fn inv_rms(x: &[f32]) -> f32 {
     let mut acc = [0.0f32; 8];
     let mut chunks = x.chunks_exact(8);
@@ -155,7 +155,7 @@ crate::simd::simd_fn! {
 ///
 /// # Panics
 /// If the lengths differ.
-#[inline]
+#[inline(always)]
 pub fn zcrms_in_place(x: &mut [f32], w: &[f32]) {
     assert_eq!(x.len(), w.len());
     let r = inv_rms(x);
