@@ -72,16 +72,8 @@ impl<'a> StepHooks<'a> {
         let limit = self.bad.as_ref().map_or(data.len() / w.max(1), |(p, _)| {
             p.saturating_sub(t0) as usize
         });
-        if let Some(t) = first_non_finite(data, w.max(1), limit) {
-            let tensor = match layer {
-                Some(l) => format!("layer {l} {name}"),
-                None => name.to_string(),
-            };
-            self.bad = Some((t0 + t as u64, tensor));
-        }
-        if let Some(p) = self.probe.as_deref_mut() {
-            p.tensor(&name.to_string(), layer, data);
-        }
+        let first = first_non_finite(data, w.max(1), limit);
+        self.record(t0, first, name, layer, data);
     }
 
     /// [`StepHooks::rows`] of a tensor whose rows the pool parts that wrote
@@ -95,17 +87,28 @@ impl<'a> StepHooks<'a> {
         data: &[f32],
         scan: &RowScan,
     ) {
-        let first = scan.first();
-        let before = self
-            .bad
-            .as_ref()
-            .is_none_or(|(p, _)| t0 + (first as u64) < *p);
-        if first != usize::MAX && before {
+        let first = Some(scan.first()).filter(|&t| {
+            t != usize::MAX && self.bad.as_ref().is_none_or(|(p, _)| t0 + (t as u64) < *p)
+        });
+        self.record(t0, first, name, layer, data);
+    }
+
+    /// Record row `first` (if any, already known to precede what is recorded)
+    /// as the first non-finite one, then hand the tensor to the probe.
+    fn record(
+        &mut self,
+        t0: u64,
+        first: Option<usize>,
+        name: impl std::fmt::Display,
+        layer: Option<usize>,
+        data: &[f32],
+    ) {
+        if let Some(t) = first {
             let tensor = match layer {
                 Some(l) => format!("layer {l} {name}"),
                 None => name.to_string(),
             };
-            self.bad = Some((t0 + first as u64, tensor));
+            self.bad = Some((t0 + t as u64, tensor));
         }
         if let Some(p) = self.probe.as_deref_mut() {
             p.tensor(&name.to_string(), layer, data);

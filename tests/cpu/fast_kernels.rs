@@ -125,6 +125,25 @@ fn fast_kernels_match_a_naive_f64_loop_and_each_other() {
     }
 }
 
+/// Three random matrices of `rows` rows and `cols` columns (group: a quarter
+/// of them, at most 128) fused over their row `ranges`.
+fn fused_three(
+    rng: &mut ChaCha8Rng,
+    rows: [usize; 3],
+    ranges: [std::ops::Range<usize>; 3],
+    bits: u32,
+    cols: usize,
+) -> (Vec<CqMatrix>, FastMatrix) {
+    let group = (cols / 4).min(128);
+    let ms: Vec<CqMatrix> = rows
+        .iter()
+        .map(|&r| random_matrix(rng, r, cols, bits, group))
+        .collect();
+    let parts: Vec<_> = ms.iter().zip(ranges).collect();
+    let fm = FastMatrix::new(&parts).expect("a fast form");
+    (ms, fm)
+}
+
 #[test]
 fn a_product_of_many_inputs_splits_them_over_the_pool_bit_for_bit() {
     // From 16 inputs a pool part, a product gives each part a run of inputs
@@ -135,13 +154,7 @@ fn a_product_of_many_inputs_splits_them_over_the_pool_bit_for_bit() {
     // scalar reference. On one thread the product runs whole on the caller.
     let mut rng = ChaCha8Rng::seed_from_u64(70);
     for bits in [1u32, 2, 4] {
-        let ms: Vec<CqMatrix> = [40, 70, 9]
-            .iter()
-            .map(|&rows| random_matrix(&mut rng, rows, 512, bits, 128))
-            .collect();
-        let ranges = [0..40, 3..70, 1..9];
-        let parts: Vec<_> = ms.iter().zip(ranges.clone()).collect();
-        let fm = FastMatrix::new(&parts).expect("a fast form");
+        let (ms, fm) = fused_three(&mut rng, [40, 70, 9], [0..40, 3..70, 1..9], bits, 512);
         let qs: Vec<FastInput> = inputs(&mut rng, &ms[0], 45)
             .into_iter()
             .map(|(_, q)| q)
@@ -176,13 +189,8 @@ fn fused_parts_give_each_matrix_its_own_rows() {
     // fused: each part's outputs are its matrix's rows by the naive loop.
     let mut rng = ChaCha8Rng::seed_from_u64(66);
     for bits in [1u32, 2, 4] {
-        let ms: Vec<CqMatrix> = [9, 30, 6]
-            .iter()
-            .map(|&rows| random_matrix(&mut rng, rows, 256, bits, 64))
-            .collect();
         let ranges = [2..9, 5..26, 0..6];
-        let parts: Vec<_> = ms.iter().zip(ranges.clone()).collect();
-        let fm = FastMatrix::new(&parts).expect("a fast form");
+        let (ms, fm) = fused_three(&mut rng, [9, 30, 6], ranges.clone(), bits, 256);
         assert_eq!((fm.part(0), fm.part(1), fm.part(2)), (0..7, 8..29, 32..38));
         let xs = inputs(&mut rng, &ms[0], 9);
         for (prep, q) in &xs {
