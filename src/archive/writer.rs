@@ -115,7 +115,7 @@ pub fn write_archive_file_with_chat(
 
 /// Serialize an archive to bytes. The tensors are written as given (no check
 /// against the config), so tests can build deliberately broken archives. The same
-/// inputs give the same bytes on every run ([`canonical_metadata`]).
+/// inputs give the same bytes on every run (`canonical_metadata`).
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] if safetensors refuses the data (e.g. a shape that does not match its bytes).
