@@ -37,6 +37,11 @@ use crate::kernels::kv::quantize_int8_scalar;
 use crate::pool::Pool;
 use std::ops::Range;
 
+mod product;
+mod sink;
+pub use product::{FastProduct, FastSet};
+use sink::{Sink, MAX_PARTS};
+
 /// Values per int8 activation block (SPEC §6.1: at most 32, within one group).
 pub const BLOCK: usize = 32;
 
@@ -393,26 +398,25 @@ impl FastMatrix {
         }
         let pool = Pool::global();
         let work = self.data.len() * xs.len();
-        // SAFETY (both arms): the tile ranges are disjoint, so each output
-        // element is written by one part only; the sink's outputs are
-        // borrowed mutably by the callers above for this call.
+        // SAFETY (every arm): the tile ranges, or the input ranges, are
+        // disjoint, so each output element is written by one part only; the
+        // sink's outputs are borrowed mutably by the callers above for this
+        // call.
         let (n, parts) = (xs.len(), pool.threads());
         if work < PARALLEL_BYTES || parts == 1 || self.tiles < 2 {
             unsafe { self.tiles_dot(kernel, 0..self.tiles, xs, sink) };
         } else if n >= SPLIT_INPUTS * parts {
-            // Many inputs (a prefill chunk): part p takes inputs n·p/parts ..
-            // n·(p+1)/parts through every tile, the runs by which the CPU
-            // engine splits its per-token work, so each part reads inputs
-            // that it quantized and writes outputs that it reads next, in its
-            // own cache (split by tiles, every output line would move
-            // between cores twice a product). Each tile is decoded once per
-            // kernel pass of inputs either way.
-            pool.run(&|p| {
-                let r = n * p / parts..n * (p + 1) / parts;
-                if !r.is_empty() {
-                    let sink = sink.skip_inputs(r.start);
-                    unsafe { self.tiles_dot(kernel, 0..self.tiles, &xs[r], &sink) }
-                }
+            // Many inputs (a prefill chunk): each part takes its range of
+            // inputs (`Pool::for_ranges`: part p from n·p/parts) through
+            // every tile, the runs by which the CPU engine splits its
+            // per-token work, so each part reads inputs that it quantized and
+            // writes outputs that it reads next, in its own cache (split by
+            // tiles, every output line would move between cores twice a
+            // product). Each tile is decoded once per kernel pass of inputs
+            // either way.
+            pool.for_ranges(n, 1, &|r| {
+                let sink = sink.skip_inputs(r.start);
+                unsafe { self.tiles_dot(kernel, 0..self.tiles, &xs[r], &sink) }
             });
         } else {
             pool.for_ranges(self.tiles, 1, &|r| unsafe {
@@ -488,112 +492,6 @@ impl FastMatrix {
             acc = s.mul_add(self.nf[(tile * self.groups + g) * TILE + lane], acc);
         }
         acc
-    }
-}
-
-/// The most parts one fused matrix holds.
-const MAX_PARTS: usize = 8;
-
-/// Where a product's rows go: row `r` of a range `start..end` and input `t`
-/// at `ptr + t · stride + (r − start)`.
-#[derive(Default)]
-struct Sink {
-    ranges: [(Range<usize>, usize, usize); MAX_PARTS],
-    len: usize,
-}
-
-// SAFETY: a sink only forwards raw output addresses; its users write disjoint
-// elements through it (see `put`).
-unsafe impl Sync for Sink {}
-
-impl Sink {
-    /// Rows `range` of input `t` to `ptr + t · stride`.
-    fn push(&mut self, range: Range<usize>, ptr: *mut f32, stride: usize) {
-        self.ranges[self.len] = (range, ptr as usize, stride);
-        self.len += 1;
-    }
-
-    /// The sink whose input `t` is this one's input `t0 + t`.
-    fn skip_inputs(&self, t0: usize) -> Sink {
-        let mut s = Sink::default();
-        for (range, ptr, stride) in &self.ranges[..self.len] {
-            // The address only: nothing is written through it here.
-            let p = (*ptr as *mut f32).wrapping_add(t0 * stride);
-            s.push(range.clone(), p, *stride);
-        }
-        s
-    }
-
-    /// Tile `tile`'s values `v` (rows `16 · tile ..`) of input `t`.
-    ///
-    /// # Safety
-    /// The outputs are live and no other thread writes these elements.
-    unsafe fn put(&self, tile: usize, t: usize, v: &[f32; TILE]) {
-        let r0 = tile * TILE;
-        for (range, ptr, stride) in &self.ranges[..self.len] {
-            let (lo, hi) = (range.start.max(r0), range.end.min(r0 + TILE));
-            if lo < hi {
-                // SAFETY: the caller's.
-                unsafe {
-                    let dst = (*ptr as *mut f32).add(t * stride + lo - range.start);
-                    if hi - lo == TILE {
-                        // The usual whole tile: a fixed-size copy, inlined
-                        // (a copy of a run-time length is a call to memcpy).
-                        (dst as *mut [f32; TILE]).write_unaligned(*v);
-                    } else {
-                        std::ptr::copy_nonoverlapping(v.as_ptr().add(lo - r0), dst, hi - lo);
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// The fused fast forms of the matrix products of a model that share an
-/// input, in an order its engine defines (see `crate::cpu`), each `None`
-/// where no part has a fast form.
-#[derive(Debug, Default)]
-pub struct FastSet {
-    /// The products.
-    pub products: Vec<FastProduct>,
-}
-
-/// One product's fast matrices: each fuses some of the product's parts (by
-/// index) that share a width; the parts in none of them run exactly.
-#[derive(Debug, Default)]
-pub struct FastProduct {
-    /// A fused matrix and the product's part indices it holds, in its order.
-    pub fused: Vec<(FastMatrix, Vec<usize>)>,
-}
-
-impl FastProduct {
-    /// The fused fast forms of `parts` (each a matrix and its rows): parts of
-    /// one (bits, group, padded) fuse; 8-bit parts stay exact.
-    pub fn new(parts: &[(&CqMatrix, Range<usize>)]) -> FastProduct {
-        let mut fused: Vec<(FastMatrix, Vec<usize>)> = Vec::new();
-        let mut done = vec![false; parts.len()];
-        for i in 0..parts.len() {
-            if done[i] || parts[i].0.bits() > 4 {
-                continue;
-            }
-            let key = |m: &CqMatrix| (m.bits(), m.group(), m.padded());
-            let ids: Vec<usize> = (i..parts.len())
-                .filter(|&j| !done[j] && key(parts[j].0) == key(parts[i].0))
-                .collect();
-            for ids in ids.chunks(MAX_PARTS) {
-                let these: Vec<_> = ids.iter().map(|&j| parts[j].clone()).collect();
-                if let Some(fm) = FastMatrix::new(&these) {
-                    ids.iter().for_each(|&j| done[j] = true);
-                    fused.push((fm, ids.to_vec()));
-                }
-            }
-        }
-        FastProduct { fused }
-    }
-
-    /// Whether part `i` runs in a fused fast matrix.
-    pub fn covers(&self, i: usize) -> bool {
-        self.fused.iter().any(|(_, ids)| ids.contains(&i))
     }
 }
 

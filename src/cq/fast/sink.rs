@@ -1,0 +1,63 @@
+//! [`Sink`]: where a fused fast product's rows go, each part's rows to its
+//! own output, token-major.
+
+use super::TILE;
+use std::ops::Range;
+
+/// The most parts one fused matrix holds.
+pub(super) const MAX_PARTS: usize = 8;
+
+/// Where a product's rows go: row `r` of a range `start..end` and input `t`
+/// at `ptr + t · stride + (r − start)`.
+#[derive(Default)]
+pub(super) struct Sink {
+    ranges: [(Range<usize>, usize, usize); MAX_PARTS],
+    len: usize,
+}
+
+// SAFETY: a sink only forwards raw output addresses; its users write disjoint
+// elements through it (see `put`).
+unsafe impl Sync for Sink {}
+
+impl Sink {
+    /// Rows `range` of input `t` to `ptr + t · stride`.
+    pub(super) fn push(&mut self, range: Range<usize>, ptr: *mut f32, stride: usize) {
+        self.ranges[self.len] = (range, ptr as usize, stride);
+        self.len += 1;
+    }
+
+    /// The sink whose input `t` is this one's input `t0 + t`.
+    pub(super) fn skip_inputs(&self, t0: usize) -> Sink {
+        let mut s = Sink::default();
+        for (range, ptr, stride) in &self.ranges[..self.len] {
+            // The address only: nothing is written through it here.
+            let p = (*ptr as *mut f32).wrapping_add(t0 * stride);
+            s.push(range.clone(), p, *stride);
+        }
+        s
+    }
+
+    /// Tile `tile`'s values `v` (rows `16 · tile ..`) of input `t`.
+    ///
+    /// # Safety
+    /// The outputs are live and no other thread writes these elements.
+    pub(super) unsafe fn put(&self, tile: usize, t: usize, v: &[f32; TILE]) {
+        let r0 = tile * TILE;
+        for (range, ptr, stride) in &self.ranges[..self.len] {
+            let (lo, hi) = (range.start.max(r0), range.end.min(r0 + TILE));
+            if lo < hi {
+                // SAFETY: the caller's.
+                unsafe {
+                    let dst = (*ptr as *mut f32).add(t * stride + lo - range.start);
+                    if hi - lo == TILE {
+                        // The usual whole tile: a fixed-size copy, inlined
+                        // (a copy of a run-time length is a call to memcpy).
+                        (dst as *mut [f32; TILE]).write_unaligned(*v);
+                    } else {
+                        std::ptr::copy_nonoverlapping(v.as_ptr().add(lo - r0), dst, hi - lo);
+                    }
+                }
+            }
+        }
+    }
+}
