@@ -183,6 +183,36 @@ fn a_product_of_many_inputs_splits_them_over_the_pool_bit_for_bit() {
 }
 
 #[test]
+fn products_of_many_tiles_and_inputs_equal_the_scalar_reference() {
+    // Where a call covers many tiles and eight inputs or more, the 512-bit
+    // kernel packs the inputs eight by eight (block-interleaved) before its
+    // passes. 600 rows (38 tiles: at least 8 a part on up to 4 threads when the
+    // tiles are split), three fused parts, groups of one block and of four,
+    // and 8 to 45 inputs: whole groups, then rests of 4, 2 and 1, split over
+    // the pool by tiles (fewer than 16 inputs a part) or by inputs.
+    let mut rng = ChaCha8Rng::seed_from_u64(71);
+    for bits in [1u32, 2, 4] {
+        for cols in [128, 512] {
+            let (ms, fm) = fused_three(
+                &mut rng,
+                [250, 300, 60],
+                [0..250, 1..290, 3..60],
+                bits,
+                cols,
+            );
+            let qs: Vec<FastInput> = inputs(&mut rng, &ms[0], 45)
+                .into_iter()
+                .map(|(_, q)| q)
+                .collect();
+            for n in [8, 15, 45] {
+                let what = format!("bits {bits}, {} rows x {cols}, {n} inputs", fm.rows());
+                assert_kernels_equal_scalar(&fm, &qs[..n], &what);
+            }
+        }
+    }
+}
+
+#[test]
 fn fused_parts_give_each_matrix_its_own_rows() {
     // Three matrices of one width with their own codebooks, odd row ranges (the
     // parts start at multiples of four rows, so a tile holds rows of several),

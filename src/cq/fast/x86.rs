@@ -7,6 +7,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 use std::sync::OnceLock;
 
+mod packed;
 mod quantize;
 pub(super) use quantize::quantize;
 
@@ -336,19 +337,33 @@ unsafe fn drive<R: Reg, const BITS: u32, const TP: usize>(
                 }
                 t += TP;
             }
-            // The rest (a few inputs: small chunks, batched decode) 4, 2, then
-            // 1 at a time, each tile line still decoded once for several.
-            if TP > 4 && t + 4 <= xs.len() {
-                rest::<R, BITS, 4>(fm, tl, &xs[t..t + 4], t, sink);
-                t += 4;
-            }
-            if TP > 2 && t + 2 <= xs.len() {
-                rest::<R, BITS, 2>(fm, tl, &xs[t..t + 2], t, sink);
-                t += 2;
-            }
-            for (t, x) in xs.iter().enumerate().skip(t) {
-                rest::<R, BITS, 1>(fm, tl, std::slice::from_ref(x), t, sink);
-            }
+            rests::<R, BITS, TP>(fm, tl, xs, t, sink);
+        }
+    }
+}
+
+/// Tile `tl` against the inputs `t ..` of `xs` after the last full pass of
+/// `TP` (a few inputs: small chunks, batched decode): 4, 2, then 1 at a time,
+/// each tile line still decoded once for several.
+#[inline(always)]
+unsafe fn rests<R: Reg, const BITS: u32, const TP: usize>(
+    fm: &FastMatrix,
+    tl: usize,
+    xs: &[FastInput],
+    mut t: usize,
+    sink: &Sink,
+) {
+    unsafe {
+        if TP > 4 && t + 4 <= xs.len() {
+            rest::<R, BITS, 4>(fm, tl, &xs[t..t + 4], t, sink);
+            t += 4;
+        }
+        if TP > 2 && t + 2 <= xs.len() {
+            rest::<R, BITS, 2>(fm, tl, &xs[t..t + 2], t, sink);
+            t += 2;
+        }
+        for (t, x) in xs.iter().enumerate().skip(t) {
+            rest::<R, BITS, 1>(fm, tl, std::slice::from_ref(x), t, sink);
         }
     }
 }
@@ -393,7 +408,18 @@ macro_rules! entry {
 entry!(run_avx2, "avx2,fma", Y<DOT_AVX2>, 2);
 entry!(run_vex, "avx2,fma,avxvnni", Y<DOT_VEX>, 2);
 entry!(run_evex, "avx2,fma,avx512vnni,avx512vl", Y<DOT_EVEX>, 4);
-entry!(run_512, "avx512f,avx512bw,avx512vnni", Z, 8);
+
+/// The 512-bit kernel: packed inputs where they pay ([`packed`]).
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn run_512(fm: &FastMatrix, tiles: Range<usize>, xs: &[FastInput], sink: &Sink) {
+    unsafe {
+        match fm.bits {
+            4 => packed::drive_512::<4>(fm, tiles, xs, sink),
+            2 => packed::drive_512::<2>(fm, tiles, xs, sink),
+            _ => packed::drive_512::<1>(fm, tiles, xs, sink),
+        }
+    }
+}
 
 /// [`FastMatrix::tiles_dot`] with a SIMD `kernel`.
 ///
