@@ -15,6 +15,7 @@
 //!   to its own from the new rows), and [`ChunkAttention::finish`] then writes the
 //!   new rows into the cache token by token, so the ring ends as stepping leaves it.
 
+use super::hooks::RowScan;
 use super::par::per_token_weighted;
 use crate::config::Config;
 use crate::error::Result;
@@ -33,11 +34,19 @@ pub(super) struct ChunkAttention {
     /// the cache when in place, else of the table.
     slots: Vec<usize>,
     slot_at: Vec<usize>,
+    /// Prefix sums of each token's work in attended rows: its rows plus
+    /// [`TOKEN_WORK`] (how the pool splits the tokens).
+    work_at: Vec<usize>,
     /// The layer-local table (one layer, `cache_rows + n` rows) when not in place.
     table: KvCache,
     /// The chunk's cache rows when in place.
     rows: Vec<usize>,
 }
+
+/// A token's attention work besides its rows (its gate's sigmoids, each head's
+/// softmax and output), in attended rows: the pool parts split the tokens by
+/// rows plus this, as the early tokens of a chunk attend few rows each.
+const TOKEN_WORK: usize = 24;
 
 impl ChunkAttention {
     /// Plan the chunk of `n ≥ 1` tokens at positions `t0 ..` for `c`: the
@@ -66,6 +75,13 @@ impl ChunkAttention {
             }
             self.slot_at.push(self.slots.len());
         }
+        self.work_at.clear();
+        self.work_at.extend(
+            self.slot_at
+                .iter()
+                .enumerate()
+                .map(|(t, &a)| a + TOKEN_WORK * t),
+        );
     }
 
     /// How many rows each token of the chunk attends.
@@ -117,7 +133,8 @@ impl ChunkAttention {
 
     /// Every token's attention at layer `l` after [`ChunkAttention::store`]:
     /// `o = attention(q) ⊙ σ(gate)` (`q`, `gate`, `o`: `[n, q_dim]`); `scores` is
-    /// scratch of `pool parts · heads · cache_rows`.
+    /// scratch of `pool parts · heads · cache_rows`. Each token's row of `o` is
+    /// noted in `scan` as row `first + t`, by the pool part that wrote it.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn attend(
         &self,
@@ -128,10 +145,12 @@ impl ChunkAttention {
         gate: &[f32],
         o: &mut [f32],
         scores: &mut [f32],
+        (scan, first): (&RowScan, usize),
     ) {
         let n = self.tokens();
         if n == 1 {
             attend(kv, l, q, gate, &self.slots, o, scores);
+            scan.note(first, o);
             return;
         }
         let (cache, layer) = if self.in_place {
@@ -144,8 +163,8 @@ impl ChunkAttention {
         let o = SharedSlice::new(o);
         let scores = SharedSlice::new(scores);
         // Later tokens attend more rows: the pool parts take runs of tokens
-        // of about equal rows in all.
-        per_token_weighted(&self.slot_at, &|part, t| {
+        // of about equal work in all.
+        per_token_weighted(&self.work_at, &|part, t| {
             let slots = &self.slots[self.slot_at[t]..self.slot_at[t + 1]];
             let (qt, gt) = (&q[t * qd..(t + 1) * qd], &gate[t * qd..(t + 1) * qd]);
             for j in 0..c.kv_heads {
@@ -160,6 +179,8 @@ impl ChunkAttention {
                 };
                 attend_kv_head(cache, layer, j, qt, gt, slots, oj, sj);
             }
+            // SAFETY: token t owns its row of `o`, written above.
+            scan.note(first + t, unsafe { o.range(t * qd..(t + 1) * qd) });
         });
     }
 

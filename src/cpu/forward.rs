@@ -468,6 +468,7 @@ fn attention(
         n as u64 * bytes::qk_store(c.heads, c.kv_heads, hd)
     });
 
+    let scan = RowScan::new();
     for (i, seg) in segs.iter_mut().enumerate() {
         let r = s.seg_start[i]..s.seg_start[i] + seg.ids.len();
         let (q, g) = (
@@ -475,7 +476,8 @@ fn attention(
             &s.g[r.start * qd..r.end * qd],
         );
         let o = &mut s.o[r.start * qd..r.end * qd];
-        s.attention[i].attend(c, &seg.st.kv, l, q, g, o, &mut s.scores);
+        let scores = &mut s.scores;
+        s.attention[i].attend(c, &seg.st.kv, l, q, g, o, scores, (&scan, r.start));
         s.attention[i].finish(c, &mut seg.st.kv, l);
     }
     let plans = &s.attention[..segs.len()];
@@ -486,7 +488,7 @@ fn attention(
             .map(|k| bytes::attend(c.heads, hd, k))
             .sum()
     });
-    hooks.rows(t0, "attn_o", lo, &s.o[..n * qd], qd);
+    hooks.rows_scanned(t0, "attn_o", lo, &s.o[..n * qd], &scan);
     Ok(())
 }
 

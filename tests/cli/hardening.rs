@@ -16,13 +16,18 @@ use std::sync::Arc;
 
 /// `tiny` with one norm of `layers.1.wq` set to +inf.
 fn model_with_inf_norm() -> Arc<Model> {
+    model_with_norm("layers.1.wq", f16::INFINITY)
+}
+
+/// `tiny` with one norm of the CQ matrix `name` set to `value`.
+fn model_with_norm(name: &str, value: f16) -> Arc<Model> {
     let c = Config::preset_tiny();
     let mut tensors = synth_tensors(&c, &BitsPlan::mixed(), 5);
-    let Some(Tensor::Cq(m)) = tensors.get("layers.1.wq") else {
-        panic!("no wq")
+    let Some(Tensor::Cq(m)) = tensors.get(name) else {
+        panic!("no {name}")
     };
     let mut norms = m.norms_f16();
-    norms[3] = f16::INFINITY;
+    norms[3] = value;
     let bad = CqMatrix::new(
         m.cols(),
         m.codebook().to_vec(),
@@ -32,7 +37,7 @@ fn model_with_inf_norm() -> Arc<Model> {
         [m.rows(), m.row_bytes()],
     )
     .unwrap();
-    tensors.insert("layers.1.wq".into(), Tensor::Cq(bad));
+    tensors.insert(name.into(), Tensor::Cq(bad));
     let bytes = write_archive(&c, None, &tensors).unwrap();
     Arc::new(Model::from_bytes(&bytes, "inf-norm").expect("an Inf norm is a valid archive"))
 }
@@ -66,6 +71,30 @@ fn cpu_names_the_first_non_finite_tensor() {
                 assert_eq!(
                     (tensor.as_str(), position),
                     ("layer 1 q", 0),
+                    "chunk {chunk}"
+                );
+            }
+            other => panic!(
+                "chunk {chunk}: expected NonFinite, got {:?}",
+                other.map(|l| !l.is_none())
+            ),
+        }
+    }
+}
+
+#[test]
+fn cpu_names_a_gated_attention_output_whose_gate_is_nan() {
+    // A NaN norm of wg: the gate (not checked itself) is NaN in one row, so
+    // the first non-finite tensor is the gated attention output, which the
+    // pool parts scan as they write it, in a step and in chunks alike.
+    for chunk in [1, 64] {
+        let mut e = CpuEngine::new(model_with_norm("layers.2.wg", f16::NAN)).unwrap();
+        e.set_prefill_chunk(chunk);
+        match e.step_many(&[1, 5, 9, 13, 17, 21, 25, 29, 33], Readout::None) {
+            Err(Error::NonFinite { tensor, position }) => {
+                assert_eq!(
+                    (tensor.as_str(), position),
+                    ("layer 2 attn_o", 0),
                     "chunk {chunk}"
                 );
             }
