@@ -322,8 +322,9 @@ fn the_fast_input_is_the_scalar_int8_store_of_each_block() {
     // their bit-for-bit tests against the scalar reference.)
     use cqlm::kernels::kv::quantize_int8_scalar;
     let mut rng = ChaCha8Rng::seed_from_u64(68);
-    // 40 blocks: two runs of 16 (the AVX-512 loop's) and a tail of 8.
-    let mut x: Vec<f32> = (0..32 * 40)
+    // 56 blocks: three runs of 16 (the AVX-512 loop's; the third all finite,
+    // which takes its path without clamp or NaN mask) and a tail of 8.
+    let mut x: Vec<f32> = (0..32 * 56)
         .map(|_| rng.random_range(-5.0f32..5.0))
         .collect();
     for (i, v) in x[32..64].iter_mut().enumerate() {
@@ -337,8 +338,19 @@ fn the_fast_input_is_the_scalar_int8_store_of_each_block() {
     x[200] = f32::NAN;
     x[201] = f32::INFINITY;
     x[250] = 1e-30;
-    // The same in the second run of 16 and in the tail.
-    for base in [512, 1024] {
+    // The third run: ties, a block's maximum of exactly 127, zeros, tiny and
+    // subnormal values, all finite.
+    for (i, v) in x[1024..1056].iter_mut().enumerate() {
+        *v = (i as f32 % 20.0) - 9.5;
+    }
+    x[1056] = -127.0;
+    x[1088..1120].fill(0.0);
+    for v in &mut x[1120..1152] {
+        *v *= 1e-20;
+    }
+    x[1153] = 1e-40;
+    // The specials again in the second run of 16 and in the tail.
+    for base in [512, 1536] {
         x[base + 40] = f32::NAN;
         x[base + 70..base + 102].fill(0.0);
         x[base + 150] = f32::INFINITY;

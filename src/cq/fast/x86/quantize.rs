@@ -131,6 +131,13 @@ unsafe fn quantize_512(prep: &[f32], q: &mut [i8], scales: &mut [f32], bias: &mu
             let inv = _mm512_div_ps(_mm512_set1_ps(1.0), scale);
             let mut invs = [0.0f32; 16];
             _mm512_storeu_ps(invs.as_mut_ptr(), inv);
+            // Every block finite (the usual case): |v| ≤ max and the scale is
+            // max / 127 correctly rounded, so every quotient rounds to at most
+            // 127 in magnitude: the codes need neither the clamp nor the NaN
+            // mask, and the conversion itself rounds to nearest even. The same
+            // codes either way.
+            let inf = _mm512_set1_ps(f32::INFINITY);
+            let finite = nan == 0 && _mm512_cmp_ps_mask::<_CMP_LT_OQ>(max, inf) == u16::MAX;
             let mut sums = [_mm512_setzero_ps(); 16];
             for (k, sk) in sums.iter_mut().enumerate() {
                 let s = _mm512_set1_ps(*scales.get_unchecked(b0 + k));
@@ -138,13 +145,16 @@ unsafe fn quantize_512(prep: &[f32], q: &mut [i8], scales: &mut [f32], bias: &mu
                 let mut t = _mm512_setzero_si512();
                 for h in 0..2 {
                     let v = _mm512_loadu_ps(x.add(k * BLOCK + 16 * h));
-                    let r = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-                        quotient(v, s, y),
-                    );
-                    let r = _mm512_min_ps(hi, _mm512_max_ps(lo, r));
-                    // A NaN's code is 0, as `as i8` gives.
-                    let r = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_ORD_Q>(r, r), r);
-                    let c = _mm512_cvtps_epi32(r);
+                    const NEAREST: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+                    let c = if finite {
+                        _mm512_cvt_roundps_epi32::<NEAREST>(quotient(v, s, y))
+                    } else {
+                        let r = _mm512_roundscale_ps::<NEAREST>(quotient(v, s, y));
+                        let r = _mm512_min_ps(hi, _mm512_max_ps(lo, r));
+                        // A NaN's code is 0, as `as i8` gives.
+                        let r = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_ORD_Q>(r, r), r);
+                        _mm512_cvtps_epi32(r)
+                    };
                     let dst = q.as_mut_ptr().add((b0 + k) * BLOCK + 16 * h);
                     _mm_storeu_si128(dst as *mut __m128i, _mm512_cvtepi32_epi8(c));
                     t = _mm512_add_epi32(t, c);
