@@ -63,16 +63,21 @@ fn cpu_names_the_first_non_finite_tensor() {
     ));
     // The batched prefill names what the first step names, with or without the
     // chunk's batched matvec (1 and 64 tokens per chunk).
+    prefill_names(model_with_inf_norm, "layer 1 q");
+}
+
+/// A prefill of nine tokens by a fresh engine of `model()`, in chunks of 1 and
+/// of 64, fails naming `tensor` at position 0.
+fn prefill_names(model: impl Fn() -> Arc<Model>, tensor: &str) {
     for chunk in [1, 64] {
-        let mut e = CpuEngine::new(model_with_inf_norm()).unwrap();
+        let mut e = CpuEngine::new(model()).unwrap();
         e.set_prefill_chunk(chunk);
         match e.step_many(&[1, 5, 9, 13, 17, 21, 25, 29, 33], Readout::None) {
-            Err(Error::NonFinite { tensor, position }) => {
-                assert_eq!(
-                    (tensor.as_str(), position),
-                    ("layer 1 q", 0),
-                    "chunk {chunk}"
-                );
+            Err(Error::NonFinite {
+                tensor: t,
+                position,
+            }) => {
+                assert_eq!((t.as_str(), position), (tensor, 0), "chunk {chunk}");
             }
             other => panic!(
                 "chunk {chunk}: expected NonFinite, got {:?}",
@@ -87,23 +92,10 @@ fn cpu_names_a_gated_attention_output_whose_gate_is_nan() {
     // A NaN norm of wg: the gate (not checked itself) is NaN in one row, so
     // the first non-finite tensor is the gated attention output, which the
     // pool parts scan as they write it, in a step and in chunks alike.
-    for chunk in [1, 64] {
-        let mut e = CpuEngine::new(model_with_norm("layers.2.wg", f16::NAN)).unwrap();
-        e.set_prefill_chunk(chunk);
-        match e.step_many(&[1, 5, 9, 13, 17, 21, 25, 29, 33], Readout::None) {
-            Err(Error::NonFinite { tensor, position }) => {
-                assert_eq!(
-                    (tensor.as_str(), position),
-                    ("layer 2 attn_o", 0),
-                    "chunk {chunk}"
-                );
-            }
-            other => panic!(
-                "chunk {chunk}: expected NonFinite, got {:?}",
-                other.map(|l| !l.is_none())
-            ),
-        }
-    }
+    prefill_names(
+        || model_with_norm("layers.2.wg", f16::NAN),
+        "layer 2 attn_o",
+    );
 }
 
 #[test]

@@ -1,6 +1,8 @@
 //! The SIMD kernels: one generic tile loop ([`tile`]) over a register
 //! abstraction ([`Reg`]) that holds either the 16 rows of a tile (zmm) or half
-//! of them (ymm). The input quantization on AVX-512 and AVX2 is in [`quantize`].
+//! of them (ymm); the 512-bit kernel's form over eight inputs packed
+//! block-interleaved, where a call is large enough to repay the packing, is in
+//! [`packed`]. The input quantization on AVX-512 and AVX2 is in [`quantize`].
 
 use super::{FastInput, FastKernel, FastMatrix, Sink, BLOCK, LINE, TILE};
 use std::arch::x86_64::*;
