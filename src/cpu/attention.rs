@@ -14,6 +14,9 @@
 //!   attends over the table (earlier positions from the copy, chunk positions up
 //!   to its own from the new rows), and [`ChunkAttention::finish`] then writes the
 //!   new rows into the cache token by token, so the ring ends as stepping leaves it.
+//!
+//! A pass of several sequences attends all of them in one pool job
+//! ([`attend_segments`]: every sequence's (token, KV head) pairs split by work).
 
 use super::hooks::RowScan;
 use super::par::per_token_weighted;
@@ -134,7 +137,7 @@ impl ChunkAttention {
     /// Every token's attention at layer `l` after [`ChunkAttention::store`]:
     /// `o = attention(q) ⊙ σ(gate)` (`q`, `gate`, `o`: `[n, q_dim]`); `scores` is
     /// scratch of `pool parts · heads · cache_rows`. Each token's row of `o` is
-    /// noted in `scan` as row `first + t`, by the pool part that wrote it.
+    /// noted in `scan` by the pool part that wrote it.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn attend(
         &self,
@@ -145,19 +148,15 @@ impl ChunkAttention {
         gate: &[f32],
         o: &mut [f32],
         scores: &mut [f32],
-        (scan, first): (&RowScan, usize),
+        scan: &RowScan,
     ) {
         let n = self.tokens();
         if n == 1 {
             attend(kv, l, q, gate, &self.slots, o, scores);
-            scan.note(first, o);
+            scan.note(0, o);
             return;
         }
-        let (cache, layer) = if self.in_place {
-            (kv, l)
-        } else {
-            (&self.table, 0)
-        };
+        let (cache, layer) = self.cache(kv, l);
         let (qd, hd, rows) = (c.q_dim(), c.head_dim, c.cache_rows());
         let g = c.heads / c.kv_heads;
         let o = SharedSlice::new(o);
@@ -180,8 +179,18 @@ impl ChunkAttention {
                 attend_kv_head(cache, layer, j, qt, gt, slots, oj, sj);
             }
             // SAFETY: token t owns its row of `o`, written above.
-            scan.note(first + t, unsafe { o.range(t * qd..(t + 1) * qd) });
+            scan.note(t, unsafe { o.range(t * qd..(t + 1) * qd) });
         });
+    }
+
+    /// The cache rows this plan's tokens attend at layer `l`: `kv`'s layer `l`
+    /// in place, else the table's one layer.
+    fn cache<'a>(&'a self, kv: &'a KvCache, l: usize) -> (&'a KvCache, usize) {
+        if self.in_place {
+            (kv, l)
+        } else {
+            (&self.table, 0)
+        }
     }
 
     /// After [`ChunkAttention::attend`] through the table: the chunk's rows into
@@ -200,4 +209,74 @@ impl ChunkAttention {
             }
         }
     }
+}
+
+/// The (segment, token, KV head) pairs of a pass of several segments and the
+/// prefix sums of their work, for [`attend_segments`]; reused across layers.
+#[derive(Debug, Default)]
+pub(super) struct SegmentWork {
+    items: Vec<(usize, usize, usize)>,
+    at: Vec<usize>,
+}
+
+/// Every segment's attention at layer `l` after its [`ChunkAttention::store`]
+/// in one pool job: segment `i` has the plan `plans[i]` and the cache
+/// `cache(i)`, and its tokens are rows `starts[i] ..` of `q`, `gate` and `o`
+/// (`[tokens, q_dim]`). Its (token, KV head) pairs are split over the pool by
+/// attended rows plus a fixed cost each, where one job per segment (a batch of
+/// single-token sequences) would hand out a job of two small parts per
+/// sequence. Values as [`ChunkAttention::attend`] of each segment (the same
+/// [`attend_kv_head`] per head); each written piece of `o` is noted in `scan`
+/// as its token's row. `scores` as there.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn attend_segments<'k>(
+    c: &Config,
+    l: usize,
+    plans: &[ChunkAttention],
+    cache: &(dyn Fn(usize) -> &'k KvCache + Sync),
+    starts: &[usize],
+    (q, gate): (&[f32], &[f32]),
+    o: &mut [f32],
+    scores: &mut [f32],
+    work: &mut SegmentWork,
+    scan: &RowScan,
+) {
+    let (qd, hd, rows, kvh) = (c.q_dim(), c.head_dim, c.cache_rows(), c.kv_heads);
+    let g = c.heads / kvh;
+    work.items.clear();
+    work.at.clear();
+    work.at.push(0);
+    for (i, plan) in plans.iter().enumerate() {
+        for (t, rows_t) in plan.attended().enumerate() {
+            for j in 0..kvh {
+                work.items.push((i, t, j));
+                let last = *work.at.last().unwrap_or(&0);
+                work.at.push(last + rows_t + TOKEN_WORK / kvh);
+            }
+        }
+    }
+    let (o, scores) = (SharedSlice::new(o), SharedSlice::new(scores));
+    let items = &work.items;
+    per_token_weighted(&work.at, &|part, k| {
+        let (i, t, j) = items[k];
+        let plan = &plans[i];
+        let (kv, layer) = plan.cache(cache(i), l);
+        let slots = &plan.slots[plan.slot_at[t]..plan.slot_at[t + 1]];
+        let row = starts[i] + t;
+        let (qt, gt) = (
+            &q[row * qd..(row + 1) * qd],
+            &gate[row * qd..(row + 1) * qd],
+        );
+        let at = row * qd + j * g * hd;
+        let sc = part * c.heads * rows;
+        // SAFETY: (token, KV head) owns its piece of `o`, part `part` its scores.
+        let (oj, sj) = unsafe {
+            (
+                o.range(at..at + g * hd),
+                scores.range(sc..sc + g * slots.len()),
+            )
+        };
+        attend_kv_head(kv, layer, j, qt, gt, slots, oj, sj);
+        scan.note(row, oj);
+    });
 }

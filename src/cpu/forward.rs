@@ -13,6 +13,7 @@
 //! inside the chunk is [`ChunkAttention`]. The batched matvec is bit-identical
 //! to the single one, so a chunk gives exactly the values of one step per token.
 
+use super::attention::attend_segments;
 use super::fast::{fast_set as model_fast_set, Product};
 use super::hooks::{RowScan, StepHooks};
 use super::par::{per_rows, per_token, row, splits};
@@ -469,16 +470,34 @@ fn attention(
     });
 
     let scan = RowScan::new();
-    for (i, seg) in segs.iter_mut().enumerate() {
-        let r = s.seg_start[i]..s.seg_start[i] + seg.ids.len();
-        let (q, g) = (
-            &s.q[r.start * qd..r.end * qd],
-            &s.g[r.start * qd..r.end * qd],
+    if segs.len() > 1 {
+        // Several sequences: all their attention in one pool job.
+        let plans = &s.attention[..segs.len()];
+        let caches = &*segs;
+        let qg = (&s.q[..n * qd], &s.g[..n * qd]);
+        let (o, scores, work) = (&mut s.o[..n * qd], &mut s.scores, &mut s.segment_work);
+        let cache = |i: usize| &caches[i].st.kv;
+        attend_segments(
+            c,
+            l,
+            plans,
+            &cache,
+            &s.seg_start,
+            qg,
+            o,
+            scores,
+            work,
+            &scan,
         );
-        let o = &mut s.o[r.start * qd..r.end * qd];
-        let scores = &mut s.scores;
-        s.attention[i].attend(c, &seg.st.kv, l, q, g, o, scores, (&scan, r.start));
-        s.attention[i].finish(c, &mut seg.st.kv, l);
+        for (i, seg) in segs.iter_mut().enumerate() {
+            s.attention[i].finish(c, &mut seg.st.kv, l);
+        }
+    } else {
+        let seg = &mut segs[0];
+        let (q, g) = (&s.q[..n * qd], &s.g[..n * qd]);
+        let (o, scores) = (&mut s.o[..n * qd], &mut s.scores);
+        s.attention[0].attend(c, &seg.st.kv, l, q, g, o, scores, &scan);
+        s.attention[0].finish(c, &mut seg.st.kv, l);
     }
     let plans = &s.attention[..segs.len()];
     hooks.clock.lap("attend", || {

@@ -3,7 +3,7 @@
 //! a decode step (`n = 1`) after a long prefill allocates nothing; and the
 //! chunk length of the prefill ([`chunk_len`]).
 
-use super::attention::ChunkAttention;
+use super::attention::{ChunkAttention, SegmentWork};
 use super::prep::BatchPrep;
 use crate::config::Config;
 use crate::error::Result;
@@ -69,6 +69,8 @@ pub(super) struct Scratch {
     pub(super) last_lanes: Vec<f32>,
     /// Attention scores, `heads · cache_rows` per pool part.
     pub(super) scores: Vec<f32>,
+    /// The attention work items of a pass of several segments.
+    pub(super) segment_work: SegmentWork,
     /// Engram: each token's table rows (`tables`), gathered rows (`e_dim`),
     /// value projection (`hidden`), and per site its keys and values.
     pub(super) table_idx: Vec<usize>,
