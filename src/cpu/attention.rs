@@ -156,30 +156,19 @@ impl ChunkAttention {
             scan.note(0, o);
             return;
         }
-        let (cache, layer) = self.cache(kv, l);
-        let (qd, hd, rows) = (c.q_dim(), c.head_dim, c.cache_rows());
-        let g = c.heads / c.kv_heads;
-        let o = SharedSlice::new(o);
-        let scores = SharedSlice::new(scores);
+        let cache = self.cache(kv, l);
+        let qd = c.q_dim();
+        let out = (&SharedSlice::new(o), &SharedSlice::new(scores));
         // Later tokens attend more rows: the pool parts take runs of tokens
         // of about equal work in all.
         per_token_weighted(&self.work_at, &|part, t| {
             let slots = &self.slots[self.slot_at[t]..self.slot_at[t + 1]];
-            let (qt, gt) = (&q[t * qd..(t + 1) * qd], &gate[t * qd..(t + 1) * qd]);
             for j in 0..c.kv_heads {
-                let at = t * qd + j * g * hd;
-                let sc = part * c.heads * rows;
                 // SAFETY: token t owns its row of `o`, part `part` its scores.
-                let (oj, sj) = unsafe {
-                    (
-                        o.range(at..at + g * hd),
-                        scores.range(sc..sc + g * slots.len()),
-                    )
-                };
-                attend_kv_head(cache, layer, j, qt, gt, slots, oj, sj);
+                unsafe { attend_piece(c, cache, j, (q, gate), t, slots, out, part) };
             }
             // SAFETY: token t owns its row of `o`, written above.
-            scan.note(t, unsafe { o.range(t * qd..(t + 1) * qd) });
+            scan.note(t, unsafe { out.0.range(t * qd..(t + 1) * qd) });
         });
     }
 
@@ -241,8 +230,7 @@ pub(super) fn attend_segments<'k>(
     work: &mut SegmentWork,
     scan: &RowScan,
 ) {
-    let (qd, hd, rows, kvh) = (c.q_dim(), c.head_dim, c.cache_rows(), c.kv_heads);
-    let g = c.heads / kvh;
+    let kvh = c.kv_heads;
     work.items.clear();
     work.at.clear();
     work.at.push(0);
@@ -255,28 +243,59 @@ pub(super) fn attend_segments<'k>(
             }
         }
     }
-    let (o, scores) = (SharedSlice::new(o), SharedSlice::new(scores));
+    let out = (&SharedSlice::new(o), &SharedSlice::new(scores));
     let items = &work.items;
     per_token_weighted(&work.at, &|part, k| {
         let (i, t, j) = items[k];
         let plan = &plans[i];
-        let (kv, layer) = plan.cache(cache(i), l);
         let slots = &plan.slots[plan.slot_at[t]..plan.slot_at[t + 1]];
         let row = starts[i] + t;
-        let (qt, gt) = (
-            &q[row * qd..(row + 1) * qd],
-            &gate[row * qd..(row + 1) * qd],
-        );
-        let at = row * qd + j * g * hd;
-        let sc = part * c.heads * rows;
+        let kv = plan.cache(cache(i), l);
         // SAFETY: (token, KV head) owns its piece of `o`, part `part` its scores.
-        let (oj, sj) = unsafe {
-            (
-                o.range(at..at + g * hd),
-                scores.range(sc..sc + g * slots.len()),
-            )
-        };
-        attend_kv_head(kv, layer, j, qt, gt, slots, oj, sj);
+        let oj = unsafe { attend_piece(c, kv, j, (q, gate), row, slots, out, part) };
         scan.note(row, oj);
     });
+}
+
+/// Row `row`'s query heads of KV head `j` (of `q` and `gate`, `[rows, q_dim]`)
+/// attending over `slots` of `(cache, layer)` ([`attend_kv_head`]) into their
+/// piece of `o`, with pool part `part`'s scores (`heads · cache_rows` a part);
+/// returns the piece.
+///
+/// # Safety
+/// No other part touches that piece of `o`, or part `part`'s scores, meanwhile.
+#[allow(clippy::too_many_arguments, clippy::mut_from_ref)]
+unsafe fn attend_piece<'o>(
+    c: &Config,
+    (cache, layer): (&KvCache, usize),
+    j: usize,
+    (q, gate): (&[f32], &[f32]),
+    row: usize,
+    slots: &[usize],
+    (o, scores): (&'o SharedSlice<'_, f32>, &SharedSlice<'_, f32>),
+    part: usize,
+) -> &'o mut [f32] {
+    let (qd, hd) = (c.q_dim(), c.head_dim);
+    let g = c.heads / c.kv_heads;
+    let at = row * qd + j * g * hd;
+    let sc = part * c.heads * c.cache_rows();
+    // SAFETY: the caller's.
+    let (oj, sj) = unsafe {
+        (
+            o.range(at..at + g * hd),
+            scores.range(sc..sc + g * slots.len()),
+        )
+    };
+    let rows = row * qd..(row + 1) * qd;
+    attend_kv_head(
+        cache,
+        layer,
+        j,
+        &q[rows.clone()],
+        &gate[rows],
+        slots,
+        oj,
+        sj,
+    );
+    oj
 }
