@@ -357,8 +357,79 @@ unsafe fn values_512<const H: usize, const C: usize>(
     }
 }
 
-/// The heads of a group, four at a time (then one at a time), for a head
-/// width of `16 · C`; head block `h0 ..` keeps its scores at `h0 · n ..`.
+/// Scores of two heads `qs` (2 rows of `16 · C`) at every slot, each head's
+/// as [`scores_512`]`::<1, C>` forms them (the same sums in the same order),
+/// into `scores` as `[head][slot]`: each key row converted once for both.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn scores_pair_512<const C: usize>(
+    qs: &[f32],
+    kv: &KvHeadView,
+    slots: &[usize],
+    scores: &mut [f32],
+) {
+    let (d, n) = (16 * C, slots.len());
+    let inv = 1.0 / (d as f32).sqrt();
+    let mut q = [[_mm512_setzero_ps(); C]; 2];
+    for h in 0..2 {
+        for c in 0..C {
+            q[h][c] = _mm512_loadu_ps(qs.as_ptr().add(h * d + 16 * c));
+        }
+    }
+    let out = scores.as_mut_ptr();
+    for (i, &slot) in slots.iter().enumerate() {
+        let k = kv.k.as_ptr().add(slot * d);
+        let mut acc = [_mm512_setzero_ps(); 2];
+        for c in 0..C {
+            let kf = codes16(k.add(16 * c));
+            for h in 0..2 {
+                acc[h] = _mm512_fmadd_ps(q[h][c], kf, acc[h]);
+            }
+        }
+        let scale = *kv.k_scale.get_unchecked(slot) * inv;
+        for h in 0..2 {
+            *out.add(h * n + i) = _mm512_reduce_add_ps(acc[h]) * scale;
+        }
+    }
+}
+
+/// Outputs of two heads from their softmax weights `w` (`[head][slot]`),
+/// each as [`values_512`]`::<1, C>` forms it: each value row converted and
+/// scaled once for both.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn values_pair_512<const C: usize>(
+    w: &[f32],
+    kv: &KvHeadView,
+    slots: &[usize],
+    out: &mut [f32],
+) {
+    let (d, n) = (16 * C, slots.len());
+    let mut acc = [[_mm512_setzero_ps(); C]; 2];
+    for (i, &slot) in slots.iter().enumerate() {
+        let v = kv.v.as_ptr().add(slot * d);
+        let vs = _mm512_set1_ps(*kv.v_scale.get_unchecked(slot));
+        let mut vf = [_mm512_setzero_ps(); C];
+        for c in 0..C {
+            vf[c] = _mm512_mul_ps(codes16(v.add(16 * c)), vs);
+        }
+        for h in 0..2 {
+            let wh = _mm512_set1_ps(*w.get_unchecked(h * n + i));
+            for c in 0..C {
+                acc[h][c] = _mm512_fmadd_ps(wh, vf[c], acc[h][c]);
+            }
+        }
+    }
+    for h in 0..2 {
+        for c in 0..C {
+            _mm512_storeu_ps(out.as_mut_ptr().add(h * d + 16 * c), acc[h][c]);
+        }
+    }
+}
+
+/// The heads of a group, four at a time, then a pair (each head's values as
+/// alone), then one at a time, for a head width of `16 · C`; head block
+/// `h0 ..` keeps its scores at `h0 · n ..`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
 unsafe fn group_512<const C: usize>(
@@ -379,6 +450,13 @@ unsafe fn group_512<const C: usize>(
             softmax_512::<4>(s);
             values_512::<4, C>(s, kv, slots, o);
             h += 4;
+        } else if h + 2 <= g {
+            let s = &mut scores[h * n..(h + 2) * n];
+            scores_pair_512::<C>(q, kv, slots, s);
+            softmax_512::<1>(&mut s[..n]);
+            softmax_512::<1>(&mut s[n..]);
+            values_pair_512::<C>(s, kv, slots, o);
+            h += 2;
         } else {
             let s = &mut scores[h * n..(h + 1) * n];
             scores_512::<1, C>(q, kv, slots, s);
