@@ -202,8 +202,21 @@ unsafe fn codes16(p: *const i8) -> __m512 {
     _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p as *const __m128i)))
 }
 
-/// Scores of `H` (1 or 4) heads `qs` (`H` rows of `16 · C`) at every slot
-/// into `scores` as `[slot][H]`: each key row converted once for the heads.
+/// Where head `h`'s score or weight at slot `i` (of `n`) lies for `H` heads
+/// at once: `[slot][H]` for 1 and 4 heads; `[head][slot]` for a pair, whose
+/// heads keep the single head's sums and softmax, each as if alone.
+#[inline(always)]
+fn at<const H: usize>(h: usize, i: usize, n: usize) -> usize {
+    if H == 2 {
+        h * n + i
+    } else {
+        i * H + h
+    }
+}
+
+/// Scores of `H` (1, 2 or 4) heads `qs` (`H` rows of `16 · C`) at every slot
+/// into `scores` laid out as [`at`] says: each key row converted once for the
+/// heads (4 heads summed together, 1 or 2 each alone).
 #[inline]
 #[target_feature(enable = "avx512f")]
 unsafe fn scores_512<const H: usize, const C: usize>(
@@ -238,7 +251,9 @@ unsafe fn scores_512<const H: usize, const C: usize>(
             let x = _mm_mul_ps(_mm512_castps512_ps128(x), _mm_set1_ps(scale));
             _mm_storeu_ps(out.add(4 * i), x);
         } else {
-            *out.add(i) = _mm512_reduce_add_ps(acc[0]) * scale;
+            for (h, acc) in acc.iter().enumerate().take(H) {
+                *out.add(at::<H>(h, i, slots.len())) = _mm512_reduce_add_ps(*acc) * scale;
+            }
         }
     }
 }
@@ -324,8 +339,8 @@ unsafe fn softmax_512<const H: usize>(scores: &mut [f32]) {
     }
 }
 
-/// Outputs of `H` (1 or 4) heads from their softmax weights `w`
-/// (`[slot][H]`): each value row converted and scaled once for the heads.
+/// Outputs of `H` (1, 2 or 4) heads from their softmax weights `w` (laid out
+/// as [`at`] says): each value row converted and scaled once for the heads.
 #[inline]
 #[target_feature(enable = "avx512f")]
 unsafe fn values_512<const H: usize, const C: usize>(
@@ -344,83 +359,13 @@ unsafe fn values_512<const H: usize, const C: usize>(
             vf[c] = _mm512_mul_ps(codes16(v.add(16 * c)), vs);
         }
         for h in 0..H {
-            let wh = _mm512_set1_ps(*w.get_unchecked(i * H + h));
+            let wh = _mm512_set1_ps(*w.get_unchecked(at::<H>(h, i, slots.len())));
             for c in 0..C {
                 acc[h][c] = _mm512_fmadd_ps(wh, vf[c], acc[h][c]);
             }
         }
     }
     for h in 0..H {
-        for c in 0..C {
-            _mm512_storeu_ps(out.as_mut_ptr().add(h * d + 16 * c), acc[h][c]);
-        }
-    }
-}
-
-/// Scores of two heads `qs` (2 rows of `16 · C`) at every slot, each head's
-/// as [`scores_512`]`::<1, C>` forms them (the same sums in the same order),
-/// into `scores` as `[head][slot]`: each key row converted once for both.
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn scores_pair_512<const C: usize>(
-    qs: &[f32],
-    kv: &KvHeadView,
-    slots: &[usize],
-    scores: &mut [f32],
-) {
-    let (d, n) = (16 * C, slots.len());
-    let inv = 1.0 / (d as f32).sqrt();
-    let mut q = [[_mm512_setzero_ps(); C]; 2];
-    for h in 0..2 {
-        for c in 0..C {
-            q[h][c] = _mm512_loadu_ps(qs.as_ptr().add(h * d + 16 * c));
-        }
-    }
-    let out = scores.as_mut_ptr();
-    for (i, &slot) in slots.iter().enumerate() {
-        let k = kv.k.as_ptr().add(slot * d);
-        let mut acc = [_mm512_setzero_ps(); 2];
-        for c in 0..C {
-            let kf = codes16(k.add(16 * c));
-            for h in 0..2 {
-                acc[h] = _mm512_fmadd_ps(q[h][c], kf, acc[h]);
-            }
-        }
-        let scale = *kv.k_scale.get_unchecked(slot) * inv;
-        for h in 0..2 {
-            *out.add(h * n + i) = _mm512_reduce_add_ps(acc[h]) * scale;
-        }
-    }
-}
-
-/// Outputs of two heads from their softmax weights `w` (`[head][slot]`),
-/// each as [`values_512`]`::<1, C>` forms it: each value row converted and
-/// scaled once for both.
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn values_pair_512<const C: usize>(
-    w: &[f32],
-    kv: &KvHeadView,
-    slots: &[usize],
-    out: &mut [f32],
-) {
-    let (d, n) = (16 * C, slots.len());
-    let mut acc = [[_mm512_setzero_ps(); C]; 2];
-    for (i, &slot) in slots.iter().enumerate() {
-        let v = kv.v.as_ptr().add(slot * d);
-        let vs = _mm512_set1_ps(*kv.v_scale.get_unchecked(slot));
-        let mut vf = [_mm512_setzero_ps(); C];
-        for c in 0..C {
-            vf[c] = _mm512_mul_ps(codes16(v.add(16 * c)), vs);
-        }
-        for h in 0..2 {
-            let wh = _mm512_set1_ps(*w.get_unchecked(h * n + i));
-            for c in 0..C {
-                acc[h][c] = _mm512_fmadd_ps(wh, vf[c], acc[h][c]);
-            }
-        }
-    }
-    for h in 0..2 {
         for c in 0..C {
             _mm512_storeu_ps(out.as_mut_ptr().add(h * d + 16 * c), acc[h][c]);
         }
@@ -452,10 +397,10 @@ unsafe fn group_512<const C: usize>(
             h += 4;
         } else if h + 2 <= g {
             let s = &mut scores[h * n..(h + 2) * n];
-            scores_pair_512::<C>(q, kv, slots, s);
+            scores_512::<2, C>(q, kv, slots, s);
             softmax_512::<1>(&mut s[..n]);
             softmax_512::<1>(&mut s[n..]);
-            values_pair_512::<C>(s, kv, slots, o);
+            values_512::<2, C>(s, kv, slots, o);
             h += 2;
         } else {
             let s = &mut scores[h * n..(h + 1) * n];
