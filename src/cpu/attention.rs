@@ -201,15 +201,37 @@ impl ChunkAttention {
 }
 
 /// The (segment, token, KV head) pairs of a pass of several segments and the
-/// prefix sums of their work, for [`attend_segments`]; reused across layers.
+/// prefix sums of their work, for [`attend_segments`]: planned once a pass
+/// ([`SegmentWork::plan`]), the same at every layer.
 #[derive(Debug, Default)]
 pub(super) struct SegmentWork {
     items: Vec<(usize, usize, usize)>,
     at: Vec<usize>,
 }
 
+impl SegmentWork {
+    /// The pairs of the segments planned in `plans`, `kv_heads` a token, each
+    /// weighing its attended rows plus its share of [`TOKEN_WORK`].
+    pub(super) fn plan(&mut self, plans: &[ChunkAttention], kv_heads: usize) {
+        self.items.clear();
+        self.at.clear();
+        self.at.push(0);
+        let mut total = 0;
+        for (i, plan) in plans.iter().enumerate() {
+            for (t, rows) in plan.attended().enumerate() {
+                for j in 0..kv_heads {
+                    self.items.push((i, t, j));
+                    total += rows + TOKEN_WORK / kv_heads;
+                    self.at.push(total);
+                }
+            }
+        }
+    }
+}
+
 /// Every segment's attention at layer `l` after its [`ChunkAttention::store`]
-/// in one pool job: segment `i` has the plan `plans[i]` and the cache
+/// in one pool job, `work` planned from `plans`: segment `i` has the plan
+/// `plans[i]` and the cache
 /// `cache(i)`, and its tokens are rows `starts[i] ..` of `q`, `gate` and `o`
 /// (`[tokens, q_dim]`). Its (token, KV head) pairs are split over the pool by
 /// attended rows plus a fixed cost each, where one job per segment (a batch of
@@ -227,22 +249,9 @@ pub(super) fn attend_segments<'k>(
     (q, gate): (&[f32], &[f32]),
     o: &mut [f32],
     scores: &mut [f32],
-    work: &mut SegmentWork,
+    work: &SegmentWork,
     scan: &RowScan,
 ) {
-    let kvh = c.kv_heads;
-    work.items.clear();
-    work.at.clear();
-    work.at.push(0);
-    for (i, plan) in plans.iter().enumerate() {
-        for (t, rows_t) in plan.attended().enumerate() {
-            for j in 0..kvh {
-                work.items.push((i, t, j));
-                let last = *work.at.last().unwrap_or(&0);
-                work.at.push(last + rows_t + TOKEN_WORK / kvh);
-            }
-        }
-    }
     let out = (&SharedSlice::new(o), &SharedSlice::new(scores));
     let items = &work.items;
     per_token_weighted(&work.at, &|part, k| {

@@ -127,6 +127,9 @@ pub(super) fn forward_many(
         s.positions.extend((0..g.ids.len() as u64).map(|j| pos + j));
         s.attention[i].plan(c, pos, g.ids.len());
     }
+    if segs.len() > 1 {
+        s.segment_work.plan(&s.attention[..segs.len()], c.kv_heads);
+    }
     let (positions, freqs) = (&s.positions, &s.rope_freqs);
     // An f64 cosine and sine per entry: far more work than its floats say.
     per_rows(
@@ -475,7 +478,7 @@ fn attention(
         let plans = &s.attention[..segs.len()];
         let caches = &*segs;
         let qg = (&s.q[..n * qd], &s.g[..n * qd]);
-        let (o, scores, work) = (&mut s.o[..n * qd], &mut s.scores, &mut s.segment_work);
+        let (o, scores, work) = (&mut s.o[..n * qd], &mut s.scores, &s.segment_work);
         let cache = |i: usize| &caches[i].st.kv;
         attend_segments(
             c,

@@ -30,7 +30,7 @@ const GROUP: usize = 8;
 
 /// From this many tiles a call, packing the inputs pays (it costs about one
 /// tile's work; the packed kernel saves a fifth of each tile's).
-pub(super) const PACK_TILES: usize = 8;
+const PACK_TILES: usize = 8;
 
 /// One block's scales and biases of the eight inputs of a group.
 #[derive(Debug, Clone, Copy, Default)]
