@@ -9,6 +9,7 @@
 //! Low-latency pools on crates.io (fork_union) build C++ and need `&mut` access.
 
 use std::cell::UnsafeCell;
+use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
@@ -170,6 +171,106 @@ impl Pool {
             }
         });
     }
+
+    /// Call `f(part, units)` for runs of units that together cover `0 .. n`
+    /// exactly once, in parallel, balancing the work as it goes. Part `p`
+    /// owns the run `start(p) .. start(p + 1)` (`start` ascending, from
+    /// `start(0) = 0` to `start(threads()) = n`) and takes it from the front,
+    /// half of what is left at a time, so each part runs the units of its own
+    /// run in order (what it wrote last job is in its cache); a part that has
+    /// finished its own run takes the second half of what another part has
+    /// left, from the back, until nothing is left anywhere. A thread the host
+    /// slows down, or an uneven guess of the work, so costs at most a unit
+    /// rather than the difference of two static halves. `part` is the pool
+    /// part that runs the units (for its scratch).
+    ///
+    /// # Panics
+    /// If `n` does not fit in 32 bits; re-raises a panic of any part.
+    pub fn steal_runs(
+        &self,
+        n: usize,
+        start: &(dyn Fn(usize) -> usize + Sync),
+        f: &(dyn Fn(usize, Range<usize>) + Sync),
+    ) {
+        assert!(u32::try_from(n).is_ok(), "steal_runs: too many units");
+        let parts = self.threads();
+        let mut on_stack: [Run; STACK_RUNS] = Default::default();
+        let mut on_heap = Vec::new();
+        let runs: &mut [Run] = if parts <= STACK_RUNS {
+            &mut on_stack[..parts]
+        } else {
+            on_heap.resize_with(parts, Run::default);
+            &mut on_heap
+        };
+        for (p, run) in runs.iter().enumerate() {
+            let (lo, hi) = (start(p).min(n), start(p + 1).min(n));
+            run.set(lo, hi.max(lo));
+        }
+        let runs = &*runs;
+        self.run(&|p| {
+            while let Some(r) = runs[p].take_front() {
+                f(p, r);
+            }
+            for q in (1..parts).map(|i| (p + i) % parts) {
+                while let Some(r) = runs[q].take_back() {
+                    f(p, r);
+                }
+            }
+        });
+    }
+}
+
+/// Most pool parts whose runs [`Pool::steal_runs`] keeps on the stack (more
+/// threads than this keep them on the heap).
+const STACK_RUNS: usize = 16;
+
+/// One part's untaken units in a [`Pool::steal_runs`] job: `lo` in the low
+/// 32 bits, `hi` in the high ones, on a line of its own (two lines: the
+/// adjacent-line prefetcher pairs them).
+#[repr(align(128))]
+#[derive(Default)]
+struct Run(AtomicU64);
+
+impl Run {
+    fn set(&self, lo: usize, hi: usize) {
+        self.0.store((lo as u64) | ((hi as u64) << 32), SeqCst);
+    }
+
+    /// Take the first `ceil(left / 2)` untaken units (the owner's end), or
+    /// none when none is left.
+    fn take_front(&self) -> Option<Range<usize>> {
+        self.take(|lo, hi| {
+            let k = (hi - lo).div_ceil(2);
+            (lo + k, hi, lo..lo + k)
+        })
+    }
+
+    /// Take the last `ceil(left / 2)` untaken units (a thief's end).
+    fn take_back(&self) -> Option<Range<usize>> {
+        self.take(|lo, hi| {
+            let k = (hi - lo).div_ceil(2);
+            (lo, hi - k, hi - k..hi)
+        })
+    }
+
+    fn take(
+        &self,
+        cut: impl Fn(usize, usize) -> (usize, usize, Range<usize>),
+    ) -> Option<Range<usize>> {
+        let mut v = self.0.load(SeqCst);
+        loop {
+            let (lo, hi) = ((v & 0xffff_ffff) as usize, (v >> 32) as usize);
+            if lo >= hi {
+                return None;
+            }
+            let (nlo, nhi, r) = cut(lo, hi);
+            let nv = (nlo as u64) | ((nhi as u64) << 32);
+            match self.0.compare_exchange_weak(v, nv, SeqCst, SeqCst) {
+                Ok(_) => return Some(r),
+                Err(now) => v = now,
+            }
+        }
+    }
 }
 
 /// A mutable slice that the parts of one [`Pool`] job may share, each taking a
@@ -311,6 +412,84 @@ mod tests {
                 }
             });
             assert!(seen.iter().all(|h| h.load(SeqCst) == 1), "n = {n}");
+        }
+    }
+
+    /// Counts of each unit's runs and of the units each part ran, after
+    /// `steal_runs(n, start, ..)`; `slow` sleeps part 0 per unit.
+    fn steal(
+        pool: &Pool,
+        n: usize,
+        start: &(dyn Fn(usize) -> usize + Sync),
+        slow: bool,
+    ) -> (Vec<usize>, Vec<usize>) {
+        let runs: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+        let by: Vec<AtomicUsize> = (0..pool.threads()).map(|_| AtomicUsize::new(0)).collect();
+        pool.steal_runs(n, start, &|p, r| {
+            assert!(r.start < r.end && r.end <= n, "empty or outside run {r:?}");
+            for u in r {
+                if slow && p == 0 {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                runs[u].fetch_add(1, SeqCst);
+                by[p].fetch_add(1, SeqCst);
+            }
+        });
+        let get = |v: Vec<AtomicUsize>| v.into_iter().map(AtomicUsize::into_inner).collect();
+        (get(runs), get(by))
+    }
+
+    #[test]
+    fn stolen_runs_cover_every_unit_once_however_the_runs_are_cut() {
+        for threads in [1, 2, 3] {
+            let pool = Pool::new(threads);
+            let parts = threads;
+            for n in [0usize, 1, 2, 5, 64, 1000] {
+                let cuts: [&(dyn Fn(usize) -> usize + Sync); 4] = [
+                    &|p| n * p / parts,
+                    &|p| if p == 0 { 0 } else { n },
+                    &|p| if p < parts { 0 } else { n },
+                    &|p| (n * p * p / (parts * parts)).min(n),
+                ];
+                for start in cuts {
+                    for _ in 0..20 {
+                        let (runs, _) = steal(&pool, n, start, false);
+                        assert!(
+                            runs.iter().all(|&c| c == 1),
+                            "threads {threads}, n {n}: {runs:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_slow_part_has_its_units_taken_by_the_others() {
+        let pool = Pool::new(2);
+        // Part 0 owns all 40 units and sleeps on each: part 1 must take the
+        // back of its run (half of what is left, as often as it can).
+        let (runs, by) = steal(&pool, 40, &|p| if p == 0 { 0 } else { 40 }, true);
+        assert!(runs.iter().all(|&c| c == 1));
+        assert!(by[1] >= 10, "part 1 took {} of 40 units", by[1]);
+    }
+
+    #[test]
+    fn concurrent_callers_of_steal_runs_each_finish_their_own_job() {
+        let pool = Arc::new(Pool::new(2));
+        let handles: Vec<_> = (0..3)
+            .map(|_| {
+                let pool = Arc::clone(&pool);
+                std::thread::spawn(move || {
+                    for n in 0..200 {
+                        let (runs, _) = steal(&pool, n, &|p| n * p / 2, false);
+                        assert!(runs.iter().all(|&c| c == 1));
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
         }
     }
 

@@ -18,10 +18,8 @@ pub(super) fn per_token(n: usize, work: usize, f: &(dyn Fn(usize, usize) + Sync)
         (0..n).for_each(|t| f(0, t));
         return;
     }
-    pool.run(&|part| {
-        for t in n * part / parts..n * (part + 1) / parts {
-            f(part, t);
-        }
+    pool.steal_runs(n, &|p| n * p / parts, &|part, run| {
+        run.for_each(|t| f(part, t));
     });
 }
 
@@ -52,11 +50,7 @@ pub(super) fn per_token_weighted(at: &[usize], f: &(dyn Fn(usize, usize) + Sync)
             .partition_point(|&w| w - at[0] < total * p / parts)
             .min(n),
     };
-    pool.run(&|part| {
-        for t in start(part)..start(part + 1) {
-            f(part, t);
-        }
-    });
+    pool.steal_runs(n, &start, &|part, run| run.for_each(|t| f(part, t)));
 }
 
 /// Row `t` (of width `w`) of a shared token-major buffer.

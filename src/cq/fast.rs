@@ -338,7 +338,7 @@ impl FastMatrix {
             xs.len() * self.rows,
             "fast matmul: output length"
         );
-        let mut sink = Sink::default();
+        let mut sink = Sink::new();
         sink.push(0..self.rows, out.as_mut_ptr(), self.rows);
         self.run(kernel, xs, &sink);
     }
@@ -361,7 +361,7 @@ impl FastMatrix {
             self.parts.len(),
             "fast matmul: one output a part"
         );
-        let mut sink = Sink::default();
+        let mut sink = Sink::new();
         for (k, &id) in ids.iter().enumerate() {
             assert!(!ids[..k].contains(&id), "fast matmul: outputs shared");
             let part = self.parts[k].clone();
@@ -406,21 +406,27 @@ impl FastMatrix {
         if work < PARALLEL_BYTES || parts == 1 || self.tiles < 2 {
             unsafe { self.tiles_dot(kernel, 0..self.tiles, xs, sink) };
         } else if n >= SPLIT_INPUTS * parts {
-            // Many inputs (a prefill chunk): each part takes its range of
-            // inputs (`Pool::for_ranges`: part p from n·p/parts) through
-            // every tile, the runs by which the CPU engine splits its
+            // Many inputs (a prefill chunk): part p owns the inputs from
+            // n·p/parts (the runs by which the CPU engine splits its
             // per-token work, so each part reads inputs that it quantized and
-            // writes outputs that it reads next, in its own cache (split by
+            // writes outputs that it reads next, in its own cache; split by
             // tiles, every output line would move between cores twice a
-            // product). Each tile is decoded once per kernel pass of inputs
-            // either way.
-            pool.for_ranges(n, 1, &|r| {
+            // product) and runs them through the tiles in order; a part done
+            // with its own takes tiles from the end of another's
+            // (`Pool::steal_runs`). Unit `u`: the inputs of part u / tiles,
+            // tile u % tiles.
+            let tiles = self.tiles;
+            let inputs = |q: usize| n * q / parts..n * (q + 1) / parts;
+            pool.steal_runs(parts * tiles, &|q| q * tiles, &|_, units| {
+                let q = units.start / tiles;
+                let r = inputs(q);
                 let sink = sink.skip_inputs(r.start);
-                unsafe { self.tiles_dot(kernel, 0..self.tiles, &xs[r], &sink) }
+                let run = units.start % tiles..(units.end - 1) % tiles + 1;
+                unsafe { self.tiles_dot(kernel, run, &xs[r], &sink) }
             });
         } else {
-            pool.for_ranges(self.tiles, 1, &|r| unsafe {
-                self.tiles_dot(kernel, r, xs, sink)
+            pool.steal_runs(self.tiles, &|q| self.tiles * q / parts, &|_, run| unsafe {
+                self.tiles_dot(kernel, run, xs, sink)
             });
         }
     }

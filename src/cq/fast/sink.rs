@@ -3,16 +3,32 @@
 
 use super::TILE;
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// The most parts one fused matrix holds.
 pub(super) const MAX_PARTS: usize = 8;
 
 /// Where a product's rows go: row `r` of a range `start..end` and input `t`
-/// at `ptr + t · stride + (r − start)`.
-#[derive(Default)]
+/// at `ptr + t · stride + (r − start)`; and which product call they belong to.
 pub(super) struct Sink {
     ranges: [(Range<usize>, usize, usize); MAX_PARTS],
     len: usize,
+    /// A number no other product call of this process has: per-thread copies
+    /// of a call's inputs (the packed groups) are reused by its later tile
+    /// runs on the same thread, never by another call's.
+    pub(super) stamp: u64,
+}
+
+impl Sink {
+    /// An empty sink with a fresh stamp.
+    pub(super) fn new() -> Sink {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        Sink {
+            ranges: Default::default(),
+            len: 0,
+            stamp: NEXT.fetch_add(1, Relaxed),
+        }
+    }
 }
 
 // SAFETY: a sink only forwards raw output addresses; its users write disjoint
@@ -26,9 +42,10 @@ impl Sink {
         self.len += 1;
     }
 
-    /// The sink whose input `t` is this one's input `t0 + t`.
+    /// The sink whose input `t` is this one's input `t0 + t` (same call).
     pub(super) fn skip_inputs(&self, t0: usize) -> Sink {
-        let mut s = Sink::default();
+        let mut s = Sink::new();
+        s.stamp = self.stamp;
         for (range, ptr, stride) in &self.ranges[..self.len] {
             // The address only: nothing is written through it here.
             let p = (*ptr as *mut f32).wrapping_add(t0 * stride);

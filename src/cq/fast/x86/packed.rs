@@ -14,9 +14,12 @@
 //! index register). The arithmetic, the order of every sum and so every value
 //! are the plain kernel's (the tests hold both to the scalar reference).
 //!
-//! Packing costs a copy of the inputs' codes once per call, about one tile's
-//! work for each input: it runs where a call covers [`PACK_TILES`] tiles or
-//! more with eight inputs or more.
+//! Packing costs a copy of the inputs' codes, about one tile's work for each
+//! input, once per product call and thread: a thread's packed copy is kept,
+//! keyed by the call's [`Sink::stamp`] and the inputs, for its later tile runs
+//! of the same call (the pool hands out tiles in several runs, see
+//! `Pool::steal_runs`). It runs for matrices of [`PACK_TILES`] tiles or more
+//! and calls of eight inputs or more.
 
 use super::super::{FastInput, FastMatrix, Sink, BLOCK, LINE, TILE};
 use super::{drive, rests, Reg, Z};
@@ -28,7 +31,7 @@ use std::ops::Range;
 /// Inputs a packed group holds (the 512-bit kernel's pass).
 const GROUP: usize = 8;
 
-/// From this many tiles a call, packing the inputs pays (it costs about one
+/// From this many tiles a matrix, packing the inputs pays (it costs about one
 /// tile's work; the packed kernel saves a fifth of each tile's).
 const PACK_TILES: usize = 8;
 
@@ -40,8 +43,8 @@ struct Meta {
     bias: [i32; GROUP],
 }
 
-/// A call's full groups of inputs, packed ([`Packed::pack`]); reused per
-/// thread.
+/// A call's full groups of inputs, packed ([`Packed::pack`]); one per
+/// thread, reused by the same call's later runs and then by the next call.
 #[derive(Debug, Default)]
 struct Packed {
     /// `[groups, blocks, 8, 32]` codes.
@@ -49,12 +52,19 @@ struct Packed {
     /// `[groups, blocks]`.
     meta: Vec<Meta>,
     blocks: usize,
+    /// The call (its sink's stamp) and inputs (address, count) packed now.
+    key: (u64, usize, usize),
 }
 
 impl Packed {
     /// The full groups of eight of `xs` (each `blocks` blocks long), packed;
     /// `false` if the buffers can't grow (the caller then runs unpacked).
-    fn pack(&mut self, xs: &[FastInput], blocks: usize) -> bool {
+    fn pack(&mut self, xs: &[FastInput], blocks: usize, stamp: u64) -> bool {
+        let key = (stamp, xs.as_ptr() as usize, xs.len());
+        if self.key == key && self.blocks == blocks {
+            return true;
+        }
+        self.key = (0, 0, 0);
         let groups = xs.len() / GROUP;
         let (nq, nm) = (groups * blocks * GROUP * BLOCK, groups * blocks);
         let grow = |len: usize, need: usize| need.saturating_sub(len);
@@ -77,6 +87,7 @@ impl Packed {
                 }
             }
         }
+        self.key = key;
         true
     }
 
@@ -109,14 +120,14 @@ pub(super) unsafe fn drive_512<const BITS: u32>(
     sink: &Sink,
 ) {
     unsafe {
-        if tiles.len() < PACK_TILES || xs.len() < GROUP {
+        if fm.tiles < PACK_TILES || xs.len() < GROUP {
             return drive::<Z, BITS, GROUP>(fm, tiles, xs, sink);
         }
         PACKED.with(|p| {
             let Ok(mut p) = p.try_borrow_mut() else {
                 return drive::<Z, BITS, GROUP>(fm, tiles.clone(), xs, sink);
             };
-            if !p.pack(xs, fm.blocks) {
+            if !p.pack(xs, fm.blocks, sink.stamp) {
                 return drive::<Z, BITS, GROUP>(fm, tiles.clone(), xs, sink);
             }
             let full = xs.len() / GROUP * GROUP;
