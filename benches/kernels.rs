@@ -1,7 +1,8 @@
 //! Criterion benchmarks of the CPU CQ matvec at 2 and 4 bits (group 128) on the
 //! shapes of the `default` preset's attention (512×512) and vocabulary (32000×512),
 //! for every row-kernel variant this CPU has (compare them as ratios of one run),
-//! and the batched matmul of the prefill against one matvec per input.
+//! and the batched matmul of the prefill against one matvec per input; and one
+//! KV head's attention (`attend_group`) at `default`'s head width.
 
 use cqlm::cq::{prepare, FastInput, FastKernel, FastMatrix};
 use cqlm::simd::CpuSimd;
@@ -119,5 +120,37 @@ fn matvec_fast(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, matvec, matmul, matvec_fast);
+/// One KV head's query heads (1, 2 or 4 of width 64, as `default` and the
+/// built-in model group them) over 128 cached rows of int8 codes.
+fn attention(c: &mut Criterion) {
+    use cqlm::kernels::attention::{attend_group, KvHeadView};
+    use rand::Rng;
+    let mut g = c.benchmark_group("attend_group");
+    let (d, rows) = (64usize, 128usize);
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let mut codes =
+        |n: usize| -> Vec<i8> { (0..n).map(|_| rng.random_range(-127..=127)).collect() };
+    let (k, v) = (codes(rows * d), codes(rows * d));
+    let scales: Vec<f32> = (0..rows)
+        .map(|i| 0.001 + 0.0003 * (i % 97) as f32)
+        .collect();
+    let view = KvHeadView {
+        k: &k,
+        v: &v,
+        k_scale: &scales,
+        v_scale: &scales,
+    };
+    let slots: Vec<usize> = (0..rows).collect();
+    for heads in [1usize, 2, 4] {
+        let q: Vec<f32> = (0..heads * d).map(|i| (i as f32 * 0.61).sin()).collect();
+        let (mut scores, mut out) = (vec![0.0f32; heads * rows], vec![0.0f32; heads * d]);
+        g.throughput(Throughput::Elements((heads * rows) as u64));
+        g.bench_function(format!("d{d}/{heads}_heads/{rows}_rows"), |b| {
+            b.iter(|| attend_group(black_box(&q), d, &view, &slots, &mut scores, &mut out))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, matvec, matmul, matvec_fast, attention);
 criterion_main!(benches);

@@ -216,7 +216,9 @@ fn at<const H: usize>(h: usize, i: usize, n: usize) -> usize {
 
 /// Scores of `H` (1, 2 or 4) heads `qs` (`H` rows of `16 · C`) at every slot
 /// into `scores` laid out as [`at`] says: each key row converted once for the
-/// heads (4 heads summed together, 1 or 2 each alone).
+/// heads. Every score's sixteen lanes are summed by [`sum4`]'s tree, four sums
+/// at once (four heads of a slot, a pair of heads at two slots, or one head at
+/// four slots), so a head's scores are the same whichever heads run with it.
 #[inline]
 #[target_feature(enable = "avx512f")]
 unsafe fn scores_512<const H: usize, const C: usize>(
@@ -226,34 +228,60 @@ unsafe fn scores_512<const H: usize, const C: usize>(
     scores: &mut [f32],
 ) {
     let d = 16 * C;
-    let inv = 1.0 / (d as f32).sqrt();
     let mut q = [[_mm512_setzero_ps(); C]; H];
     for h in 0..H {
         for c in 0..C {
             q[h][c] = _mm512_loadu_ps(qs.as_ptr().add(h * d + 16 * c));
         }
     }
-    // Lanes 0, 4, 8, 12 (the heads' sums after `sum4`) to lanes 0..4.
+    let (n, per) = (slots.len(), 4 / H);
+    let mut i = 0;
+    while i + per <= n {
+        scores_step::<H, C>(&q, kv, slots, i, per, scores);
+        i += per;
+    }
+    if i < n {
+        scores_step::<H, C>(&q, kv, slots, i, n - i, scores);
+    }
+}
+
+/// [`scores_512`] at the `m ≤ 4 / H` slots from `i`: the `m · H` sums in
+/// [`sum4`]'s lanes 0, 4, 8, 12 (the rest zero), scaled per slot.
+#[inline(always)]
+unsafe fn scores_step<const H: usize, const C: usize>(
+    q: &[[__m512; C]; H],
+    kv: &KvHeadView,
+    slots: &[usize],
+    i: usize,
+    m: usize,
+    scores: &mut [f32],
+) {
+    let (d, n) = (16 * C, slots.len());
+    let inv = 1.0 / (d as f32).sqrt();
+    // Lanes 0, 4, 8, 12 (the sums after `sum4`) to lanes 0..4.
     let pick = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-    let out = scores.as_mut_ptr();
-    for (i, &slot) in slots.iter().enumerate() {
-        let k = kv.k.as_ptr().add(slot * d);
-        let mut acc = [_mm512_setzero_ps(); 4];
+    let mut acc = [_mm512_setzero_ps(); 4];
+    for j in 0..m {
+        let k = kv.k.as_ptr().add(*slots.get_unchecked(i + j) * d);
         for c in 0..C {
             let kf = codes16(k.add(16 * c));
             for h in 0..H {
-                acc[h] = _mm512_fmadd_ps(q[h][c], kf, acc[h]);
+                acc[j * H + h] = _mm512_fmadd_ps(q[h][c], kf, acc[j * H + h]);
             }
         }
-        let scale = *kv.k_scale.get_unchecked(slot) * inv;
-        if H == 4 {
-            let x = _mm512_permutexvar_ps(pick, sum4(acc));
-            let x = _mm_mul_ps(_mm512_castps512_ps128(x), _mm_set1_ps(scale));
-            _mm_storeu_ps(out.add(4 * i), x);
-        } else {
-            for (h, acc) in acc.iter().enumerate().take(H) {
-                *out.add(at::<H>(h, i, slots.len())) = _mm512_reduce_add_ps(*acc) * scale;
-            }
+    }
+    let x = _mm512_castps512_ps128(_mm512_permutexvar_ps(pick, sum4(acc)));
+    if H == 4 {
+        let scale = *kv.k_scale.get_unchecked(*slots.get_unchecked(i)) * inv;
+        let x = _mm_mul_ps(x, _mm_set1_ps(scale));
+        return _mm_storeu_ps(scores.as_mut_ptr().add(4 * i), x);
+    }
+    let mut sums = [0.0f32; 4];
+    _mm_storeu_ps(sums.as_mut_ptr(), x);
+    for j in 0..m {
+        let scale = *kv.k_scale.get_unchecked(*slots.get_unchecked(i + j)) * inv;
+        for h in 0..H {
+            *scores.get_unchecked_mut(at::<H>(h, i + j, n)) = sums[j * H + h] * scale;
         }
     }
 }
