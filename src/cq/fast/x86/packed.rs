@@ -77,14 +77,30 @@ impl Packed {
         self.meta.resize(nm.max(self.meta.len()), Meta::default());
         self.blocks = blocks;
         for (g, group) in xs.chunks_exact(GROUP).enumerate() {
-            for (t, x) in group.iter().enumerate() {
-                for blk in 0..blocks {
-                    let at = ((g * blocks + blk) * GROUP + t) * BLOCK;
-                    self.q[at..at + BLOCK].copy_from_slice(&x.q[blk * BLOCK..(blk + 1) * BLOCK]);
-                    let m = &mut self.meta[g * blocks + blk];
-                    m.scales[t] = x.scales[blk];
-                    m.bias[t] = x.bias[blk];
+            let group: &[FastInput; GROUP] = group.try_into().expect("a group of eight");
+            for t in 0..GROUP {
+                assert!(group[t].q.len() >= blocks * BLOCK && group[t].scales.len() >= blocks);
+                assert!(group[t].bias.len() >= blocks);
+            }
+            // Written in order: a block's eight runs of codes, then its meta.
+            let (q, meta) = (
+                &mut self.q[g * blocks * GROUP * BLOCK..],
+                &mut self.meta[g * blocks..],
+            );
+            for blk in 0..blocks {
+                let dst = &mut q[blk * GROUP * BLOCK..(blk + 1) * GROUP * BLOCK];
+                for (t, x) in group.iter().enumerate() {
+                    // SAFETY: both runs of BLOCK codes are in bounds (asserted
+                    // and sliced above).
+                    unsafe {
+                        let src = x.q.as_ptr().add(blk * BLOCK);
+                        std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr().add(t * BLOCK), BLOCK);
+                    }
                 }
+                meta[blk] = Meta {
+                    scales: std::array::from_fn(|t| group[t].scales[blk]),
+                    bias: std::array::from_fn(|t| group[t].bias[blk]),
+                };
             }
         }
         self.key = key;
