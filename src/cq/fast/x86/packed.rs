@@ -78,9 +78,9 @@ impl Packed {
         self.blocks = blocks;
         for (g, group) in xs.chunks_exact(GROUP).enumerate() {
             let group: &[FastInput; GROUP] = group.try_into().expect("a group of eight");
-            for t in 0..GROUP {
-                assert!(group[t].q.len() >= blocks * BLOCK && group[t].scales.len() >= blocks);
-                assert!(group[t].bias.len() >= blocks);
+            for x in group {
+                assert!(x.q.len() >= blocks * BLOCK && x.scales.len() >= blocks);
+                assert!(x.bias.len() >= blocks);
             }
             // Written in order: a block's eight runs of codes, then its meta.
             let (q, meta) = (
