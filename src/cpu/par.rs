@@ -8,6 +8,11 @@ use crate::pool::{Pool, SharedSlice};
 /// (a hand-out to the pool costs more than small models' per-token work).
 const PARALLEL_FLOATS: usize = 1 << 15;
 
+/// From this many floats of work in all, [`per_token`]'s parts take tokens
+/// from each other when done ([`Pool::steal_runs`]); below, each runs its
+/// share (stealing's traffic between cores costs ~0.5 µs a job).
+const STEAL_FLOATS: usize = 1 << 17;
+
 /// Call `f(part, t)` for every token `t < n`, the tokens split over the pool in
 /// contiguous runs (`part` is the pool part running it) when the work is worth
 /// it: `work` floats touched per token.
@@ -18,9 +23,17 @@ pub(super) fn per_token(n: usize, work: usize, f: &(dyn Fn(usize, usize) + Sync)
         (0..n).for_each(|t| f(0, t));
         return;
     }
-    pool.steal_runs(n, &|p| n * p / parts, &|part, run| {
-        run.for_each(|t| f(part, t));
-    });
+    if n.saturating_mul(work) >= STEAL_FLOATS {
+        pool.steal_runs(n, &|p| n * p / parts, &|part, run| {
+            run.for_each(|t| f(part, t));
+        });
+    } else {
+        pool.run(&|part| {
+            for t in n * part / parts..n * (part + 1) / parts {
+                f(part, t);
+            }
+        });
+    }
 }
 
 /// Whether [`per_token`] splits `n` tokens of `work` floats each over the

@@ -59,6 +59,13 @@ const LINE: usize = 4 * TILE;
 /// alone (a hand-out to the pool costs more).
 const PARALLEL_BYTES: usize = 1 << 14;
 
+/// From this many weight bytes times inputs, a product split by tiles lets a
+/// part that is done take tiles from another (`Pool::steal_runs`); below,
+/// each part runs its half, since stealing's traffic between the cores
+/// (~0.5 µs a job) outweighs what it balances in a decode step's small
+/// matvecs.
+const STEAL_BYTES: usize = 1 << 20;
+
 /// From this many inputs a part, a product split over the pool splits its
 /// inputs, not its tiles (see `FastMatrix::run`): two passes of the widest
 /// kernel a part at least.
@@ -424,9 +431,13 @@ impl FastMatrix {
                 let run = units.start % tiles..(units.end - 1) % tiles + 1;
                 unsafe { self.tiles_dot(kernel, run, &xs[r], &sink) }
             });
-        } else {
+        } else if work >= STEAL_BYTES {
             pool.steal_runs(self.tiles, &|q| self.tiles * q / parts, &|_, run| unsafe {
                 self.tiles_dot(kernel, run, xs, sink)
+            });
+        } else {
+            pool.for_ranges(self.tiles, 1, &|r| unsafe {
+                self.tiles_dot(kernel, r, xs, sink)
             });
         }
     }
