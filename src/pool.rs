@@ -432,7 +432,7 @@ mod tests {
             assert!(r.start < r.end && r.end <= n, "empty or outside run {r:?}");
             for u in r {
                 if slow && p == 0 {
-                    std::thread::sleep(Duration::from_micros(200));
+                    std::thread::sleep(Duration::from_millis(1));
                 }
                 runs[u].fetch_add(1, SeqCst);
                 by[p].fetch_add(1, SeqCst);

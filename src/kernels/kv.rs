@@ -283,8 +283,7 @@ impl KvCache {
         if slots.len() < 8 || pool.threads() == 1 {
             (0..slots.len()).for_each(store);
         } else {
-            let (n, parts) = (slots.len(), pool.threads());
-            pool.steal_runs(n, &|p| n * p / parts, &|_, r| r.for_each(store));
+            pool.for_ranges(slots.len(), 1, &|r| r.for_each(store));
         }
     }
 

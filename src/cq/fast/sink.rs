@@ -44,8 +44,11 @@ impl Sink {
 
     /// The sink whose input `t` is this one's input `t0 + t` (same call).
     pub(super) fn skip_inputs(&self, t0: usize) -> Sink {
-        let mut s = Sink::new();
-        s.stamp = self.stamp;
+        let mut s = Sink {
+            ranges: Default::default(),
+            len: 0,
+            stamp: self.stamp,
+        };
         for (range, ptr, stride) in &self.ranges[..self.len] {
             // The address only: nothing is written through it here.
             let p = (*ptr as *mut f32).wrapping_add(t0 * stride);
