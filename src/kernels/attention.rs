@@ -10,14 +10,50 @@ use super::rope::apply_rope;
 use super::vmath::gate_in_place;
 use crate::pool::{Pool, SharedSlice};
 
+/// ZCRMS (`q_norm`, `k_norm`) and RoPE (the position's `cos`/`sin` table,
+/// `head_dim / 2` each) on every query head of `q` and key head of `k`, in place:
+/// the first half of [`qk_store`]. With AVX-512 and `head_dim % 32 == 0` a
+/// head is a few registers (the same bits as the plain loops).
+///
+/// # Panics
+/// If the lengths disagree.
+pub fn qk_norm_rope(
+    q_norm: &[f32],
+    k_norm: &[f32],
+    cos: &[f32],
+    sin: &[f32],
+    q: &mut [f32],
+    k: &mut [f32],
+) {
+    let hd = 2 * cos.len();
+    assert!(
+        sin.len() == cos.len()
+            && q_norm.len() == hd
+            && k_norm.len() == hd
+            && q.len().is_multiple_of(hd.max(1))
+            && k.len().is_multiple_of(hd.max(1)),
+        "qk_norm_rope: lengths"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if hd > 0
+        && cos.len().is_multiple_of(16)
+        && crate::simd::CpuSimd::selected() == crate::simd::CpuSimd::Avx512
+    {
+        // SAFETY: the AVX-512 selection implies AVX-512F/VL and AVX2; the
+        // lengths are checked above.
+        unsafe {
+            qk_x86::norm_rope_heads(q, q_norm, cos, sin);
+            qk_x86::norm_rope_heads(k, k_norm, cos, sin);
+        }
+        return;
+    }
+    norm_rope_plain(q_norm, k_norm, cos, sin, q, k);
+}
+
 crate::simd::simd_fn! {
-    /// ZCRMS (`q_norm`, `k_norm`) and RoPE (the position's `cos`/`sin` table,
-    /// `head_dim / 2` each) on every query head of `q` and key head of `k`, in place:
-    /// the first half of [`qk_store`].
-    ///
-    /// # Panics
-    /// If the lengths disagree.
-    pub fn qk_norm_rope(
+    /// [`qk_norm_rope`] as plain loops over each head (the reference of the
+    /// AVX-512 form).
+    fn norm_rope_plain(
         q_norm: &[f32],
         k_norm: &[f32],
         cos: &[f32],
@@ -241,5 +277,7 @@ pub fn attend_group(
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod qk_x86;
 #[cfg(target_arch = "x86_64")]
 mod x86;

@@ -35,15 +35,18 @@ pub fn rope_table_at(t: u64, freqs: &[f64], cos: &mut [f32], sin: &mut [f32]) {
 /// Rotate one head in place: `(x_i, x_{i+half}) ← (x_i·c − x_{i+half}·s, x_i·s + x_{i+half}·c)`.
 ///
 /// # Panics
-/// If `x.len() != 2 · cos.len()`.
+/// If `x.len() != 2 · cos.len()` or `sin` and `cos` differ in length.
 #[inline]
 pub fn apply_rope(x: &mut [f32], cos: &[f32], sin: &[f32]) {
     let half = cos.len();
-    assert_eq!(x.len(), 2 * half);
+    assert!(
+        x.len() == 2 * half && sin.len() == half,
+        "apply_rope: lengths"
+    );
     let (lo, hi) = x.split_at_mut(half);
-    for i in 0..half {
-        let (a, b) = (lo[i], hi[i]);
-        lo[i] = a * cos[i] - b * sin[i];
-        hi[i] = a * sin[i] + b * cos[i];
+    for (((l, h), c), s) in lo.iter_mut().zip(hi.iter_mut()).zip(cos).zip(sin) {
+        let (a, b) = (*l, *h);
+        *l = a * c - b * s;
+        *h = a * s + b * c;
     }
 }
