@@ -84,7 +84,12 @@ fn matmul(c: &mut Criterion) {
 /// and 64 (a prefill chunk), with the quantization of the input apart.
 fn matvec_fast(c: &mut Criterion) {
     let mut g = c.benchmark_group("cq_matvec_fast");
-    for (rows, cols, bits) in [(512usize, 512usize, 2u32), (2048, 512, 2), (32000, 512, 4)] {
+    for (rows, cols, bits) in [
+        (512usize, 512usize, 2u32),
+        (2048, 512, 2),
+        (24, 2048, 4),
+        (32000, 512, 4),
+    ] {
         let mut rng = ChaCha8Rng::seed_from_u64(3);
         let m = random_cq(&mut rng, rows, cols, bits, 128, 1.0 / (cols as f32).sqrt());
         let fm = FastMatrix::of(&m).expect("a fast form");
@@ -121,9 +126,10 @@ fn matvec_fast(c: &mut Criterion) {
 }
 
 /// One KV head's query heads (1, 2 or 4 of width 64, as `default` and the
-/// built-in model group them) over 128 cached rows of int8 codes.
+/// built-in model group them) over 128 cached rows of int8 codes, read as
+/// codes and widened to f32 (a prefill chunk's reads).
 fn attention(c: &mut Criterion) {
-    use cqlm::kernels::attention::{attend_group, KvHeadView};
+    use cqlm::kernels::attention::{attend_group, KvHeadView, WideRows};
     use rand::Rng;
     let mut g = c.benchmark_group("attend_group");
     let (d, rows) = (64usize, 128usize);
@@ -139,15 +145,24 @@ fn attention(c: &mut Criterion) {
         v: &v,
         k_scale: &scales,
         v_scale: &scales,
+        wide: None,
     };
     let slots: Vec<usize> = (0..rows).collect();
+    let (mut wk, mut wv) = (vec![0.0f32; rows * d], vec![0.0f32; rows * d]);
+    view.widen_into(d, &mut wk, &mut wv);
+    let widened = KvHeadView {
+        wide: Some(WideRows { k: &wk, v: &wv }),
+        ..view
+    };
     for heads in [1usize, 2, 4] {
         let q: Vec<f32> = (0..heads * d).map(|i| (i as f32 * 0.61).sin()).collect();
         let (mut scores, mut out) = (vec![0.0f32; heads * rows], vec![0.0f32; heads * d]);
         g.throughput(Throughput::Elements((heads * rows) as u64));
-        g.bench_function(format!("d{d}/{heads}_heads/{rows}_rows"), |b| {
-            b.iter(|| attend_group(black_box(&q), d, &view, &slots, &mut scores, &mut out))
-        });
+        for (rows_as, view) in [("codes", &view), ("wide", &widened)] {
+            g.bench_function(format!("d{d}/{heads}_heads/{rows}_rows/{rows_as}"), |b| {
+                b.iter(|| attend_group(black_box(&q), d, view, &slots, &mut scores, &mut out))
+            });
+        }
     }
     g.finish();
 }

@@ -22,8 +22,8 @@ use super::hooks::RowScan;
 use super::par::per_token_weighted;
 use crate::config::Config;
 use crate::error::Result;
-use crate::kernels::attention::{attend, attend_kv_head};
-use crate::kernels::kv::{attended_ranges, physical_slot, KvCache};
+use crate::kernels::attention::{attend, attend_kv_head, reads_wide_rows, WideRows};
+use crate::kernels::kv::{attended_ranges, grow, physical_slot, KvCache};
 use crate::pool::SharedSlice;
 
 /// The placement and attended rows of one chunk; reused across chunks.
@@ -44,6 +44,14 @@ pub(super) struct ChunkAttention {
     table: KvCache,
     /// The chunk's cache rows when in place.
     rows: Vec<usize>,
+    /// The rows the chunk reads (up to its largest), widened to f32 per KV
+    /// head (`[kv_heads, wide_rows, head_dim]`, keys then values) when the
+    /// attention kernel reads them so: converted once here instead of at
+    /// every token's read.
+    wide_k: Vec<f32>,
+    wide_v: Vec<f32>,
+    /// Rows widened per KV head (0: none, the kernel reads the codes).
+    wide_rows: usize,
 }
 
 /// A token's attention work besides its rows (its gate's sigmoids, each head's
@@ -120,18 +128,57 @@ impl ChunkAttention {
             self.rows
                 .extend((0..n as u64).map(|t| physical_slot(t0 + t, c.sink, c.window)));
             kv.store_rows(l, &self.rows, &k[..n * kvd], &v[..n * kvd]);
+        } else {
+            self.table.reshape(1, c.kv_heads, rows + n, c.head_dim)?;
+            for j in 0..c.kv_heads {
+                self.table
+                    .copy_cells(self.table.base(0, j), kv, kv.base(l, j), rows);
+            }
+            for t in 0..n {
+                let (kt, vt) = kv_t(t);
+                self.table.store(0, rows + t, kt, vt);
+            }
+        }
+        self.widen(c, kv, l)
+    }
+
+    /// Widen the rows this chunk reads at layer `l` (module doc of
+    /// [`KvHeadView::wide`](crate::kernels::attention::KvHeadView::wide)) when
+    /// several tokens read them and the kernel can use them.
+    fn widen(&mut self, c: &Config, kv: &KvCache, l: usize) -> Result<()> {
+        self.wide_rows = 0;
+        let hd = c.head_dim;
+        if self.tokens() < 2 || !reads_wide_rows(hd) {
             return Ok(());
         }
-        self.table.reshape(1, c.kv_heads, rows + n, c.head_dim)?;
+        let rows = self.slots.iter().max().map_or(0, |m| m + 1);
+        let per = rows * hd;
+        grow(&mut self.wide_k, c.kv_heads * per, "widened keys")?;
+        grow(&mut self.wide_v, c.kv_heads * per, "widened values")?;
+        let (cache, layer) = if self.in_place {
+            (kv, l)
+        } else {
+            (&self.table, 0)
+        };
         for j in 0..c.kv_heads {
-            self.table
-                .copy_cells(self.table.base(0, j), kv, kv.base(l, j), rows);
+            let range = j * per..(j + 1) * per;
+            cache.head(layer, j).widen_into(
+                hd,
+                &mut self.wide_k[range.clone()],
+                &mut self.wide_v[range],
+            );
         }
-        for t in 0..n {
-            let (kt, vt) = kv_t(t);
-            self.table.store(0, rows + t, kt, vt);
-        }
+        self.wide_rows = rows;
         Ok(())
+    }
+
+    /// KV head `j`'s widened rows, if [`ChunkAttention::store`] widened them.
+    fn wide(&self, c: &Config, j: usize) -> Option<WideRows<'_>> {
+        let per = self.wide_rows * c.head_dim;
+        (per > 0).then(|| WideRows {
+            k: &self.wide_k[j * per..(j + 1) * per],
+            v: &self.wide_v[j * per..(j + 1) * per],
+        })
     }
 
     /// Every token's attention at layer `l` after [`ChunkAttention::store`]:
@@ -164,8 +211,9 @@ impl ChunkAttention {
         per_token_weighted(&self.work_at, &|part, t| {
             let slots = &self.slots[self.slot_at[t]..self.slot_at[t + 1]];
             for j in 0..c.kv_heads {
+                let kv = (cache, self.wide(c, j));
                 // SAFETY: token t owns its row of `o`, part `part` its scores.
-                unsafe { attend_piece(c, cache, j, (q, gate), t, slots, out, part) };
+                unsafe { attend_piece(c, kv, j, (q, gate), t, slots, out, part) };
             }
             // SAFETY: token t owns its row of `o`, written above.
             scan.note(t, unsafe { out.0.range(t * qd..(t + 1) * qd) });
@@ -259,7 +307,7 @@ pub(super) fn attend_segments<'k>(
         let plan = &plans[i];
         let slots = &plan.slots[plan.slot_at[t]..plan.slot_at[t + 1]];
         let row = starts[i] + t;
-        let kv = plan.cache(cache(i), l);
+        let kv = (plan.cache(cache(i), l), plan.wide(c, j));
         // SAFETY: (token, KV head) owns its piece of `o`, part `part` its scores.
         let oj = unsafe { attend_piece(c, kv, j, (q, gate), row, slots, out, part) };
         scan.note(row, oj);
@@ -276,7 +324,7 @@ pub(super) fn attend_segments<'k>(
 #[allow(clippy::too_many_arguments, clippy::mut_from_ref)]
 unsafe fn attend_piece<'o>(
     c: &Config,
-    (cache, layer): (&KvCache, usize),
+    ((cache, layer), wide): ((&KvCache, usize), Option<WideRows<'_>>),
     j: usize,
     (q, gate): (&[f32], &[f32]),
     row: usize,
@@ -300,6 +348,7 @@ unsafe fn attend_piece<'o>(
         cache,
         layer,
         j,
+        wide,
         &q[rows.clone()],
         &gate[rows],
         slots,

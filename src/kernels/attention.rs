@@ -136,7 +136,7 @@ pub fn attend(
                     scores.range(j * g * n..(j + 1) * g * n),
                 )
             };
-            attend_kv_head(cache, layer, j, q, gate, slots, oj, sj);
+            attend_kv_head(cache, layer, j, None, q, gate, slots, oj, sj);
         }
     });
 }
@@ -144,7 +144,8 @@ pub fn attend(
 /// The query heads of KV head `j` of `layer` attending over its rows `slots`,
 /// gated: `oj` (`g · head_dim`, `g = q.len() / (kv_heads · head_dim)`) receives
 /// `attention(q_h) ⊙ σ(gate_h)` for those heads ([`attend_group`]); `scores`
-/// holds at least `g · slots.len()`. One KV head of [`attend`], single-threaded.
+/// holds at least `g · slots.len()`. One KV head of [`attend`], single-threaded;
+/// `wide`, the head's rows widened ([`KvHeadView::wide`]), if the caller has them.
 ///
 /// # Panics
 /// As [`attend_group`].
@@ -153,6 +154,7 @@ pub fn attend_kv_head(
     cache: &KvCache,
     layer: usize,
     j: usize,
+    wide: Option<WideRows<'_>>,
     q: &[f32],
     gate: &[f32],
     slots: &[usize],
@@ -162,14 +164,11 @@ pub fn attend_kv_head(
     let hd = cache.head_dim;
     let g = q.len() / (hd * cache.kv_heads).max(1);
     let heads = j * g * hd..(j + 1) * g * hd;
-    attend_group(
-        &q[heads.clone()],
-        hd,
-        &cache.head(layer, j),
-        slots,
-        scores,
-        oj,
-    );
+    let view = KvHeadView {
+        wide,
+        ..cache.head(layer, j)
+    };
+    attend_group(&q[heads.clone()], hd, &view, slots, scores, oj);
     gate_in_place(oj, &gate[heads]);
 }
 
@@ -183,6 +182,68 @@ pub struct KvHeadView<'a> {
     pub k_scale: &'a [f32],
     /// `[rows]` value scales.
     pub v_scale: &'a [f32],
+    /// The first rows widened to f32 ([`KvHeadView::widen_into`]) when many
+    /// queries read them (a prefill chunk's tokens): the AVX-512 kernel then
+    /// loads them instead of converting the codes at every read, with the
+    /// same values and so the same bits.
+    pub wide: Option<WideRows<'a>>,
+}
+
+/// A head's first rows widened to f32 ([`KvHeadView::widen_into`]): `k` the
+/// key codes as f32 and `v` the values dequantized (`Vscale[p] · Vcode[p, d]`,
+/// the product the kernel forms), `[rows, head_dim]` each.
+#[derive(Debug, Clone, Copy)]
+pub struct WideRows<'a> {
+    /// Key codes as f32.
+    pub k: &'a [f32],
+    /// Dequantized values.
+    pub v: &'a [f32],
+}
+
+impl KvHeadView<'_> {
+    /// The first `k.len() / head_dim` rows widened into `k` and `v`
+    /// ([`WideRows`]'s contents).
+    ///
+    /// # Panics
+    /// If `k` and `v` differ in length or hold more rows than the view.
+    pub fn widen_into(&self, head_dim: usize, k: &mut [f32], v: &mut [f32]) {
+        assert!(
+            k.len() == v.len() && k.len() <= self.k.len() && head_dim > 0,
+            "widen_into: lengths"
+        );
+        let n = k.len();
+        widen_rows(&self.k[..n], &self.v[..n], self.v_scale, head_dim, k, v);
+    }
+}
+
+crate::simd::simd_fn! {
+    /// [`KvHeadView::widen_into`]'s loops: `kw = kc as f32`, `vw = vc as f32 ·
+    /// v_scale[row]`, rows of `d`.
+    fn widen_rows(kc: &[i8], vc: &[i8], v_scale: &[f32], d: usize, kw: &mut [f32], vw: &mut [f32]) {
+        for (w, &c) in kw.iter_mut().zip(kc) {
+            *w = c as f32;
+        }
+        for ((vr, cr), &scale) in vw.chunks_exact_mut(d).zip(vc.chunks_exact(d)).zip(v_scale) {
+            for (w, &c) in vr.iter_mut().zip(cr) {
+                *w = c as f32 * scale;
+            }
+        }
+    }
+}
+
+/// Whether [`attend_group`] reads [`KvHeadView::wide`] rows at this head
+/// width on this CPU (its AVX-512 kernel runs): widening pays only then.
+pub fn reads_wide_rows(head_dim: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        matches!(head_dim, 16 | 32 | 64 | 128)
+            && crate::simd::CpuSimd::selected() == crate::simd::CpuSimd::Avx512
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = head_dim;
+        false
+    }
 }
 
 /// `o = Σ_p softmax(score)_p · Vscale[p] · Vcode[p]` over the given physical `slots`,
@@ -250,11 +311,17 @@ pub fn attend_group(
     let g = qs.len() / d;
     let n = slots.len();
     assert!(scores.len() >= g * n, "attend_group: scores scratch");
-    let rows = kv.k_scale.len();
+    let (rows, end) = (kv.k_scale.len(), slots.iter().max().map_or(0, |m| m + 1));
     assert!(
-        slots.iter().all(|&s| s < rows) && kv.k.len() >= rows * d && kv.v.len() >= rows * d,
+        end <= rows && kv.k.len() >= rows * d && kv.v.len() >= rows * d,
         "attend_group: slot outside the cache"
     );
+    if let Some(w) = &kv.wide {
+        assert!(
+            w.v.len() == w.k.len() && end * d <= w.k.len(),
+            "attend_group: slot outside the wide rows"
+        );
+    }
     #[cfg(target_arch = "x86_64")]
     if d.is_multiple_of(16) && crate::simd::CpuSimd::selected() == crate::simd::CpuSimd::Avx512 {
         // SAFETY: the AVX-512 selection implies AVX-512F/BW, AVX2 and FMA;

@@ -208,6 +208,7 @@ impl KvCache {
             v: &self.v_codes[base * hd..(base + rows) * hd],
             k_scale: &self.k_scale[base..base + rows],
             v_scale: &self.v_scale[base..base + rows],
+            wide: None,
         }
     }
 

@@ -214,7 +214,7 @@ fn attend_group_matches_a_naive_f64_attention() {
     // that take each SIMD path (16-lane, 8-lane, scalar) and group sizes with
     // and without whole runs of four heads; over caches short enough that the
     // softmax has no whole run of 8 slots, and an odd count of slots.
-    use cqlm::kernels::attention::{attend_group, KvHeadView};
+    use cqlm::kernels::attention::{attend_group, KvHeadView, WideRows};
     use rand::{Rng, SeedableRng};
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(71);
     for (d, rows) in [12usize, 16, 24, 64, 128, 160]
@@ -245,10 +245,23 @@ fn attend_group_matches_a_naive_f64_attention() {
                 v: &v,
                 k_scale: &ks,
                 v_scale: &vs,
+                wide: None,
             };
             let mut scores = vec![f32::NAN; g * slots.len()];
             let mut out = vec![f32::NAN; g * d];
             attend_group(&q, d, &view, &slots, &mut scores, &mut out);
+            // The rows up to the last slot read widened to f32: the same bits.
+            let wide = slots.iter().max().map_or(0, |m| m + 1) * d;
+            let (mut wk, mut wv) = (vec![f32::NAN; wide], vec![f32::NAN; wide]);
+            view.widen_into(d, &mut wk, &mut wv);
+            let widened = KvHeadView {
+                wide: Some(WideRows { k: &wk, v: &wv }),
+                ..view
+            };
+            let mut out_wide = vec![f32::NAN; g * d];
+            attend_group(&q, d, &widened, &slots, &mut scores, &mut out_wide);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&out_wide), bits(&out), "d {d} g {g}: widened rows");
             // Heads past the last whole run of four (a pair, then one) give
             // what each gives alone, bit for bit.
             for h in g / 4 * 4..g {

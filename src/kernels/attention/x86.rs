@@ -202,6 +202,65 @@ unsafe fn codes16(p: *const i8) -> __m512 {
     _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p as *const __m128i)))
 }
 
+/// Where the 512-bit kernel reads a row's keys and values: the int8 codes,
+/// converted at every read ([`Codes`]), or the rows widened to f32 once for
+/// many reads ([`Wide`]). The same values either way.
+trait Rows: Copy {
+    /// Key lanes `16c .. 16c + 16` of row `slot` (the codes as f32).
+    unsafe fn key(self, slot: usize, c: usize) -> __m512;
+    /// Value lanes `16c .. 16c + 16` of row `slot`, `Vscale · Vcode`.
+    unsafe fn value(self, slot: usize, c: usize) -> __m512;
+    /// Row `slot`'s key scale.
+    unsafe fn k_scale(self, slot: usize) -> f32;
+}
+
+/// The int8 rows of a view, `d` codes a row.
+#[derive(Clone, Copy)]
+struct Codes<'v> {
+    kv: &'v KvHeadView<'v>,
+    d: usize,
+}
+
+impl Rows for Codes<'_> {
+    #[inline(always)]
+    unsafe fn key(self, slot: usize, c: usize) -> __m512 {
+        codes16(self.kv.k.as_ptr().add(slot * self.d + 16 * c))
+    }
+    #[inline(always)]
+    unsafe fn value(self, slot: usize, c: usize) -> __m512 {
+        let vs = _mm512_set1_ps(*self.kv.v_scale.get_unchecked(slot));
+        _mm512_mul_ps(codes16(self.kv.v.as_ptr().add(slot * self.d + 16 * c)), vs)
+    }
+    #[inline(always)]
+    unsafe fn k_scale(self, slot: usize) -> f32 {
+        *self.kv.k_scale.get_unchecked(slot)
+    }
+}
+
+/// A view's rows widened to f32 ([`super::WideRows`]), `d` values a row.
+#[derive(Clone, Copy)]
+struct Wide<'v> {
+    k: &'v [f32],
+    v: &'v [f32],
+    k_scale: &'v [f32],
+    d: usize,
+}
+
+impl Rows for Wide<'_> {
+    #[inline(always)]
+    unsafe fn key(self, slot: usize, c: usize) -> __m512 {
+        _mm512_loadu_ps(self.k.as_ptr().add(slot * self.d + 16 * c))
+    }
+    #[inline(always)]
+    unsafe fn value(self, slot: usize, c: usize) -> __m512 {
+        _mm512_loadu_ps(self.v.as_ptr().add(slot * self.d + 16 * c))
+    }
+    #[inline(always)]
+    unsafe fn k_scale(self, slot: usize) -> f32 {
+        *self.k_scale.get_unchecked(slot)
+    }
+}
+
 /// Where head `h`'s score or weight at slot `i` (of `n`) lies for `H` heads
 /// at once: `[slot][H]` for 1 and 4 heads; `[head][slot]` for a pair, whose
 /// heads keep the single head's sums and softmax, each as if alone.
@@ -223,7 +282,7 @@ fn at<const H: usize>(h: usize, i: usize, n: usize) -> usize {
 #[target_feature(enable = "avx512f")]
 unsafe fn scores_512<const H: usize, const C: usize>(
     qs: &[f32],
-    kv: &KvHeadView,
+    kv: impl Rows,
     slots: &[usize],
     scores: &mut [f32],
 ) {
@@ -250,7 +309,7 @@ unsafe fn scores_512<const H: usize, const C: usize>(
 #[inline(always)]
 unsafe fn scores_step<const H: usize, const C: usize>(
     q: &[[__m512; C]; H],
-    kv: &KvHeadView,
+    kv: impl Rows,
     slots: &[usize],
     i: usize,
     m: usize,
@@ -262,9 +321,9 @@ unsafe fn scores_step<const H: usize, const C: usize>(
     let pick = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
     let mut acc = [_mm512_setzero_ps(); 4];
     for j in 0..m {
-        let k = kv.k.as_ptr().add(*slots.get_unchecked(i + j) * d);
+        let slot = *slots.get_unchecked(i + j);
         for c in 0..C {
-            let kf = codes16(k.add(16 * c));
+            let kf = kv.key(slot, c);
             for h in 0..H {
                 acc[j * H + h] = _mm512_fmadd_ps(q[h][c], kf, acc[j * H + h]);
             }
@@ -272,14 +331,14 @@ unsafe fn scores_step<const H: usize, const C: usize>(
     }
     let x = _mm512_castps512_ps128(_mm512_permutexvar_ps(pick, sum4(acc)));
     if H == 4 {
-        let scale = *kv.k_scale.get_unchecked(*slots.get_unchecked(i)) * inv;
+        let scale = kv.k_scale(*slots.get_unchecked(i)) * inv;
         let x = _mm_mul_ps(x, _mm_set1_ps(scale));
         return _mm_storeu_ps(scores.as_mut_ptr().add(4 * i), x);
     }
     let mut sums = [0.0f32; 4];
     _mm_storeu_ps(sums.as_mut_ptr(), x);
     for j in 0..m {
-        let scale = *kv.k_scale.get_unchecked(*slots.get_unchecked(i + j)) * inv;
+        let scale = kv.k_scale(*slots.get_unchecked(i + j)) * inv;
         for h in 0..H {
             *scores.get_unchecked_mut(at::<H>(h, i + j, n)) = sums[j * H + h] * scale;
         }
@@ -373,18 +432,16 @@ unsafe fn softmax_512<const H: usize>(scores: &mut [f32]) {
 #[target_feature(enable = "avx512f")]
 unsafe fn values_512<const H: usize, const C: usize>(
     w: &[f32],
-    kv: &KvHeadView,
+    kv: impl Rows,
     slots: &[usize],
     out: &mut [f32],
 ) {
     let d = 16 * C;
     let mut acc = [[_mm512_setzero_ps(); C]; H];
     for (i, &slot) in slots.iter().enumerate() {
-        let v = kv.v.as_ptr().add(slot * d);
-        let vs = _mm512_set1_ps(*kv.v_scale.get_unchecked(slot));
         let mut vf = [_mm512_setzero_ps(); C];
         for c in 0..C {
-            vf[c] = _mm512_mul_ps(codes16(v.add(16 * c)), vs);
+            vf[c] = kv.value(slot, c);
         }
         for h in 0..H {
             let wh = _mm512_set1_ps(*w.get_unchecked(at::<H>(h, i, slots.len())));
@@ -407,7 +464,7 @@ unsafe fn values_512<const H: usize, const C: usize>(
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
 unsafe fn group_512<const C: usize>(
     qs: &[f32],
-    kv: &KvHeadView,
+    kv: impl Rows,
     slots: &[usize],
     scores: &mut [f32],
     out: &mut [f32],
@@ -452,11 +509,27 @@ pub(super) unsafe fn attend_group_512(
     scores: &mut [f32],
     out: &mut [f32],
 ) {
+    if let Some(w) = &kv.wide {
+        let rows = Wide {
+            k: w.k,
+            v: w.v,
+            k_scale: kv.k_scale,
+            d,
+        };
+        match d / 16 {
+            1 => return group_512::<1>(qs, rows, slots, scores, out),
+            2 => return group_512::<2>(qs, rows, slots, scores, out),
+            4 => return group_512::<4>(qs, rows, slots, scores, out),
+            8 => return group_512::<8>(qs, rows, slots, scores, out),
+            _ => {}
+        }
+    }
+    let rows = Codes { kv, d };
     match d / 16 {
-        1 => group_512::<1>(qs, kv, slots, scores, out),
-        2 => group_512::<2>(qs, kv, slots, scores, out),
-        4 => group_512::<4>(qs, kv, slots, scores, out),
-        8 => group_512::<8>(qs, kv, slots, scores, out),
+        1 => group_512::<1>(qs, rows, slots, scores, out),
+        2 => group_512::<2>(qs, rows, slots, scores, out),
+        4 => group_512::<4>(qs, rows, slots, scores, out),
+        8 => group_512::<8>(qs, rows, slots, scores, out),
         _ => attend_group(qs, d, kv, slots, scores, out),
     }
 }
