@@ -13,7 +13,7 @@ use std::time::Instant;
 
 /// Prompt tokens handed to the engine per [`Engine::step_many`] call by
 /// [`Session::prefill_with`] (one progress report each).
-pub const PREFILL_PROGRESS_CHUNK: usize = 64;
+pub const PREFILL_PROGRESS_CHUNK: usize = 256;
 
 /// Where the next token of a generation comes from.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -147,9 +147,10 @@ pub struct BackendArgs {
     #[arg(long, value_name = "NAME")]
     pub adapter: Option<String>,
     /// Prefill: prompt tokens per layer-by-layer chunk (1 = one step per token; the
-    /// logits are the same for every value). The GPU takes at most 32 (its token slots).
-    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
-    pub prefill_chunk: u32,
+    /// logits are the same for every value). Default: the engine's (CPU 256; the GPU
+    /// its token slots, 32, which is also the most it takes).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub prefill_chunk: Option<u32>,
     /// Arithmetic of the CQ matvecs (SPEC §6.1): fast (int8 activations, the CPU
     /// engine's) or exact (the reference). Default: fast for generate, bench and
     /// profile, exact for logits and eval. The GPU engine is always exact.
@@ -196,7 +197,7 @@ impl BackendArgs {
         };
         let b = EngineBuilder::new(model)
             .backend(backend)
-            .prefill_chunk(Some(self.prefill_chunk as usize))
+            .prefill_chunk(self.prefill_chunk.map(|n| n as usize))
             .default_precision(default);
         match self.precision {
             Some(p) => b.precision(p.into()),

@@ -12,7 +12,7 @@ use crate::kernels::rope::rope_freqs;
 use crate::pool::Pool;
 
 /// Tokens per prefill chunk unless `CpuEngine::set_prefill_chunk` says otherwise.
-pub(super) const DEFAULT_CHUNK: usize = 64;
+pub(super) const DEFAULT_CHUNK: usize = 256;
 
 /// A chunk's per-token buffers hold at most about this many floats (the chunk is
 /// shortened for very wide models).

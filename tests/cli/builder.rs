@@ -93,7 +93,7 @@ fn the_prefill_chunk_reaches_either_engine_and_keeps_the_logits() {
             .prefill_chunk(chunk)
             .build()
             .unwrap();
-        assert_eq!(e.prefill_chunk(), chunk.unwrap_or(64));
+        assert_eq!(e.prefill_chunk(), chunk.unwrap_or(256));
         cpu_logits.push(e.prefill(&ids).unwrap());
     }
     assert!(cpu_logits.windows(2).all(|w| w[0] == w[1]));
