@@ -36,11 +36,13 @@ pub(super) fn vnni() -> Vnni {
     })
 }
 
-/// Whether this CPU runs the 512-bit VNNI kernel.
+/// Whether this CPU runs the 512-bit VNNI kernel (and its 256-bit form for
+/// a last tile of few rows).
 pub(super) fn vnni512() -> bool {
     is_x86_feature_detected!("avx512f")
         && is_x86_feature_detected!("avx512bw")
         && is_x86_feature_detected!("avx512vnni")
+        && is_x86_feature_detected!("avx512vl")
 }
 
 /// The registers of one row set: [`Reg::ROWS`] rows' 32-bit words (integers)
@@ -315,6 +317,16 @@ unsafe fn tile<R: Reg, const BITS: u32, const T: usize>(
     }
 }
 
+/// The halves (`R::ROWS` rows each) of tile `tl` that hold rows of the
+/// matrix: all but in a last tile of few rows, whose other lanes stay 0
+/// (the padding rows no output keeps).
+#[inline(always)]
+fn live_halves<R: Reg>(fm: &FastMatrix, tl: usize) -> usize {
+    (fm.rows - (tl * TILE).min(fm.rows))
+        .min(TILE)
+        .div_ceil(R::ROWS)
+}
+
 /// Tiles `tiles` against every input of `xs`, `TP` inputs at a time (then
 /// the rest one by one), each tile's rows handed to `sink`.
 #[inline(always)]
@@ -325,8 +337,8 @@ unsafe fn drive<R: Reg, const BITS: u32, const TP: usize>(
     sink: &Sink,
 ) {
     unsafe {
-        let halves = TILE / R::ROWS;
         for tl in tiles {
+            let halves = live_halves::<R>(fm, tl);
             let mut t = 0;
             while t + TP <= xs.len() {
                 let group: [&FastInput; TP] = std::array::from_fn(|k| &xs[t + k]);
@@ -383,7 +395,7 @@ unsafe fn rest<R: Reg, const BITS: u32, const T: usize>(
     unsafe {
         let group: [&FastInput; T] = std::array::from_fn(|k| &xs[k]);
         let mut v = [[0.0f32; TILE]; T];
-        for half in 0..TILE / R::ROWS {
+        for half in 0..live_halves::<R>(fm, tl) {
             tile::<R, BITS, T>(fm, tl, half, group, &mut v);
         }
         for (k, v) in v.iter().enumerate() {
@@ -412,7 +424,7 @@ entry!(run_vex, "avx2,fma,avxvnni", Y<DOT_VEX>, 2);
 entry!(run_evex, "avx2,fma,avx512vnni,avx512vl", Y<DOT_EVEX>, 4);
 
 /// The 512-bit kernel: packed inputs where they pay ([`packed`]).
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx512vl")]
 unsafe fn run_512(fm: &FastMatrix, tiles: Range<usize>, xs: &[FastInput], sink: &Sink) {
     unsafe {
         match fm.bits {

@@ -22,7 +22,7 @@
 //! and calls of eight inputs or more.
 
 use super::super::{FastInput, FastMatrix, Sink, BLOCK, LINE, TILE};
-use super::{drive, rests, Reg, Z};
+use super::{drive, rests, Reg, DOT_EVEX, Y, Z};
 use std::arch::asm;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -128,7 +128,7 @@ thread_local! {
 /// # Safety
 /// As [`super::drive`]; the CPU has AVX-512 F/BW and VNNI.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx512vl")]
 pub(super) unsafe fn drive_512<const BITS: u32>(
     fm: &FastMatrix,
     tiles: Range<usize>,
@@ -137,6 +137,13 @@ pub(super) unsafe fn drive_512<const BITS: u32>(
 ) {
     unsafe {
         if fm.tiles < PACK_TILES || xs.len() < GROUP {
+            // A last tile of at most 8 rows (Φ's 24 rows: 16 + 8) in 256-bit
+            // registers, the same arithmetic on half the lanes.
+            let last = fm.tiles - 1;
+            if tiles.contains(&last) && fm.rows - last * TILE <= TILE / 2 {
+                drive::<Z, BITS, GROUP>(fm, tiles.start..last, xs, sink);
+                return drive::<Y<DOT_EVEX>, BITS, GROUP>(fm, last..last + 1, xs, sink);
+            }
             return drive::<Z, BITS, GROUP>(fm, tiles, xs, sink);
         }
         PACKED.with(|p| {
