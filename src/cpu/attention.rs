@@ -142,7 +142,7 @@ impl ChunkAttention {
         self.widen(c, kv, l)
     }
 
-    /// Widen the rows this chunk reads at layer `l` (module doc of
+    /// Widen the rows this chunk reads at layer `l` (see
     /// [`KvHeadView::wide`](crate::kernels::attention::KvHeadView::wide)) when
     /// several tokens read them and the kernel can use them.
     fn widen(&mut self, c: &Config, kv: &KvCache, l: usize) -> Result<()> {
