@@ -5,18 +5,50 @@ use crate::error::{Error, Result};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-/// Index of the largest logit (the first on ties); 0 for an empty slice.
-/// NaN logits are never chosen over finite ones.
+/// Index of the largest logit (the first on ties); 0 for an empty slice or
+/// one with no logit above −∞. NaN logits are never chosen over finite ones.
+/// Two vectorized passes: the maximum, then the first logit equal to it.
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0usize;
-    let mut best_v = f32::NEG_INFINITY;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > best_v {
-            best = i;
-            best_v = v;
-        }
+    let max = max_logit(logits);
+    if max == f32::NEG_INFINITY {
+        return 0;
     }
-    best as u32
+    first_equal(logits, max) as u32
+}
+
+/// Lanes of [`max_logit`]'s partial maxima and [`first_equal`]'s chunks.
+const LANES: usize = 16;
+
+crate::simd::simd_fn! {
+    /// The largest of `x` (−∞ for none; NaN is skipped: `max` keeps the
+    /// running maximum when the value is NaN), in 16 partial maxima.
+    fn max_logit(x: &[f32]) -> f32 {
+        let keep = |m: f32, v: f32| if v > m { v } else { m };
+        let mut m = [f32::NEG_INFINITY; LANES];
+        let mut chunks = x.chunks_exact(LANES);
+        for c in &mut chunks {
+            for (m, &v) in m.iter_mut().zip(c) {
+                *m = keep(*m, v);
+            }
+        }
+        for &v in chunks.remainder() {
+            m[0] = keep(m[0], v);
+        }
+        m.into_iter().fold(f32::NEG_INFINITY, keep)
+    }
+}
+
+crate::simd::simd_fn! {
+    /// The index of the first value of `x` equal to `v` (`x.len()` if none),
+    /// a chunk of 16 compared at once.
+    fn first_equal(x: &[f32], v: f32) -> usize {
+        for (k, c) in x.chunks(LANES).enumerate() {
+            if c.iter().fold(false, |hit, &y| hit | (y == v)) {
+                return k * LANES + c.iter().position(|&y| y == v).unwrap_or(0);
+            }
+        }
+        x.len()
+    }
 }
 
 /// Order of candidates: larger logit first, then lower id.
@@ -484,6 +516,30 @@ mod tests {
     fn argmax_and_margin() {
         assert_eq!(argmax(&[0.0, 3.0, -1.0, 3.0]), 1);
         assert_eq!(argmax(&[f32::NAN, -5.0]), 1);
+        assert_eq!(argmax(&[]), 0);
+        assert_eq!(argmax(&[f32::NAN, f32::NEG_INFINITY]), 0);
+        // Against the definition as one scalar pass, over lengths around the
+        // chunks, with ties, NaN and −∞ sprinkled in.
+        let mut rng = ChaCha8Rng::seed_from_u64(8);
+        for len in (0..70).chain([4103, 32000]) {
+            for _ in 0..20 {
+                let x: Vec<f32> = (0..len)
+                    .map(|_| match rng.random_range(0..10) {
+                        0 => f32::NAN,
+                        1 => f32::NEG_INFINITY,
+                        2 => 1.5,
+                        _ => rng.random_range(-3.0f32..1.5),
+                    })
+                    .collect();
+                let mut want = (0usize, f32::NEG_INFINITY);
+                for (i, &v) in x.iter().enumerate() {
+                    if v > want.1 {
+                        want = (i, v);
+                    }
+                }
+                assert_eq!(argmax(&x), want.0 as u32, "len {len}: {x:?}");
+            }
+        }
         assert!((top2_margin(&[1.0, 4.0, 2.5]) - 1.5).abs() < 1e-6);
         assert_eq!(top2_margin(&[1.0]), 0.0);
     }
