@@ -47,28 +47,17 @@ pub fn qk_norm_rope(
         }
         return;
     }
-    norm_rope_plain(q_norm, k_norm, cos, sin, q, k);
+    norm_rope_plain(q, q_norm, cos, sin);
+    norm_rope_plain(k, k_norm, cos, sin);
 }
 
 crate::simd::simd_fn! {
-    /// [`qk_norm_rope`] as plain loops over each head (the reference of the
-    /// AVX-512 form).
-    fn norm_rope_plain(
-        q_norm: &[f32],
-        k_norm: &[f32],
-        cos: &[f32],
-        sin: &[f32],
-        q: &mut [f32],
-        k: &mut [f32],
-    ) {
-        let hd = 2 * cos.len();
-        for qh in q.chunks_exact_mut(hd) {
-            zcrms_in_place(qh, q_norm);
-            apply_rope(qh, cos, sin);
-        }
-        for kh in k.chunks_exact_mut(hd) {
-            zcrms_in_place(kh, k_norm);
-            apply_rope(kh, cos, sin);
+    /// [`qk_norm_rope`]'s work on one tensor of heads `x` with gains `w`, as
+    /// plain loops over each head (the reference of the AVX-512 form).
+    fn norm_rope_plain(x: &mut [f32], w: &[f32], cos: &[f32], sin: &[f32]) {
+        for head in x.chunks_exact_mut(2 * cos.len()) {
+            zcrms_in_place(head, w);
+            apply_rope(head, cos, sin);
         }
     }
 }
