@@ -25,6 +25,7 @@ use crate::error::Result;
 use crate::kernels::attention::{attend, attend_kv_head, reads_wide_rows, WideRows};
 use crate::kernels::kv::{attended_ranges, grow, physical_slot, KvCache};
 use crate::pool::SharedSlice;
+use std::mem::take;
 
 /// The placement and attended rows of one chunk; reused across chunks.
 #[derive(Debug, Default)]
@@ -153,22 +154,16 @@ impl ChunkAttention {
         }
         let rows = self.slots.iter().max().map_or(0, |m| m + 1);
         let per = rows * hd;
-        grow(&mut self.wide_k, c.kv_heads * per, "widened keys")?;
-        grow(&mut self.wide_v, c.kv_heads * per, "widened values")?;
-        let (cache, layer) = if self.in_place {
-            (kv, l)
-        } else {
-            (&self.table, 0)
-        };
+        let (mut wk, mut wv) = (take(&mut self.wide_k), take(&mut self.wide_v));
+        grow(&mut wk, c.kv_heads * per, "widened keys")?;
+        grow(&mut wv, c.kv_heads * per, "widened values")?;
+        let (cache, layer) = self.cache(kv, l);
         for j in 0..c.kv_heads {
             let range = j * per..(j + 1) * per;
-            cache.head(layer, j).widen_into(
-                hd,
-                &mut self.wide_k[range.clone()],
-                &mut self.wide_v[range],
-            );
+            let (k, v) = (&mut wk[range.clone()], &mut wv[range]);
+            cache.head(layer, j).widen_into(hd, k, v);
         }
-        self.wide_rows = rows;
+        (self.wide_k, self.wide_v, self.wide_rows) = (wk, wv, rows);
         Ok(())
     }
 

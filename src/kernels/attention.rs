@@ -194,10 +194,14 @@ impl KvHeadView<'_> {
     /// ([`WideRows`]'s contents).
     ///
     /// # Panics
-    /// If `k` and `v` differ in length or hold more rows than the view.
+    /// If `k` and `v` differ in length, are not whole rows or hold more rows
+    /// than the view.
     pub fn widen_into(&self, head_dim: usize, k: &mut [f32], v: &mut [f32]) {
         assert!(
-            k.len() == v.len() && k.len() <= self.k.len() && head_dim > 0,
+            k.len() == v.len()
+                && k.len() <= self.k.len()
+                && head_dim > 0
+                && k.len().is_multiple_of(head_dim),
             "widen_into: lengths"
         );
         let n = k.len();
@@ -225,7 +229,7 @@ crate::simd::simd_fn! {
 pub fn reads_wide_rows(head_dim: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        matches!(head_dim, 16 | 32 | 64 | 128)
+        x86::runs_width(head_dim)
             && crate::simd::CpuSimd::selected() == crate::simd::CpuSimd::Avx512
     }
     #[cfg(not(target_arch = "x86_64"))]

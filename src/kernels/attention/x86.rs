@@ -3,7 +3,7 @@
 
 // Index loops over small register arrays read clearer than iterator chains here.
 #![allow(clippy::needless_range_loop)]
-use super::KvHeadView;
+use super::{KvHeadView, WideRows};
 use crate::kernels::vmath::x86::exp_slice;
 use crate::simd::x86::hsum8;
 use std::arch::x86_64::*;
@@ -204,61 +204,60 @@ unsafe fn codes16(p: *const i8) -> __m512 {
 
 /// Where the 512-bit kernel reads a row's keys and values: the int8 codes,
 /// converted at every read ([`Codes`]), or the rows widened to f32 once for
-/// many reads ([`Wide`]). The same values either way.
+/// many reads ([`Wide`]). The same values either way. `at` is the first of
+/// 16 values (`slot · head_dim + 16c`).
 trait Rows: Copy {
-    /// Key lanes `16c .. 16c + 16` of row `slot` (the codes as f32).
-    unsafe fn key(self, slot: usize, c: usize) -> __m512;
-    /// Value lanes `16c .. 16c + 16` of row `slot`, `Vscale · Vcode`.
-    unsafe fn value(self, slot: usize, c: usize) -> __m512;
+    /// Key lanes `at .. at + 16` (the codes as f32).
+    unsafe fn key(self, at: usize) -> __m512;
+    /// Value lanes `at .. at + 16` of row `slot`, `Vscale · Vcode`.
+    unsafe fn value(self, slot: usize, at: usize) -> __m512;
     /// Row `slot`'s key scale.
     unsafe fn k_scale(self, slot: usize) -> f32;
 }
 
-/// The int8 rows of a view, `d` codes a row.
+/// The int8 rows of a view.
 #[derive(Clone, Copy)]
-struct Codes<'v> {
-    kv: &'v KvHeadView<'v>,
-    d: usize,
-}
+struct Codes<'v>(&'v KvHeadView<'v>);
 
 impl Rows for Codes<'_> {
     #[inline(always)]
-    unsafe fn key(self, slot: usize, c: usize) -> __m512 {
-        codes16(self.kv.k.as_ptr().add(slot * self.d + 16 * c))
+    unsafe fn key(self, at: usize) -> __m512 {
+        codes16(self.0.k.as_ptr().add(at))
     }
     #[inline(always)]
-    unsafe fn value(self, slot: usize, c: usize) -> __m512 {
-        let vs = _mm512_set1_ps(*self.kv.v_scale.get_unchecked(slot));
-        _mm512_mul_ps(codes16(self.kv.v.as_ptr().add(slot * self.d + 16 * c)), vs)
+    unsafe fn value(self, slot: usize, at: usize) -> __m512 {
+        let vs = _mm512_set1_ps(*self.0.v_scale.get_unchecked(slot));
+        _mm512_mul_ps(codes16(self.0.v.as_ptr().add(at)), vs)
     }
     #[inline(always)]
     unsafe fn k_scale(self, slot: usize) -> f32 {
-        *self.kv.k_scale.get_unchecked(slot)
+        *self.0.k_scale.get_unchecked(slot)
     }
 }
 
-/// A view's rows widened to f32 ([`super::WideRows`]), `d` values a row.
+/// A view's rows widened to f32 ([`super::WideRows`]).
 #[derive(Clone, Copy)]
-struct Wide<'v> {
-    k: &'v [f32],
-    v: &'v [f32],
-    k_scale: &'v [f32],
-    d: usize,
-}
+struct Wide<'v>(WideRows<'v>, &'v [f32]);
 
 impl Rows for Wide<'_> {
     #[inline(always)]
-    unsafe fn key(self, slot: usize, c: usize) -> __m512 {
-        _mm512_loadu_ps(self.k.as_ptr().add(slot * self.d + 16 * c))
+    unsafe fn key(self, at: usize) -> __m512 {
+        _mm512_loadu_ps(self.0.k.as_ptr().add(at))
     }
     #[inline(always)]
-    unsafe fn value(self, slot: usize, c: usize) -> __m512 {
-        _mm512_loadu_ps(self.v.as_ptr().add(slot * self.d + 16 * c))
+    unsafe fn value(self, _slot: usize, at: usize) -> __m512 {
+        _mm512_loadu_ps(self.0.v.as_ptr().add(at))
     }
     #[inline(always)]
     unsafe fn k_scale(self, slot: usize) -> f32 {
-        *self.k_scale.get_unchecked(slot)
+        *self.1.get_unchecked(slot)
     }
+}
+
+/// The head widths (`16 · C`) the 512-bit kernel runs; others take the
+/// 8-lane path.
+pub(super) fn runs_width(d: usize) -> bool {
+    matches!(d, 16 | 32 | 64 | 128)
 }
 
 /// Where head `h`'s score or weight at slot `i` (of `n`) lies for `H` heads
@@ -323,7 +322,7 @@ unsafe fn scores_step<const H: usize, const C: usize>(
     for j in 0..m {
         let slot = *slots.get_unchecked(i + j);
         for c in 0..C {
-            let kf = kv.key(slot, c);
+            let kf = kv.key(slot * d + 16 * c);
             for h in 0..H {
                 acc[j * H + h] = _mm512_fmadd_ps(q[h][c], kf, acc[j * H + h]);
             }
@@ -441,7 +440,7 @@ unsafe fn values_512<const H: usize, const C: usize>(
     for (i, &slot) in slots.iter().enumerate() {
         let mut vf = [_mm512_setzero_ps(); C];
         for c in 0..C {
-            vf[c] = kv.value(slot, c);
+            vf[c] = kv.value(slot, slot * d + 16 * c);
         }
         for h in 0..H {
             let wh = _mm512_set1_ps(*w.get_unchecked(at::<H>(h, i, slots.len())));
@@ -509,28 +508,29 @@ pub(super) unsafe fn attend_group_512(
     scores: &mut [f32],
     out: &mut [f32],
 ) {
-    if let Some(w) = &kv.wide {
-        let rows = Wide {
-            k: w.k,
-            v: w.v,
-            k_scale: kv.k_scale,
-            d,
-        };
+    /// [`group_512`] at this head width, reading `rows`.
+    #[inline(always)]
+    unsafe fn by_width(
+        qs: &[f32],
+        d: usize,
+        rows: impl Rows,
+        slots: &[usize],
+        scores: &mut [f32],
+        out: &mut [f32],
+    ) {
         match d / 16 {
-            1 => return group_512::<1>(qs, rows, slots, scores, out),
-            2 => return group_512::<2>(qs, rows, slots, scores, out),
-            4 => return group_512::<4>(qs, rows, slots, scores, out),
-            8 => return group_512::<8>(qs, rows, slots, scores, out),
-            _ => {}
+            1 => group_512::<1>(qs, rows, slots, scores, out),
+            2 => group_512::<2>(qs, rows, slots, scores, out),
+            4 => group_512::<4>(qs, rows, slots, scores, out),
+            _ => group_512::<8>(qs, rows, slots, scores, out),
         }
     }
-    let rows = Codes { kv, d };
-    match d / 16 {
-        1 => group_512::<1>(qs, rows, slots, scores, out),
-        2 => group_512::<2>(qs, rows, slots, scores, out),
-        4 => group_512::<4>(qs, rows, slots, scores, out),
-        8 => group_512::<8>(qs, rows, slots, scores, out),
-        _ => attend_group(qs, d, kv, slots, scores, out),
+    if !runs_width(d) {
+        return attend_group(qs, d, kv, slots, scores, out);
+    }
+    match kv.wide {
+        Some(w) => by_width(qs, d, Wide(w, kv.k_scale), slots, scores, out),
+        None => by_width(qs, d, Codes(kv), slots, scores, out),
     }
 }
 

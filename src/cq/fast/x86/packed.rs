@@ -123,10 +123,11 @@ thread_local! {
 
 /// [`super::drive`] for the 512-bit kernel at `BITS`: packed where it pays
 /// (module doc), the plain kernel otherwise and for the inputs after the last
-/// full group.
+/// full group; a last tile of at most 8 rows in the plain kernel's 256-bit
+/// form.
 ///
 /// # Safety
-/// As [`super::drive`]; the CPU has AVX-512 F/BW and VNNI.
+/// As [`super::drive`]; the CPU has AVX-512 F/BW/VL and VNNI.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx512vl")]
 pub(super) unsafe fn drive_512<const BITS: u32>(
@@ -136,14 +137,16 @@ pub(super) unsafe fn drive_512<const BITS: u32>(
     sink: &Sink,
 ) {
     unsafe {
-        if fm.tiles < PACK_TILES || xs.len() < GROUP {
-            // A last tile of at most 8 rows (Φ's 24 rows: 16 + 8) in 256-bit
-            // registers, the same arithmetic on half the lanes.
-            let last = fm.tiles - 1;
-            if tiles.contains(&last) && fm.rows - last * TILE <= TILE / 2 {
-                drive::<Z, BITS, GROUP>(fm, tiles.start..last, xs, sink);
-                return drive::<Y<DOT_EVEX>, BITS, GROUP>(fm, last..last + 1, xs, sink);
+        // A last tile of at most 8 rows (Φ's 24 rows: 16 + 8) in 256-bit
+        // registers, the same arithmetic on half the lanes.
+        let last = fm.tiles - 1;
+        if tiles.contains(&last) && fm.rows - last * TILE <= TILE / 2 {
+            if tiles.start < last {
+                drive_512::<BITS>(fm, tiles.start..last, xs, sink);
             }
+            return drive::<Y<DOT_EVEX>, BITS, GROUP>(fm, last..last + 1, xs, sink);
+        }
+        if fm.tiles < PACK_TILES || xs.len() < GROUP {
             return drive::<Z, BITS, GROUP>(fm, tiles, xs, sink);
         }
         PACKED.with(|p| {
