@@ -334,6 +334,21 @@ unsafe fn scores_step<const H: usize, const C: usize>(
         let x = _mm_mul_ps(x, _mm_set1_ps(scale));
         return _mm_storeu_ps(scores.as_mut_ptr().add(4 * i), x);
     }
+    if H == 2 && m == 2 {
+        // Lanes [slot i, i + 1] × [head 0, 1]: each times its slot's scale (the
+        // products the loop below forms), then head 0's pair and head 1's
+        // pair to their rows.
+        let (s0, s1) = (
+            kv.k_scale(*slots.get_unchecked(i)) * inv,
+            kv.k_scale(*slots.get_unchecked(i + 1)) * inv,
+        );
+        let x = _mm_mul_ps(x, _mm_setr_ps(s0, s0, s1, s1));
+        let x = _mm_shuffle_ps::<0b11_01_10_00>(x, x);
+        let p = scores.as_mut_ptr();
+        let x = _mm_castps_pd(x);
+        _mm_storel_pd(p.add(at::<H>(0, i, n)) as *mut f64, x);
+        return _mm_storeh_pd(p.add(at::<H>(1, i, n)) as *mut f64, x);
+    }
     let mut sums = [0.0f32; 4];
     _mm_storeu_ps(sums.as_mut_ptr(), x);
     for j in 0..m {
