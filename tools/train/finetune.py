@@ -18,8 +18,11 @@ and new rows to the (tied) embedding, and makes `<|end|>` the EOS. Every step tr
 Logged every `--eval-every` steps (and exported to `data/chat_float.safetensors`): the
 held-out chat loss (`chat_heldout.jsonl`, assistant tokens) and the validation bits per byte
 of the text (the same 8 × 16 crops as `train.py`). `--stop-at` ends a run early with the
-learning-rate schedule of `--steps`. Seeded; like `train.py`, two runs agree up to the order
-of PyTorch's threaded reductions.
+learning-rate schedule of `--steps`. `--call-weight` weighs a tool call's tokens in the chat
+loss, and `--decision-weight` (run 16) those of them where a value starts or ends;
+`--insert-layers AT:N` (run 15) makes the loaded model deeper first (`deepen.py`), its new
+layers training at `--new-lr-mult` times the learning rate. Seeded; like `train.py`, two
+runs agree up to the order of PyTorch's threaded reductions.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import sys
 import time
 
@@ -41,6 +45,7 @@ from safetensors.torch import save_file
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import chat_format  # noqa: E402
 import demo_tools  # noqa: E402
+from deepen import insert_layers  # noqa: E402
 from evaluate import load  # noqa: E402
 from model import Config, CqlmFloat, engram_indices  # noqa: E402
 from tokenizer import encode_text  # noqa: E402
@@ -49,19 +54,38 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
-def chat_rows(convs: list[dict], tok, tools: list, seq: int, bos: int,
-              call_weight: float = 1.0) -> tuple[np.ndarray, np.ndarray, int]:
+# A value in a call's compact JSON: a string (group 1) or a number, true, false or null (group 2).
+CALL_VALUE = re.compile(r'":(?:"([^"]*)"|([^,{}\[\]"]+))')
+
+
+def decision_chars(text: str) -> set[int]:
+    """Character positions in `text` where a tool call's values are decided: the first
+    character of each value and the one just after it (a string's closing quote; the comma
+    or brace after a number), i.e. which value is chosen and where it ends."""
+    pos: set[int] = set()
+    calls = re.escape(chat_format.MARKERS[0]) + "(.*?)" + re.escape(chat_format.MARKERS[1])
+    for call in re.finditer(calls, text, re.S):
+        for v in CALL_VALUE.finditer(call.group(1)):
+            g = 1 if v.group(1) is not None else 2
+            pos.update((call.start(1) + v.start(g), call.start(1) + v.end(g)))
+    return pos
+
+
+def chat_rows(convs: list[dict], tok, tools: list, seq: int, bos: int, call_weight: float = 1.0,
+              decision_weight: float = 0.0) -> tuple[np.ndarray, np.ndarray, int]:
     """Token rows `[n, seq]` (padded with 0) and loss weights (0 outside the assistant's
     turns; `call_weight` for the tokens of a tool call after its `<tool_call>` up to and
-    including `</tool_call>`, 1 for the rest of the turn); conversations longer than `seq`
-    are dropped (their count is returned)."""
+    including `</tool_call>`, and `decision_weight` instead, when not 0, for a call's tokens
+    that cover a `decision_chars` position; 1 for the rest of the turn); conversations
+    longer than `seq` are dropped (their count is returned)."""
     texts = [chat_format.render(c["messages"], chat_format.tool_defs(c["tools"], tools), False) for c in convs]
     enc = tok.encode_batch(texts, add_special_tokens=False)
     asst, end = tok.token_to_id(chat_format.ASSISTANT), tok.token_to_id(chat_format.END)
     call_start, call_end = (tok.token_to_id(t) for t in chat_format.MARKERS)
     rows, masks, dropped = [], [], 0
-    for e in enc:
+    for text, e in zip(texts, enc):
         ids = e.ids
+        decide = decision_chars(text) if decision_weight else set()
         if ids[0] != bos:
             raise SystemExit("the template does not start with <bos>")
         if len(ids) > seq:
@@ -72,6 +96,8 @@ def chat_rows(convs: list[dict], tok, tools: list, seq: int, bos: int,
         for i, t in enumerate(ids):
             if inside:
                 m[i] = call_weight if in_call else 1.0
+                if in_call and decide and any(c in decide for c in range(*e.offsets[i])):
+                    m[i] = decision_weight
                 if t == call_start:
                     in_call = True
                 elif t == call_end:
@@ -94,6 +120,15 @@ def export(model: CqlmFloat, cfg: Config, tokenizer_json: str, path: str, extra:
     tmp = path + ".tmp"
     save_file(model.named_spec_tensors(), tmp, metadata=meta)
     os.replace(tmp, path)
+
+
+def at_n(text: str) -> tuple[int, int]:
+    """`--insert-layers`' value: two integers `AT:N`."""
+    try:
+        at, n = (int(v) for v in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not AT:N (two integers)") from None
+    return at, n
 
 
 def main() -> None:
@@ -121,6 +156,12 @@ def main() -> None:
     ap.add_argument("--max-minutes", type=float, default=0, help="stop (and export) after this long; 0: no limit")
     ap.add_argument("--call-weight", type=float, default=1.0, help="weight of a tool call's tokens in the chat "
                     "loss (the rest of an assistant turn weighs 1)")
+    ap.add_argument("--decision-weight", type=float, default=0.0, help="weight of the tokens where a call's "
+                    "value starts or ends (decision_chars) instead of --call-weight; 0: no such weight")
+    ap.add_argument("--insert-layers", metavar="AT:N", type=at_n, help="after loading, insert N new layers (a multiple of 4) "
+                    "before layer AT, each starting as the identity (deepen.py)")
+    ap.add_argument("--new-lr-mult", type=float, default=1.0, help="the inserted layers' own tensors train at "
+                    "this multiple of the learning rate")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -158,10 +199,23 @@ def main() -> None:
         print(f"base {args.base}: vocab {base_cfg.vocab} -> {cfg.vocab}, eos {cfg.eos}; "
               f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters", flush=True)
 
+    new_names: set[str] = set()
+    if args.insert_layers:
+        at, n = args.insert_layers
+        try:
+            model, cfg, names = insert_layers(model, cfg, at, n)
+        except ValueError as e:
+            raise SystemExit(f"error: --insert-layers: {e}") from None
+        new_names = set(names)
+        print(f"inserted {n} layers at {at}: {cfg.layers} layers, engram sites "
+              f"{cfg.engram.sites if cfg.engram else []}, "
+              f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters", flush=True)
+
     tools = demo_tools.tools()
     train_convs = chat_format.load_jsonl(os.path.join(args.data, "chat_train.jsonl"))
     held_convs = chat_format.load_jsonl(os.path.join(HERE, "chat_heldout.jsonl"))
-    cx, cm, dropped = chat_rows(train_convs, tok, tools, args.seq, cfg.bos, args.call_weight)
+    cx, cm, dropped = chat_rows(train_convs, tok, tools, args.seq, cfg.bos, args.call_weight,
+                                  args.decision_weight)
     hx, hm, _ = chat_rows(held_convs, tok, tools, args.seq, cfg.bos, 2.0)  # 2: a call's tokens
     if args.copy_batch:
         kx, km, _ = chat_rows(chat_format.load_jsonl(os.path.join(args.data, "chat_copy.jsonl")), tok, tools,
@@ -190,10 +244,17 @@ def main() -> None:
     print(f"text: train {len(text)} tokens, val {len(val)} ({bytes_per_token:.3f} bytes/token); "
           f"prepared in {time.time() - t0:.0f} s", flush=True)
 
-    decay = [p for n, p in model.params.items() if p.dim() == 2 and not n.startswith("mhc.b")]
-    no_decay = [p for n, p in model.params.items() if not (p.dim() == 2 and not n.startswith("mhc.b"))]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.wd}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
+    def decays(n: str, p: torch.Tensor) -> bool:
+        return p.dim() == 2 and not n.startswith("mhc.b")
+
+    groups = []
+    for new in (False, True):
+        for dec in (True, False):
+            ps = [p for n, p in model.params.items() if decays(n, p) == dec and (n in new_names) == new]
+            if ps:
+                groups.append({"params": ps, "weight_decay": args.wd if dec else 0.0,
+                               "lr_mult": args.new_lr_mult if new else 1.0})
+    opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
 
     def lr_at(step: int) -> float:
         if step < args.warmup:
@@ -285,7 +346,7 @@ def main() -> None:
         if step == args.steps or over:
             break
         for g in opt.param_groups:
-            g["lr"] = lr_at(step)
+            g["lr"] = lr_at(step) * g["lr_mult"]
         if pos == len(batches):
             batches, pos = epoch(), 0
         idx = batches[pos]

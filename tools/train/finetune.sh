@@ -107,4 +107,9 @@ pack_as_shipped "chat_float_stage11.safetensors" "chat_run11.safetensors"
 "$PY" finetune.py --resume "$D/chat_run11.safetensors" --steps 400 "${CALLS5[@]}" --lr 3e-4 --eval-every 200 --seed 4325
 # Run 12 is the built-in model. Runs 13 and 14 (this line again from run 12 packed, then from run 13
 # packed, --seed 4326 and 4327) lowered the calls' held-out loss but made more wrong calls (84.8%
-# and 82.8% exact arguments against run 12's 85.9%) and are not replayed (BENCHMARKS.md).
+# and 82.8% exact arguments against run 12's 85.9%) and are not replayed (BENCHMARKS.md), nor
+# runs 15 and 16 from run 12 packed (83.8% and 85.9%):
+#   "$PY" finetune.py --resume "$D/chat_run12.safetensors" --insert-layers 4:4 --new-lr-mult 3 \
+#       --steps 360 "${CALLS5[@]}" --lr 3e-4 --eval-every 120 --seed 4328
+#   "$PY" finetune.py --resume "$D/chat_run12.safetensors" --decision-weight 20 \
+#       --steps 320 "${CALLS5[@]}" --lr 2e-4 --eval-every 160 --seed 4329

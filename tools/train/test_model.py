@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import deepen  # noqa: E402
 from evaluate import dequantize  # noqa: E402
 from model import Config, CqlmFloat, Nfwht, engram_indices, engram_rows, int8_roundtrip, sinkhorn_route  # noqa: E402
 
@@ -121,6 +122,64 @@ def test_blocked_attention_sees_exactly_the_sinks_and_the_window() -> None:
         m.cfg = cfg
     assert torch.allclose(full[0, :7], masked[0, :7], atol=1e-12)
     assert not torch.allclose(full[0, 9], masked[0, 9], atol=1e-6)
+
+
+def test_inserted_layers_start_as_the_identity() -> None:
+    torch.manual_seed(5)
+    cfg = Config(vocab=64, hidden=32, layers=8, heads=2, kv_heads=1, head_dim=16, hadamard_dim=64, sink=3, window=60)
+    cfg.engram.table_rows, cfg.engram.sites, cfg.engram.dim = 31, [1, 5], 8
+    m = CqlmFloat(cfg).double().eval()
+    with torch.no_grad():  # a "trained" model: no parameter at its initial value
+        for p in m.params.values():
+            p.add_(torch.randn_like(p) * 0.3)
+            p.copy_(p.float().double())  # checkpoints are f32: the deeper model holds the same values
+    toks = np.random.default_rng(6).integers(0, 64, size=(2, 30)).astype(np.uint32)
+
+    def logits(model, c) -> torch.Tensor:
+        with torch.no_grad():
+            return model(torch.from_numpy(toks.astype(np.int64)), engram_indices(c, toks))
+
+    want = logits(m, cfg)
+    saved = deepen.ROUTE_OFF_DIAGONAL
+    try:
+        deepen.ROUTE_OFF_DIAGONAL = -40.0  # the identity route to double precision
+        for at in (0, 4, 8):
+            big, big_cfg, names = deepen.insert_layers(m, cfg, at, 4)
+            big = big.double().eval()
+            assert big_cfg.layers == 12
+            assert big_cfg.engram.sites == sorted(s if s < at else s + 4 for s in (1, 5)), (at, big_cfg.engram.sites)
+            assert {int(n.split(".")[1]) for n in names} == set(range(at, at + 4))
+            got = logits(big, big_cfg)
+            assert torch.allclose(got, want, atol=1e-9), (at, (got - want).abs().max())
+            with torch.no_grad():  # and a new layer does take part once its gains move
+                big.params[f"layers.{at}.mlp_d3"].fill_(0.3)
+            assert not torch.allclose(logits(big, big_cfg), want, atol=1e-3), at
+    finally:
+        deepen.ROUTE_OFF_DIAGONAL = saved
+    # The shipped setting leaks e^-9 between lanes: close, not equal.
+    big, big_cfg, _ = deepen.insert_layers(m, cfg, 4, 4)
+    got = logits(big.double().eval(), big_cfg)
+    assert (got - want).abs().max() < 1e-2 * want.abs().max()
+    for bad in ((4, 2), (9, 4), (0, 0)):
+        try:
+            deepen.insert_layers(m, cfg, *bad)
+        except ValueError:
+            continue
+        raise AssertionError(f"insert_layers{bad} accepted")
+
+
+def test_decision_chars_are_where_a_calls_values_start_and_end() -> None:
+    from finetune import decision_chars
+
+    call = '{"name":"lookup_verse","arguments":{"book":"Song of Solomon","chapter":12,"verse":3}}'
+    text = f'<|user|>"book":"x" Song of Solomon 12:3<|end|><|assistant|><tool_call>{call}</tool_call>'
+    base = text.index("<tool_call>") + len("<tool_call>")
+    want = set()
+    for value in ('"lookup_verse"', '"Song of Solomon"', ":12,", ":3}"):
+        i = base + call.index(value)
+        want |= {i + 1, i + len(value) - 1}  # the first character, the one after the last
+    assert decision_chars(text) == want, (sorted(decision_chars(text)), sorted(want))
+    assert decision_chars(text.replace("<tool_call>", "")) == set()  # outside a call: nothing
 
 
 if __name__ == "__main__":
