@@ -23,6 +23,8 @@ conversations alone the model named the right tool 94% of the time but copied no
 `--broad` (run 11 on) adds training-only phrasings, the Apocrypha's book names and made-up
 cities and books (`BROAD`, `BROAD_BOOKS`) to the training side after the split: the held-out file
 is the same bytes with or without it, and none of the additions is a held-out phrasing or book.
+`--made-up CITIES BOOKS` sets the shares of its made-up names (default 0.25 and 0.2; run 17
+tried 0.5 and 0.45).
 
 Seeded (`--seed`, default 20261201): the same command writes the same bytes.
 """
@@ -314,7 +316,8 @@ def rand_expr(rng: random.Random) -> str:
 
 
 class Generator:
-    def __init__(self, seed: int, verse_texts: list[str], broad: bool = False):
+    def __init__(self, seed: int, verse_texts: list[str], broad: bool = False,
+                 made_up: tuple[float, float] = (0.25, 0.2)):
         self.rng = random.Random(seed)
         r = random.Random(seed + 1)
         self.phr = {}
@@ -326,6 +329,7 @@ class Generator:
         self.cities = split(CITIES + MULTI_WORD_CITIES, 5, r)
         self.books = split(BOOKS, 6, r)
         self.broad = broad
+        self.made_up_cities, self.made_up_books = made_up
         if broad:
             for name, extra in BROAD.items():
                 assert not set(extra) & set(self.phr[name][1]), f"a --broad {name} phrasing is a held-out one"
@@ -362,7 +366,7 @@ class Generator:
         return " ".join(rand_word(self.rng).capitalize() for _ in range(words))
 
     def weather(self, side: str):
-        if self.made_up(side, 0.25):
+        if self.made_up(side, self.made_up_cities):
             city = self.made_up_name(self.rng.choice([1, 1, 1, 2, 2, 3]))
         else:
             city = self.rng.choice(self.cities[side == "heldout"])
@@ -393,7 +397,7 @@ class Generator:
         return self.style(text, side, [e]), "calculate", {"expression": e}, {"e": e}
 
     def verse(self, side: str):
-        if self.made_up(side, 0.2):
+        if self.made_up(side, self.made_up_books):
             book = self.rng.choice(["{} of {}", "{} {}", "{} of the {}", "1 {}", "2 {}", "{}"]).format(
                 self.made_up_name(1), self.made_up_name(1))
         else:
@@ -545,10 +549,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=20261201)
     ap.add_argument("--broad", action="store_true", help="add the training-only phrasings, books and made-up "
                     "names of BROAD (run 11 on); the held-out split stays the same")
+    ap.add_argument("--made-up", type=float, nargs=2, default=[0.25, 0.2], metavar=("CITIES", "BOOKS"),
+                    help="with --broad, the shares of training weather and verse requests for a made-up name")
     args = ap.parse_args()
     rng = random.Random(args.seed + 3)
     train_txt = os.path.join(args.data, "train.txt")
-    gen = Generator(args.seed, verse_texts(train_txt, rng), args.broad)
+    gen = Generator(args.seed, verse_texts(train_txt, rng), args.broad, tuple(args.made_up))
     gen.prose = prose(train_txt, rng)
     # Held-out values are drawn first, so the training side can never take them.
     held = [gen.conversation("heldout") for _ in range(args.heldout)]

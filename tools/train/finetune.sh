@@ -108,8 +108,11 @@ pack_as_shipped "chat_float_stage11.safetensors" "chat_run11.safetensors"
 # Run 12 is the built-in model. Runs 13 and 14 (this line again from run 12 packed, then from run 13
 # packed, --seed 4326 and 4327) lowered the calls' held-out loss but made more wrong calls (84.8%
 # and 82.8% exact arguments against run 12's 85.9%) and are not replayed (BENCHMARKS.md), nor
-# runs 15 and 16 from run 12 packed (83.8% and 85.9%):
+# runs 15, 16 and 17 from run 12 packed (83.8%, 85.9% and 84.8%):
 #   "$PY" finetune.py --resume "$D/chat_run12.safetensors" --insert-layers 4:4 --new-lr-mult 3 \
 #       --steps 360 "${CALLS5[@]}" --lr 3e-4 --eval-every 120 --seed 4328
 #   "$PY" finetune.py --resume "$D/chat_run12.safetensors" --decision-weight 20 \
 #       --steps 320 "${CALLS5[@]}" --lr 2e-4 --eval-every 160 --seed 4329
+#   "$PY" chat_data.py --broad --made-up 0.5 0.45    # then, after run 17, chat_data.py --broad again
+#   "$PY" finetune.py --resume "$D/chat_run12.safetensors" \
+#       --steps 320 "${CALLS5[@]}" --lr 3e-4 --eval-every 160 --seed 4330
