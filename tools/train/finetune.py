@@ -158,8 +158,8 @@ def main() -> None:
                     "loss (the rest of an assistant turn weighs 1)")
     ap.add_argument("--decision-weight", type=float, default=0.0, help="weight of the tokens where a call's "
                     "value starts or ends (decision_chars) instead of --call-weight; 0: no such weight")
-    ap.add_argument("--insert-layers", metavar="AT:N", type=at_n, help="after loading, insert N new layers (a multiple of 4) "
-                    "before layer AT, each starting as the identity (deepen.py)")
+    ap.add_argument("--insert-layers", metavar="AT:N", type=at_n, help="after loading, insert N new layers (a "
+                    "multiple of 4) before layer AT, each starting as the identity (deepen.py)")
     ap.add_argument("--new-lr-mult", type=float, default=1.0, help="the inserted layers' own tensors train at "
                     "this multiple of the learning rate")
     args = ap.parse_args()
@@ -215,7 +215,7 @@ def main() -> None:
     train_convs = chat_format.load_jsonl(os.path.join(args.data, "chat_train.jsonl"))
     held_convs = chat_format.load_jsonl(os.path.join(HERE, "chat_heldout.jsonl"))
     cx, cm, dropped = chat_rows(train_convs, tok, tools, args.seq, cfg.bos, args.call_weight,
-                                  args.decision_weight)
+                                args.decision_weight)
     hx, hm, _ = chat_rows(held_convs, tok, tools, args.seq, cfg.bos, 2.0)  # 2: a call's tokens
     if args.copy_batch:
         kx, km, _ = chat_rows(chat_format.load_jsonl(os.path.join(args.data, "chat_copy.jsonl")), tok, tools,
