@@ -552,6 +552,8 @@ def main() -> None:
     ap.add_argument("--made-up", type=float, nargs=2, default=[0.25, 0.2], metavar=("CITIES", "BOOKS"),
                     help="with --broad, the shares of training weather and verse requests for a made-up name")
     args = ap.parse_args()
+    if args.made_up != [0.25, 0.2] and not args.broad:
+        ap.error("--made-up sets --broad's made-up names: give --broad too")
     rng = random.Random(args.seed + 3)
     train_txt = os.path.join(args.data, "train.txt")
     gen = Generator(args.seed, verse_texts(train_txt, rng), args.broad, tuple(args.made_up))

@@ -6,8 +6,9 @@ new layer starts as the identity on the lanes:
 
 - its branch adds nothing: `attn_out_scale = 0` and `mlp_d3 = 0`, so `out = u` and the
   update is zero (both gains still get gradients, so the layer learns from the first step);
-- its route is the identity up to e^-9 per off-diagonal entry: `mhc.phi_res` rows zero and
-  `mhc.b_res` 0 on the diagonal, -9 off it (SPEC's Sinkhorn then returns ~I).
+- its route is the identity up to e^off_diagonal per off-diagonal entry: `mhc.phi_res` rows
+  zero and `mhc.b_res` 0 on the diagonal, `off_diagonal` (default -9) off it (SPEC's
+  Sinkhorn then returns ~I).
 
 `n` must be a multiple of 4: SPEC §4's mHC reads mostly from lane `layer % 4`, so shifting
 the later layers by a multiple of 4 keeps each one reading the lane it was trained on.
@@ -21,15 +22,11 @@ import torch
 
 from model import Config, CqlmFloat
 
-# mHC tensors stacked over layers: name -> rows per layer.
-MHC_ROWS = {"mhc.phi_pre": 4, "mhc.phi_post": 4, "mhc.phi_res": 16, "mhc.a_pre": 1, "mhc.a_post": 1,
-            "mhc.a_res": 1, "mhc.b_pre": 1, "mhc.b_post": 1, "mhc.b_res": 1}
-ROUTE_OFF_DIAGONAL = -9.0
 
-
-def insert_layers(model: CqlmFloat, cfg: Config, at: int, n: int) -> tuple[CqlmFloat, Config, list[str]]:
+def insert_layers(model: CqlmFloat, cfg: Config, at: int, n: int,
+                  off_diagonal: float = -9.0) -> tuple[CqlmFloat, Config, list[str]]:
     """The deeper model, its config, and the names of the new layers' own tensors
-    (`layers.{l}.*`; the new rows of the stacked mHC tensors are not listed)."""
+    (`layers.{l}.*`; the new rows of the stacked `mhc.*` tensors are not listed)."""
     if n <= 0 or n % 4:
         raise ValueError(f"insert {n} layers: must be a positive multiple of 4 (mHC's lane of a layer is layer % 4)")
     if not 0 <= at <= cfg.layers:
@@ -46,8 +43,8 @@ def insert_layers(model: CqlmFloat, cfg: Config, at: int, n: int) -> tuple[CqlmF
     new_layers = set(range(at, at + n))
     with torch.no_grad():
         for name, t in old.items():
-            if name in MHC_ROWS:
-                r = MHC_ROWS[name]
+            if name.startswith("mhc."):  # stacked over layers: the same rows for each
+                r = t.shape[0] // cfg.layers
                 for l, nl in moved.items():
                     new[name][nl * r:(nl + 1) * r] = t[l * r:(l + 1) * r]
             elif name.startswith("layers."):
@@ -58,7 +55,7 @@ def insert_layers(model: CqlmFloat, cfg: Config, at: int, n: int) -> tuple[CqlmF
                 new[f"engram.{moved[int(s)]}.{rest}"] = t
             else:
                 new[name] = t
-        route = torch.full((4, 4), ROUTE_OFF_DIAGONAL).fill_diagonal_(0.0).reshape(16)
+        route = torch.full((4, 4), off_diagonal).fill_diagonal_(0.0).reshape(16)
         for l in new_layers:
             new[f"layers.{l}.attn_out_scale"].zero_()
             new[f"layers.{l}.mlp_d3"].zero_()

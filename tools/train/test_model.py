@@ -140,22 +140,18 @@ def test_inserted_layers_start_as_the_identity() -> None:
             return model(torch.from_numpy(toks.astype(np.int64)), engram_indices(c, toks))
 
     want = logits(m, cfg)
-    saved = deepen.ROUTE_OFF_DIAGONAL
-    try:
-        deepen.ROUTE_OFF_DIAGONAL = -40.0  # the identity route to double precision
-        for at in (0, 4, 8):
-            big, big_cfg, names = deepen.insert_layers(m, cfg, at, 4)
-            big = big.double().eval()
-            assert big_cfg.layers == 12
-            assert big_cfg.engram.sites == sorted(s if s < at else s + 4 for s in (1, 5)), (at, big_cfg.engram.sites)
-            assert {int(n.split(".")[1]) for n in names} == set(range(at, at + 4))
-            got = logits(big, big_cfg)
-            assert torch.allclose(got, want, atol=1e-9), (at, (got - want).abs().max())
-            with torch.no_grad():  # and a new layer does take part once its gains move
-                big.params[f"layers.{at}.mlp_d3"].fill_(0.3)
-            assert not torch.allclose(logits(big, big_cfg), want, atol=1e-3), at
-    finally:
-        deepen.ROUTE_OFF_DIAGONAL = saved
+    for at in (0, 4, 8):
+        # off_diagonal -40: the identity route to double precision
+        big, big_cfg, names = deepen.insert_layers(m, cfg, at, 4, off_diagonal=-40.0)
+        big = big.double().eval()
+        assert big_cfg.layers == 12
+        assert big_cfg.engram.sites == sorted(s if s < at else s + 4 for s in (1, 5)), (at, big_cfg.engram.sites)
+        assert {int(n.split(".")[1]) for n in names} == set(range(at, at + 4))
+        got = logits(big, big_cfg)
+        assert torch.allclose(got, want, atol=1e-9), (at, (got - want).abs().max())
+        with torch.no_grad():  # and a new layer does take part once its gains move
+            big.params[f"layers.{at}.mlp_d3"].fill_(0.3)
+        assert not torch.allclose(logits(big, big_cfg), want, atol=1e-3), at
     # The shipped setting leaks e^-9 between lanes: close, not equal.
     big, big_cfg, _ = deepen.insert_layers(m, cfg, 4, 4)
     got = logits(big.double().eval(), big_cfg)
