@@ -69,7 +69,7 @@ pack_as_shipped "chat_float_stage5.safetensors" "chat_run5.safetensors"
     --text-batch 8 --text-seq 256 --lr 5e-4 --warmup 20 --eval-every 140 --call-weight 3
 keep_stage 6
 # Run 6 was shipped packed (commit 0173afc), and run 8 resumed from that archive. (Run 7, from
-# run 6's float checkpoint, was not shipped and is not replayed: BENCHMARKS.md.)
+# run 6's float checkpoint, was not shipped and is not replayed: models/README.md, "Training runs".)
 pack_as_shipped "chat_float_stage6.safetensors" "chat_run6.safetensors"
 
 # 8. A tool call's tokens weighing 5, more tool conversations and fewer say-it-back rows a step,
@@ -107,7 +107,7 @@ pack_as_shipped "chat_float_stage11.safetensors" "chat_run11.safetensors"
 "$PY" finetune.py --resume "$D/chat_run11.safetensors" --steps 400 "${CALLS5[@]}" --lr 3e-4 --eval-every 200 --seed 4325
 # Run 12 is the built-in model. Runs 13 and 14 (this line again from run 12 packed, then from run 13
 # packed, --seed 4326 and 4327) lowered the calls' held-out loss but made more wrong calls (84.8%
-# and 82.8% exact arguments against run 12's 85.9%) and are not replayed (BENCHMARKS.md), nor
+# and 82.8% exact arguments against run 12's 85.9%) and are not replayed (models/README.md, "Training runs"), nor
 # runs 15, 16 and 17 from run 12 packed (83.8%, 85.9% and 84.8%):
 #   "$PY" finetune.py --resume "$D/chat_run12.safetensors" --insert-layers 4:4 --new-lr-mult 3 \
 #       --steps 360 "${CALLS5[@]}" --lr 3e-4 --eval-every 120 --seed 4328
