@@ -2,10 +2,12 @@
 //! and 8 sequences stepped together (one token each a pass): `CpuBatch` (fast
 //! precision) on the built-in model and the `default` preset, and `GpuBatch` on
 //! the first GPU adapter (lavapipe here) on the built-in model, against 1, 4 and
-//! 8 `GpuEngine`s stepped one after another (a session each, as `--no-batch`).
+//! 8 `GpuEngine`s stepped one after another (a session each). Each pass reads
+//! out every sequence's greedy token (on the GPU: the device's argmax).
 //!
 //! `cargo bench --bench batch` (`CQLM_BENCH_GPU=0` skips the GPU).
 
+use cqlm::engine::SlotStep;
 use cqlm::gpu::{GpuContext, GpuOptions};
 use cqlm::{BatchEngine, CpuBatch, Engine, GpuBatch, GpuEngine, Model, Precision, Readout};
 use std::sync::Arc;
@@ -14,10 +16,14 @@ use std::time::Instant;
 /// Aggregate decode tok/s of `slots` sequences in `b` over `steps` passes.
 fn batched(b: &mut dyn BatchEngine, slots: usize, steps: usize) -> f64 {
     let prompt: Vec<u32> = (0..16).map(|i| 3 + i).collect();
-    let work: Vec<(usize, &[u32])> = (0..slots).map(|s| (s, &prompt[..])).collect();
+    let work: Vec<SlotStep<'_>> = (0..slots)
+        .map(|s| SlotStep::new(s, &prompt, Readout::None))
+        .collect();
     b.step(&work).expect("prefill");
     let ids: Vec<[u32; 1]> = (0..slots).map(|s| [(5 + s) as u32]).collect();
-    let work: Vec<(usize, &[u32])> = ids.iter().enumerate().map(|(s, t)| (s, &t[..])).collect();
+    let work: Vec<SlotStep<'_>> = (ids.iter().enumerate())
+        .map(|(s, t)| SlotStep::new(s, t, Readout::Argmax))
+        .collect();
     b.step(&work).expect("warm-up");
     let t0 = Instant::now();
     for _ in 0..steps {
@@ -26,17 +32,17 @@ fn batched(b: &mut dyn BatchEngine, slots: usize, steps: usize) -> f64 {
     (steps * slots) as f64 / t0.elapsed().as_secs_f64()
 }
 
-/// The same with `slots` engines stepped in turn (logits read back each step).
+/// The same with `slots` engines stepped in turn (the device's argmax each step).
 fn sessions(engines: &mut [GpuEngine], steps: usize) -> f64 {
     let prompt: Vec<u32> = (0..16).map(|i| 3 + i).collect();
     for e in engines.iter_mut() {
         e.step_many(&prompt, Readout::None).expect("prefill");
-        e.step(5, Readout::Logits).expect("warm-up");
+        e.step(5, Readout::Argmax).expect("warm-up");
     }
     let t0 = Instant::now();
     for _ in 0..steps {
         for (s, e) in engines.iter_mut().enumerate() {
-            e.step((5 + s) as u32, Readout::Logits).expect("step");
+            e.step((5 + s) as u32, Readout::Argmax).expect("step");
         }
     }
     (steps * engines.len()) as f64 / t0.elapsed().as_secs_f64()

@@ -1,22 +1,23 @@
-//! Generation through the library API: load, tokenize, prefill, sample, stream text.
+//! Generation through the library API: load, tokenize, then one `Generation`
+//! (prompt, sampler, limit, stop string) run on a session, its text streamed.
 //!
 //! `cargo run --release --example generate -- [ARCHIVE] [PROMPT]` (default: the
 //! built-in trained model and a line of Austen). An archive without a tokenizer
 //! is prompted with its BOS and prints ids.
 
 use cqlm::sample::{Sampler, SamplerConfig};
-use cqlm::session::{Backend, Session};
-use cqlm::tokenizer::TextTokenizer;
+use cqlm::session::{Backend, Generation, Session};
+use cqlm::tokenizer::{TextStream, TextTokenizer};
 use cqlm::Model;
 use std::io::Write;
 use std::sync::Arc;
 
 fn main() -> Result<(), cqlm::Error> {
     let mut args = std::env::args().skip(1);
-    let model = match args.next() {
+    let model = Arc::new(match args.next() {
         Some(path) => Model::load(path.as_ref())?,
         None => cqlm::builtin::model()?,
-    };
+    });
     let prompt = args
         .next()
         .unwrap_or_else(|| "It is a truth universally acknowledged".into());
@@ -29,38 +30,40 @@ fn main() -> Result<(), cqlm::Error> {
         Some(t) => t.encode(&prompt)?,
         None => vec![model.config.bos],
     };
-    // The GPU when wgpu finds an adapter, else the CPU.
-    let mut session = Session::new(Arc::new(model), Backend::Auto(Default::default()))?;
-    session.prefill(&ids)?;
-    let mut sampler = Sampler::new(SamplerConfig {
+    let sampler = Sampler::new(SamplerConfig {
         temperature: 0.8,
         top_k: 40,
         repeat_penalty: 1.1,
         seed: 1,
         ..SamplerConfig::default()
     })?;
-    let mut generated = Vec::new();
-    let mut shown = 0;
+    // 48 tokens at most, ending early at EOS or a blank line.
+    let mut generation = Generation::new(ids, sampler, model.config.eos, 48);
+    if let Some(t) = &tokenizer {
+        generation = generation.with_text(TextStream::new(t, vec!["\n\n".into()]));
+    }
+    // The GPU when wgpu finds an adapter, else the CPU.
+    let mut session = Session::new(Arc::clone(&model), Backend::Auto(Default::default()))?;
     print!("{prompt}");
-    session.generate(&mut sampler, 48, |id| {
-        generated.push(id);
+    session.run(&mut generation, |e| {
+        // Whole characters only, never the start of the stop string.
         match &tokenizer {
-            // Decode the whole tail each time: a byte-level token can end mid-character,
-            // which decodes as U+FFFD until the next token completes it.
-            Some(t) => {
-                if let Ok(text) = t.decode(&generated) {
-                    let end = text.trim_end_matches('\u{FFFD}').len();
-                    if end > shown && text.is_char_boundary(shown) {
-                        print!("{}", &text[shown..end]);
-                        shown = end;
-                    }
-                }
-            }
-            None => print!("{id} "),
+            Some(_) => print!("{}", e.text),
+            None => e.ids.iter().for_each(|id| print!("{id} ")),
         }
         let _ = std::io::stdout().flush();
         true // keep going
     })?;
-    println!("\n({})", session.engine().describe());
+    // What was held back in case it began the stop string.
+    if let Some(text) = generation.text() {
+        print!("{}", text.rest()?);
+    }
+    let out = generation.output()?;
+    println!(
+        "\n({} tokens, finish {}; {})",
+        out.tokens,
+        out.finish_reason(),
+        session.engine().describe()
+    );
     Ok(())
 }

@@ -2,10 +2,10 @@
 //! adapter, prefill chunk), used by [`crate::session::Session`], every CLI
 //! command and the tools, so every setting reaches the engine that runs.
 
-use crate::cpu::CpuEngine;
-use crate::engine::Engine;
+use crate::cpu::{CpuBatch, CpuEngine};
+use crate::engine::{BatchEngine, Engine};
 use crate::error::{Error, Result};
-use crate::gpu::{list_adapters, GpuEngine, GpuOptions};
+use crate::gpu::{list_adapters, GpuBatch, GpuEngine, GpuOptions};
 use crate::precision::Precision;
 use crate::weights::Model;
 use std::sync::Arc;
@@ -59,6 +59,30 @@ pub struct BuiltEngine {
     pub engine: AnyEngine,
     /// Why [`Backend::Auto`] runs on the CPU (one line, for stderr), if it does.
     pub notice: Option<String>,
+}
+
+/// Builds a batch engine (the first of a server, or one after a failure).
+pub type BatchFactory = Arc<dyn Fn() -> Result<Box<dyn BatchEngine>> + Send + Sync>;
+
+/// What [`EngineBuilder::build_batch`] built: a batch engine, a factory of more
+/// like it (on the same device), and why auto chose the CPU, if it did.
+pub struct BuiltBatch {
+    /// The batch engine.
+    pub batch: Box<dyn BatchEngine>,
+    /// Builds another batch engine of the same backend, slots and precision
+    /// (on the GPU: on the same device).
+    pub factory: BatchFactory,
+    /// Why [`Backend::Auto`] runs on the CPU (one line, for stderr), if it does.
+    pub notice: Option<String>,
+}
+
+impl std::fmt::Debug for BuiltBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BuiltBatch")
+            .field("batch", &self.batch.describe())
+            .field("notice", &self.notice)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Builds an engine for a model: backend and its options, then [`EngineBuilder::build`].
@@ -152,16 +176,64 @@ impl EngineBuilder {
             if let Some(n) = chunk {
                 e.set_prefill_chunk(n);
             }
-            let notice = fast_asked.then(|| {
-                "the gpu engine computes exact arithmetic: fast precision (SPEC §6.1) is \
-                 the cpu engine's"
-                    .to_string()
-            });
+            let notice = fast_asked.then(|| FAST_ON_GPU.to_string());
             Ok(BuiltEngine {
                 engine: AnyEngine::Gpu(Box::new(e)),
                 notice,
             })
         };
+        self.choose(cpu, gpu)
+    }
+}
+
+impl EngineBuilder {
+    /// Build a batch engine of `slots` sequences ([`BatchEngine`]: what the
+    /// server steps) on the backend [`EngineBuilder::build`] would choose, with
+    /// the same notice, and a factory of more like it. The prefill chunk does not
+    /// apply: a batch feeds its items' ids in passes of its own.
+    ///
+    /// # Errors
+    /// As [`EngineBuilder::build_any`]; [`Error::Gpu`] when the device cannot
+    /// hold `slots` sequences.
+    pub fn build_batch(self, slots: usize) -> Result<BuiltBatch> {
+        let precision = self.precision.unwrap_or(self.default_precision);
+        let fast_asked = self.precision == Some(Precision::Fast);
+        let cpu = |model: Arc<Model>, notice: Option<String>| -> Result<BuiltBatch> {
+            let factory: BatchFactory = Arc::new(move || {
+                let b = CpuBatch::new(Arc::clone(&model), slots, precision)?;
+                Ok(Box::new(b) as Box<dyn BatchEngine>)
+            });
+            Ok(BuiltBatch {
+                batch: factory()?,
+                factory,
+                notice,
+            })
+        };
+        let gpu = |model: Arc<Model>, opts: &GpuOptions| -> Result<BuiltBatch> {
+            let ctx = GpuEngine::context_for(&model, opts)?;
+            let factory: BatchFactory = Arc::new(move || {
+                let b = GpuBatch::new(Arc::clone(&model), Arc::clone(&ctx), slots, None)?;
+                Ok(Box::new(b) as Box<dyn BatchEngine>)
+            });
+            Ok(BuiltBatch {
+                batch: factory()?,
+                factory,
+                notice: fast_asked.then(|| FAST_ON_GPU.to_string()),
+            })
+        };
+        self.choose(cpu, gpu)
+    }
+}
+
+impl EngineBuilder {
+    /// Run `cpu` (with auto's notice, if any) or `gpu` as the backend says:
+    /// auto takes a hardware GPU, else the CPU, and falls back to the CPU when
+    /// the GPU fails unless an adapter was named.
+    fn choose<T>(
+        self,
+        cpu: impl FnOnce(Arc<Model>, Option<String>) -> Result<T>,
+        gpu: impl FnOnce(Arc<Model>, &GpuOptions) -> Result<T>,
+    ) -> Result<T> {
         match &self.backend {
             Backend::Cpu => cpu(self.model, None),
             Backend::Gpu(opts) => gpu(self.model, opts),
@@ -180,6 +252,10 @@ impl EngineBuilder {
         }
     }
 }
+
+/// The notice of a GPU engine asked for fast precision.
+const FAST_ON_GPU: &str =
+    "the gpu engine computes exact arithmetic: fast precision (SPEC §6.1) is the cpu engine's";
 
 /// Whether the options (or `CQLM_ADAPTER`) name an adapter: auto then runs on it.
 fn names_adapter(opts: &GpuOptions) -> bool {

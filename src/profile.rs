@@ -13,6 +13,20 @@
 use serde::Serialize;
 use std::collections::HashMap;
 
+/// How a profile times the GPU's dispatches (the CPU ignores it: it times at
+/// its kernel boundaries).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Timing {
+    /// Timestamp queries where the device has them enabled, else [`Timing::PerDispatch`].
+    #[default]
+    Auto,
+    /// Timestamp queries inside the compute pass (an error where the device lacks them).
+    Timestamps,
+    /// One submit and wait per dispatch: works on every device, but each time
+    /// includes the submit and wait overhead.
+    PerDispatch,
+}
+
 /// One kernel of the step, averaged over the profiled tokens.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ProfileRow {

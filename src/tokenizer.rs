@@ -29,13 +29,18 @@ impl TextTokenizer {
                 "this archive has no embedded tokenizer (cqlm.tokenizer): give token ids instead of text".into(),
             )
         })?;
-        let inner = text
+        Self::from_json(text, model.config.bos)
+    }
+
+    /// Parse a Hugging Face `tokenizer.json` whose BOS id is `bos`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when it does not parse.
+    pub fn from_json(json: &str, bos: u32) -> Result<TextTokenizer> {
+        let inner = json
             .parse::<tokenizers::Tokenizer>()
             .map_err(|e| Error::InvalidArgument(format!("cqlm.tokenizer does not parse: {e}")))?;
-        Ok(TextTokenizer {
-            inner,
-            bos: model.config.bos,
-        })
+        Ok(TextTokenizer { inner, bos })
     }
 
     /// Token ids of `text`, with the tokenizer's special tokens, and BOS in front
@@ -72,13 +77,32 @@ impl TextTokenizer {
     }
 }
 
+/// The `tokenizers` crate's incremental decoder over a [`TextTokenizer`].
+type Decoder<'a> = tokenizers::DecodeStream<
+    'a,
+    tokenizers::ModelWrapper,
+    tokenizers::NormalizerWrapper,
+    tokenizers::PreTokenizerWrapper,
+    tokenizers::PostProcessorWrapper,
+    tokenizers::DecoderWrapper,
+>;
+
 /// Generated text as it grows, for streaming: each [`TextStream::push`] hands
 /// out the new text, never a partial character and never what could still
 /// become one of the stop strings; the text ends at the first stop string.
+/// Each token costs O(1) (the `tokenizers` crate's streaming decoder, which
+/// decodes a window of the last few tokens), whatever the length of the text.
 pub struct TextStream<'a> {
     tok: &'a TextTokenizer,
+    decoder: Decoder<'a>,
     stops: Vec<String>,
+    /// Bytes a stop string could still reach back from the end of the text.
+    hold: usize,
     ids: Vec<u32>,
+    /// The text of the ids decoded so far (whole characters).
+    text: String,
+    /// Whether the last ids have not produced text yet (a partial character).
+    partial: bool,
     sent: usize,
     stopped_at: Option<usize>,
 }
@@ -86,10 +110,19 @@ pub struct TextStream<'a> {
 impl<'a> TextStream<'a> {
     /// No text yet, with these stop strings.
     pub fn new(tok: &'a TextTokenizer, stops: Vec<String>) -> TextStream<'a> {
+        let hold = stops
+            .iter()
+            .map(|s| s.len().saturating_sub(1))
+            .max()
+            .unwrap_or(0);
         TextStream {
             tok,
+            decoder: tok.inner.decode_stream(true),
             stops,
+            hold,
             ids: Vec::new(),
+            text: String::new(),
+            partial: false,
             sent: 0,
             stopped_at: None,
         }
@@ -107,37 +140,48 @@ impl<'a> TextStream<'a> {
     }
 
     /// Add `id`; the new text that may be sent.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the tokenizer cannot decode `id`.
     pub fn push(&mut self, id: u32) -> Result<Option<String>> {
         self.ids.push(id);
-        let text = self.tok.decode(&self.ids)?;
-        if text.ends_with('\u{FFFD}') {
+        if self.stopped_at.is_some() {
             return Ok(None);
         }
+        let piece = self
+            .decoder
+            .step(id)
+            .map_err(|e| Error::InvalidArgument(format!("cannot decode ids: {e}")))?;
+        let Some(piece) = piece else {
+            self.partial = true;
+            return Ok(None);
+        };
+        self.partial = false;
+        // Earlier text holds no stop string: a new one ends in this piece.
+        let mut from = self.text.len().saturating_sub(self.hold);
+        while !self.text.is_char_boundary(from) {
+            from -= 1;
+        }
+        self.text.push_str(&piece);
         if let Some(at) = self
             .stops
             .iter()
-            .filter_map(|s| text.find(s.as_str()))
+            .filter_map(|s| self.text[from..].find(s.as_str()).map(|i| from + i))
             .min()
         {
             self.stopped_at = Some(at);
-            return Ok(self.take(&text, at));
+            return Ok(self.take(at));
         }
-        let hold = self
-            .stops
-            .iter()
-            .map(|s| s.len().saturating_sub(1))
-            .max()
-            .unwrap_or(0);
-        let mut end = text.len().saturating_sub(hold);
-        while !text.is_char_boundary(end) {
+        let mut end = self.text.len().saturating_sub(self.hold);
+        while !self.text.is_char_boundary(end) {
             end -= 1;
         }
-        Ok(self.take(&text, end))
+        Ok(self.take(end))
     }
 
-    fn take(&mut self, text: &str, end: usize) -> Option<String> {
-        (end > self.sent && text.is_char_boundary(self.sent)).then(|| {
-            let s = text[self.sent..end].to_string();
+    fn take(&mut self, end: usize) -> Option<String> {
+        (end > self.sent).then(|| {
+            let s = self.text[self.sent..end].to_string();
             self.sent = end;
             s
         })
@@ -145,17 +189,25 @@ impl<'a> TextStream<'a> {
 
     /// The text not handed out yet (up to a stop string): what a stream prints
     /// at its end.
+    ///
+    /// # Errors
+    /// As [`TextStream::full`].
     pub fn rest(&self) -> Result<String> {
         let full = self.full()?;
         Ok(full.get(self.sent..).unwrap_or_default().to_string())
     }
 
-    /// The whole text (up to a stop string).
+    /// The whole text (up to a stop string). Ids that end in a partial
+    /// character come out as the tokenizer's whole decode shows them
+    /// (U+FFFD for the incomplete bytes).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the tokenizer cannot decode the ids.
     pub fn full(&self) -> Result<String> {
-        let text = self.tok.decode(&self.ids)?;
         Ok(match self.stopped_at {
-            Some(at) => text[..at].to_string(),
-            None => text,
+            Some(at) => self.text[..at].to_string(),
+            None if self.partial => self.tok.decode(&self.ids)?,
+            None => self.text.clone(),
         })
     }
 }

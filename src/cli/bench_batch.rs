@@ -4,8 +4,9 @@
 
 use super::{BackendArgs, ModelArgs};
 use anyhow::{bail, Result};
-use cqlm::sample::argmax;
+use cqlm::engine::SlotStep;
 use cqlm::stats::median;
+use cqlm::Readout;
 use std::time::Instant;
 
 /// One figure: `n` sequences' aggregate decode rate.
@@ -34,8 +35,7 @@ pub fn run(
     let model = model.load()?;
     let vocab = model.config.vocab;
     let most = sequences.iter().copied().max().unwrap_or(1);
-    let make = super::batch_factory(model, backend, most, cqlm::Precision::Fast)?;
-    let mut batch = make()?;
+    let mut batch = super::make_batch(model, backend, most)?;
     let mut rows = Vec::new();
     for &n in sequences {
         let mut rates = Vec::new();
@@ -56,12 +56,12 @@ pub fn run(
                 .enumerate()
                 .map(|(s, p)| (s, &p[..]))
                 .collect();
-            let mut next: Vec<[u32; 1]> = step_argmax(batch.as_mut(), &work, vocab)?;
+            let mut next: Vec<[u32; 1]> = step_argmax(batch.as_mut(), &work)?;
             let t0 = Instant::now();
             for _ in 0..tokens {
                 let work: Vec<(usize, &[u32])> =
                     next.iter().enumerate().map(|(s, t)| (s, &t[..])).collect();
-                next = step_argmax(batch.as_mut(), &work, vocab)?;
+                next = step_argmax(batch.as_mut(), &work)?;
             }
             rates.push((n * tokens) as f64 / t0.elapsed().as_secs_f64());
         }
@@ -112,15 +112,20 @@ pub fn run(
     Ok(())
 }
 
-/// Step `work` and take each item's greedy next token.
-fn step_argmax(
-    b: &mut dyn cqlm::BatchEngine,
-    work: &[(usize, &[u32])],
-    vocab: usize,
-) -> Result<Vec<[u32; 1]>> {
-    let logits = b.step(work)?;
-    Ok(logits
-        .chunks_exact(vocab)
-        .map(|row| [argmax(row)])
-        .collect())
+/// Step `work` and take each item's greedy next token (the device's argmax on
+/// the GPU, as a greedy request of the server reads it).
+fn step_argmax(b: &mut dyn cqlm::BatchEngine, work: &[(usize, &[u32])]) -> Result<Vec<[u32; 1]>> {
+    let steps: Vec<SlotStep<'_>> = work
+        .iter()
+        .map(|&(slot, ids)| SlotStep::new(slot, ids, Readout::Argmax))
+        .collect();
+    b.step(&steps)?;
+    (0..work.len())
+        .map(|k| {
+            b.out(k)
+                .token()
+                .map(|t| [t])
+                .ok_or_else(|| anyhow::anyhow!("the batch read out no token"))
+        })
+        .collect()
 }

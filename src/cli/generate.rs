@@ -4,8 +4,7 @@ use super::{parse_ids, BackendArgs, Ids, ModelArgs};
 use anyhow::{bail, Context, Result};
 use cqlm::constrain::{ConstraintSpec, JsonWhitespace, TokenSpace, ToolMarkers, ToolSet};
 use cqlm::sample::{Sampler, SamplerConfig};
-use cqlm::session::Session;
-use cqlm::session::Stop;
+use cqlm::session::{Finish, Generation, Session};
 use cqlm::tokenizer::{TextStream, TextTokenizer};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::Write;
@@ -152,40 +151,6 @@ fn bar(len: u64, msg: &str) -> ProgressBar {
     pb
 }
 
-/// Prints decoded text as it grows, never splitting a character and holding back
-/// what could still become a stop string.
-struct Streamer<'a> {
-    /// The text so far, when the archive has a tokenizer (else ids are printed).
-    text: Option<TextStream<'a>>,
-}
-
-impl Streamer<'_> {
-    fn push(&mut self, id: u32, out: &mut impl Write) -> Result<()> {
-        let Some(text) = self.text.as_mut() else {
-            write!(out, "{id} ")?;
-            return Ok(out.flush()?);
-        };
-        if let Some(delta) = text.push(id)? {
-            out.write_all(delta.as_bytes())?;
-            out.flush()?;
-        }
-        Ok(())
-    }
-
-    /// Whether a stop string has appeared.
-    fn hit_stop(&self) -> bool {
-        self.text.as_ref().is_some_and(TextStream::stopped)
-    }
-
-    fn finish(&mut self, out: &mut impl Write) -> Result<()> {
-        if let Some(text) = &self.text {
-            out.write_all(text.rest()?.as_bytes())?;
-        }
-        writeln!(out)?;
-        Ok(())
-    }
-}
-
 pub fn run(a: Args) -> Result<()> {
     a.backend.check()?;
     let _ = ctrlc::set_handler(|| INTERRUPTED.store(true, Ordering::SeqCst));
@@ -200,7 +165,7 @@ pub fn run(a: Args) -> Result<()> {
     }
     // A constraint is compiled before anything runs: one that can't be is an
     // error with nothing on stdout, never unconstrained output.
-    let mut constraint = match a
+    let constraint = match a
         .constraint
         .spec(&a.constraint_options, &model.tool_markers)?
     {
@@ -216,7 +181,7 @@ pub fn run(a: Args) -> Result<()> {
         (None, Some(ids)) => ids.0.clone(),
         (None, None) => vec![model.config.bos],
     };
-    let mut sampler = Sampler::new(SamplerConfig {
+    let sampler = Sampler::new(SamplerConfig {
         temperature: a.temperature,
         top_k: a.top_k,
         top_p: a.top_p,
@@ -246,56 +211,69 @@ pub fn run(a: Args) -> Result<()> {
 
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    let mut streamer = Streamer {
-        text: tok.as_ref().map(|t| TextStream::new(t, a.stop.clone())),
-    };
+    let nucleus_draws = sampler.top_p_only().is_some();
+    let (eos, vocab) = (model.config.eos, model.config.vocab);
+    let mut generation = Generation::new(Vec::new(), sampler, eos, a.max_tokens);
+    if let Some(t) = &tok {
+        generation = generation.with_text(TextStream::new(t, a.stop.clone()));
+    }
+    let constrained = constraint.is_some();
+    if let Some(c) = constraint {
+        generation = generation.with_constraint(c, vocab);
+    }
     let t1 = Instant::now();
-    let mut generated = 0usize;
     let mut error = None;
-    let mut on_token = |id| {
-        generated += 1;
-        if let Err(e) = streamer.push(id, &mut out) {
-            error = Some(e);
-            return false;
-        }
-        !streamer.hit_stop() && !INTERRUPTED.load(Ordering::SeqCst)
-    };
-    let mut stop = Stop::Length;
-    let mut constrained = None;
+    let mut finish = Finish::Cancelled;
     if done == ids.len() {
-        match constraint.as_mut() {
-            Some(c) => {
-                let (s, stats) =
-                    session.generate_constrained(&mut sampler, a.max_tokens, c, &mut on_token)?;
-                stop = s;
-                constrained = Some(stats);
+        // Text as it grows (never a partial character, never what could still
+        // become a stop string); ids when the archive has no tokenizer.
+        let has_text = tok.is_some();
+        let mut print = |e: cqlm::session::Emitted<'_>| -> std::io::Result<()> {
+            if has_text {
+                out.write_all(e.text.as_bytes())?;
+            } else {
+                for id in e.ids {
+                    write!(out, "{id} ")?;
+                }
             }
-            None => stop = session.generate(&mut sampler, a.max_tokens, &mut on_token)?,
-        }
+            out.flush()
+        };
+        finish = session.run(&mut generation, |e| {
+            if let Err(err) = print(e) {
+                error = Some(err);
+                return false;
+            }
+            !INTERRUPTED.load(Ordering::SeqCst)
+        })?;
     }
     if let Some(e) = error {
-        return Err(e);
+        return Err(e.into());
     }
-    streamer.finish(&mut out)?;
+    let generated = generation.generated();
+    if let Some(text) = generation.text() {
+        out.write_all(text.rest()?.as_bytes())?;
+    }
+    writeln!(out)?;
     let decode_s = t1.elapsed().as_secs_f64();
     // A top-p sampler without a top-k draws from the engine's 256 best candidates
     // unless they can't decide; say how often the logits had to be read.
-    let nucleus = match sampler.top_p_only() {
-        Some(_) => format!(
+    let nucleus = match nucleus_draws {
+        true => format!(
             " | top-p: {} of {generated} draws read the logits",
             session.nucleus_misses()
         ),
-        None => String::new(),
+        false => String::new(),
     };
     // Constrained: the mask time per masked token, and the forced share.
-    let masks = match &constrained {
-        Some(c) => format!(
-            " | mask {:.1} µs/token ({:.1} µs waited), {} of {generated} tokens forced",
-            c.mask_us(),
-            c.mask_wait_seconds * 1e6 / c.masks.max(1) as f64,
-            c.forced.min(generated)
-        ),
-        None => String::new(),
+    let stats = generation.constraint_stats();
+    let masks = if constrained {
+        format!(
+            " | mask {:.1} µs/token, {} of {generated} tokens forced",
+            stats.mask_us(),
+            stats.forced.min(generated)
+        )
+    } else {
+        String::new()
     };
     let interrupted = INTERRUPTED.load(Ordering::SeqCst);
     eprintln!(
@@ -306,7 +284,7 @@ pub fn run(a: Args) -> Result<()> {
         generated as f64 / decode_s.max(1e-9),
         session.engine().describe()
     );
-    if constrained.is_some() && stop != Stop::Complete {
+    if constrained && finish != Finish::Complete {
         if interrupted {
             bail!("interrupted before the output was complete");
         }

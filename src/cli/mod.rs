@@ -243,35 +243,26 @@ pub fn make_engine(
     Ok(engine)
 }
 
-/// A factory of batch engines of `slots` sequences on the backend the flags
-/// pick (probed once with an engine, which reports auto's notice): `CpuBatch` in
-/// the engine's precision, or `GpuBatch` on the probe's device, shared by every
-/// batch the factory builds.
-pub fn batch_factory(
+/// Build the batch engine of `slots` sequences the flags describe (fast
+/// precision without `--precision`), saying on stderr why auto runs on the CPU.
+pub fn make_batch(
     model: Arc<Model>,
     b: &BackendArgs,
     slots: usize,
-    default: cqlm::Precision,
-) -> Result<cqlm::serve::batcher::BatchFactory> {
+) -> Result<Box<dyn cqlm::BatchEngine>> {
+    Ok(build_batch(model, b, slots)?.batch)
+}
+
+/// [`make_batch`] with the factory of more like it (the server's).
+pub fn build_batch(
+    model: Arc<Model>,
+    b: &BackendArgs,
+    slots: usize,
+) -> Result<cqlm::builder::BuiltBatch> {
     b.check()?;
-    let built = b.builder(Arc::clone(&model), default).build_any()?;
+    let built = b.builder(model, cqlm::Precision::Fast).build_batch(slots)?;
     report_notice(built.notice.as_deref(), true);
-    Ok(match built.engine {
-        cqlm::builder::AnyEngine::Cpu(probe) => {
-            let precision = probe.precision();
-            Arc::new(move || {
-                let b = cqlm::CpuBatch::new(Arc::clone(&model), slots, precision)?;
-                Ok(Box::new(b) as Box<dyn cqlm::BatchEngine>)
-            })
-        }
-        cqlm::builder::AnyEngine::Gpu(probe) => {
-            let ctx = Arc::clone(probe.context());
-            Arc::new(move || {
-                let b = cqlm::GpuBatch::new(Arc::clone(&model), Arc::clone(&ctx), slots, None)?;
-                Ok(Box::new(b) as Box<dyn cqlm::BatchEngine>)
-            })
-        }
-    })
+    Ok(built)
 }
 
 /// A parsed `--ids` value.

@@ -3,10 +3,11 @@
 use super::{BackendArgs, ModelArgs};
 use anyhow::{bail, Context, Result};
 use cqlm::builder::AnyEngine;
-use cqlm::gpu::profile::GpuTiming;
-use cqlm::profile::{KernelProfile, KernelTally};
+use cqlm::engine::SlotStep;
+use cqlm::profile::{KernelProfile, KernelTally, Timing};
 use cqlm::weights::Model;
 use cqlm::Engine;
+use cqlm::Readout;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -106,9 +107,9 @@ pub fn run(a: Args) -> Result<()> {
         AnyEngine::Cpu(e) => (e.profile(decode)?, None),
         AnyEngine::Gpu(e) => {
             let timing = if a.per_dispatch {
-                GpuTiming::PerDispatch
+                Timing::PerDispatch
             } else {
-                GpuTiming::Auto
+                Timing::Auto
             };
             if !e.context().caps.timestamps {
                 eprintln!(
@@ -139,8 +140,7 @@ pub fn run(a: Args) -> Result<()> {
 /// timed, averaged per pass.
 fn batch(a: &Args, model: Arc<Model>, n: usize) -> Result<()> {
     let vocab = model.config.vocab as u64;
-    let make = super::batch_factory(model, &a.backend, n, cqlm::Precision::Fast)?;
-    let mut b = make()?;
+    let mut b = super::make_batch(model, &a.backend, n)?;
     // Sequence s: a fixed pseudo-random prompt and tokens of its own.
     let id = |s: usize, i: usize| {
         (((i as u64).wrapping_mul(2654435761) + s as u64 * 40503) >> 7) as u32 % vocab as u32
@@ -149,19 +149,23 @@ fn batch(a: &Args, model: Arc<Model>, n: usize) -> Result<()> {
         let prompts: Vec<Vec<u32>> = (0..n)
             .map(|s| (0..a.prompt_len).map(|i| id(s, i)).collect())
             .collect();
-        let work: Vec<(usize, &[u32])> = prompts.iter().map(|p| &p[..]).enumerate().collect();
+        let work: Vec<SlotStep<'_>> = (prompts.iter().enumerate())
+            .map(|(s, p)| SlotStep::new(s, p, Readout::None))
+            .collect();
         b.step(&work)?;
     }
     let timing = if a.per_dispatch {
-        GpuTiming::PerDispatch
+        Timing::PerDispatch
     } else {
-        GpuTiming::Auto
+        Timing::Auto
     };
     let mut tally = KernelTally::default();
     let (mut wall, mut method) = (0.0, String::new());
     for k in 0..a.tokens {
         let ids: Vec<[u32; 1]> = (0..n).map(|s| [id(s, a.prompt_len + k)]).collect();
-        let work: Vec<(usize, &[u32])> = ids.iter().map(|t| &t[..]).enumerate().collect();
+        let work: Vec<SlotStep<'_>> = (ids.iter().enumerate())
+            .map(|(s, t)| SlotStep::new(s, t, Readout::Argmax))
+            .collect();
         let t0 = Instant::now();
         method = b.step_timed(&work, timing, &mut tally)?;
         wall += t0.elapsed().as_secs_f64();

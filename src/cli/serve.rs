@@ -2,9 +2,7 @@
 
 use super::{BackendArgs, ModelArgs};
 use anyhow::Result;
-use cqlm::serve::worker::{Engines, SessionFactory};
 use cqlm::serve::ServeOptions;
-use cqlm::session::Session;
 use std::sync::Arc;
 
 #[derive(Debug, clap::Args)]
@@ -37,51 +35,28 @@ pub struct Args {
     /// The model id clients name (default: the archive's file stem, or cqlm-small).
     #[arg(long, value_name = "ID")]
     model_id: Option<String>,
-    /// Run each parallel sequence on its own thread and session (its own weight
-    /// upload on the GPU) instead of stepping them all in one batched pass (for
-    /// comparison).
-    #[arg(long)]
-    no_batch: bool,
 }
 
 pub fn run(a: Args) -> Result<()> {
-    a.backend.check()?;
     let model = a.model.load()?;
     let model_id = a.model_id.clone().unwrap_or_else(|| a.model.id());
-    let backend = a.backend.clone();
-    let m = Arc::clone(&model);
-    let make: SessionFactory = Arc::new(move || {
-        Session::from_builder(backend.builder(Arc::clone(&m), cqlm::Precision::Fast))
-    });
-    // One batched pass steps every sequence (CpuBatch or GpuBatch), unless --no-batch.
+    // Every sequence a slot of one batched pass (CpuBatch or GpuBatch).
     let parallel = a.parallel.max(1);
-    let batched = !a.no_batch;
-    let engines = if batched {
-        Engines::Batch(super::batch_factory(
-            Arc::clone(&model),
-            &a.backend,
-            parallel,
-            cqlm::Precision::Fast,
-        )?)
-    } else {
-        let probe = make()?;
-        super::report_notice(probe.fallback_reason(), true);
-        drop(probe);
-        Engines::Sessions(make)
-    };
+    let engine = super::build_batch(Arc::clone(&model), &a.backend, parallel)?;
     let opts = ServeOptions {
         host: a.host,
         port: a.port,
-        parallel,
         max_queue: a.max_queue,
         api_key: a.api_key,
         ctx_tokens: a.ctx_tokens,
         default_max_tokens: a.default_max_tokens.max(1),
         model_id,
     };
-    let how = if batched { "batched" } else { "a session each" };
-    cqlm::serve::serve(model, engines, opts, |addr| {
-        eprintln!("cqlm serve: listening on http://{addr}/v1 ({parallel} parallel, {how})");
+    let how = engine.batch.describe();
+    cqlm::serve::serve(model, engine, opts, |addr| {
+        eprintln!(
+            "cqlm serve: listening on http://{addr}/v1 ({parallel} parallel, batched on {how})"
+        );
     })?;
     eprintln!("cqlm serve: stopped");
     Ok(())

@@ -8,7 +8,9 @@ use super::forward::{forward_many, Segment};
 use super::hooks::StepHooks;
 use super::scratch::Scratch;
 use super::state::{alloc, State};
-use crate::error::Result;
+use crate::constrain::TokenMask;
+use crate::engine::{host_readout_masked, BatchEngine, ItemOuts, Readout, SlotStep, StepOut};
+use crate::error::{Error, Result};
 use crate::precision::Precision;
 use crate::profile::{KernelTally, KernelTimer};
 use crate::weights::Model;
@@ -19,9 +21,15 @@ pub struct CpuBatch {
     model: Arc<Model>,
     states: Vec<State>,
     scratch: Scratch,
+    /// The logits of the last step's items that computed them, `[rows, vocab]`.
     logits: Vec<f32>,
-    /// Work items of the last step (its logits are `[items, vocab]`).
-    items: usize,
+    /// Per item of the last step, its row of `logits` (none without logits).
+    rows: Vec<Option<usize>>,
+    /// The last step's readouts.
+    outs: ItemOuts,
+    /// Buffers of a masked or top-k host readout.
+    masked: Vec<f32>,
+    candidates: Vec<(f32, u32)>,
 }
 
 impl std::fmt::Debug for CpuBatch {
@@ -53,7 +61,10 @@ impl CpuBatch {
             model,
             states,
             scratch,
-            items: 0,
+            rows: Vec::new(),
+            outs: ItemOuts::default(),
+            masked: Vec::new(),
+            candidates: Vec::new(),
         })
     }
 
@@ -83,18 +94,14 @@ impl CpuBatch {
         self.states[slot].pos
     }
 
-    /// Append each `(slot, ids)` of `work` (distinct slots, at least one id each,
-    /// all `< vocab`) to its slot in one pass, and return the logits after each
-    /// item's last id, `[work.len(), vocab]` in `work`'s order. Every item's logits
-    /// are bit-identical to stepping its slot alone (the batched matvecs are
-    /// bit-identical to single ones).
+    /// Append each item of `work` to its slot in one pass and read out what each
+    /// asks ([`CpuBatch::out`]); the logits are computed only for the items
+    /// whose readout needs them. Every item's readout is bit-identical to its
+    /// slot stepped alone (the batched matvecs are bit-identical to single ones).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a slot out of range or repeated, an empty
-    /// item, or nothing to do; [`Error::TokenOutOfRange`](crate::Error::TokenOutOfRange) for an id `>= vocab`
-    /// (nothing is stepped then); [`Error::NonFinite`](crate::Error::NonFinite) / [`Error::Alloc`](crate::Error::Alloc) as a
-    /// step's (the slots have then advanced).
-    pub fn step(&mut self, work: &[(usize, &[u32])]) -> Result<&[f32]> {
+    /// As [`BatchEngine::step`].
+    pub fn step(&mut self, work: &[SlotStep<'_>]) -> Result<()> {
         self.step_hooked(work, None)
     }
 
@@ -103,54 +110,103 @@ impl CpuBatch {
     ///
     /// # Errors
     /// As [`CpuBatch::step`].
-    pub fn step_timed(
-        &mut self,
-        work: &[(usize, &[u32])],
-        tally: &mut KernelTally,
-    ) -> Result<&[f32]> {
+    pub fn step_timed(&mut self, work: &[SlotStep<'_>], tally: &mut KernelTally) -> Result<()> {
         self.step_hooked(work, Some(tally))
+    }
+
+    /// What the last step read out for its item `item` ([`StepOut::None`] past
+    /// its items or for an item that asked for none).
+    pub fn out(&self, item: usize) -> StepOut<'_> {
+        self.outs.get(item)
     }
 
     fn step_hooked(
         &mut self,
-        work: &[(usize, &[u32])],
+        work: &[SlotStep<'_>],
         tally: Option<&mut KernelTally>,
-    ) -> Result<&[f32]> {
+    ) -> Result<()> {
         let vocab = self.model.config.vocab;
         crate::engine::check_batch_work(work, self.states.len(), vocab)?;
-        self.items = 0;
-        if self.logits.len() < work.len() * vocab {
-            self.logits = alloc("logits", work.len() * vocab)?;
+        self.outs.begin(work.len());
+        self.rows.clear();
+        let wanted = work.iter().filter(|w| w.readout.needs_logits()).count();
+        if self.logits.len() < wanted * vocab {
+            self.logits = alloc("logits", wanted * vocab)?;
         }
         // Disjoint mutable borrows of the work's states, in work order.
         let mut refs: Vec<Option<&mut State>> = self.states.iter_mut().map(Some).collect();
         let mut segs: Vec<Segment<'_>> = work
             .iter()
-            .map(|&(slot, ids)| Segment {
-                st: refs[slot].take().expect("distinct slots"),
-                ids,
+            .map(|w| Segment {
+                st: refs[w.slot].take().expect("distinct slots"),
+                ids: w.ids,
+                logits: w.readout.needs_logits(),
             })
             .collect();
-        let out = &mut self.logits[..work.len() * vocab];
         forward_many(
             &self.model,
             &mut segs,
             &mut self.scratch,
             &mut StepHooks::new(None, tally.map(|t| t as &mut dyn KernelTimer)),
-            Some(out),
+            Some(&mut self.logits[..wanted * vocab]),
         )?;
-        self.items = work.len();
-        Ok(&self.logits[..work.len() * vocab])
+        let mut row = 0;
+        for (k, w) in work.iter().enumerate() {
+            if !w.readout.needs_logits() {
+                self.rows.push(None);
+                continue;
+            }
+            self.rows.push(Some(row));
+            let logits = &self.logits[row * vocab..(row + 1) * vocab];
+            row += 1;
+            let it = self.outs.item(k);
+            let out = host_readout_masked(
+                logits,
+                w.readout,
+                w.mask,
+                &mut self.masked,
+                &mut self.candidates,
+            )?;
+            it.keep(out);
+        }
+        self.outs.end(work.len());
+        Ok(())
     }
 
-    /// The logits of the last [`CpuBatch::step`] that succeeded, `[items, vocab]`
-    /// (empty before any).
-    pub fn last_logits(&self) -> &[f32] {
-        &self.logits[..self.items * self.model.config.vocab]
+    /// [`BatchEngine::reread`].
+    ///
+    /// # Errors
+    /// As [`BatchEngine::reread`].
+    pub fn reread(
+        &mut self,
+        item: usize,
+        readout: Readout,
+        mask: Option<&TokenMask>,
+    ) -> Result<StepOut<'_>> {
+        readout.validate()?;
+        let vocab = self.model.config.vocab;
+        let Some(row) = self
+            .rows
+            .get(item)
+            .copied()
+            .flatten()
+            .filter(|_| self.outs.has(item))
+        else {
+            return Err(Error::InvalidArgument(format!(
+                "batch readout: the last step computed no logits for item {item}"
+            )));
+        };
+        host_readout_masked(
+            &self.logits[row * vocab..(row + 1) * vocab],
+            readout,
+            mask,
+            &mut self.masked,
+            &mut self.candidates,
+        )
     }
 }
 
-impl crate::engine::BatchEngine for CpuBatch {
+impl BatchEngine for CpuBatch {
     fn model(&self) -> &Arc<Model> {
         CpuBatch::model(self)
     }
@@ -160,20 +216,31 @@ impl crate::engine::BatchEngine for CpuBatch {
     fn reset(&mut self, slot: usize) {
         CpuBatch::reset(self, slot);
     }
-    fn step(&mut self, work: &[(usize, &[u32])]) -> Result<&[f32]> {
+    fn position(&self, slot: usize) -> u64 {
+        CpuBatch::position(self, slot)
+    }
+    fn step(&mut self, work: &[SlotStep<'_>]) -> Result<()> {
         CpuBatch::step(self, work)
+    }
+    fn out(&self, item: usize) -> StepOut<'_> {
+        CpuBatch::out(self, item)
+    }
+    fn reread(
+        &mut self,
+        item: usize,
+        readout: Readout,
+        mask: Option<&TokenMask>,
+    ) -> Result<StepOut<'_>> {
+        CpuBatch::reread(self, item, readout, mask)
     }
     fn step_timed(
         &mut self,
-        work: &[(usize, &[u32])],
-        _timing: crate::gpu::profile::GpuTiming,
+        work: &[SlotStep<'_>],
+        _timing: crate::profile::Timing,
         tally: &mut KernelTally,
     ) -> Result<String> {
         CpuBatch::step_timed(self, work, tally)?;
         Ok(super::profile::METHOD.to_string())
-    }
-    fn last_logits(&self) -> &[f32] {
-        CpuBatch::last_logits(self)
     }
     fn describe(&self) -> String {
         super::engine::describe(self.scratch.prep.precision)

@@ -41,6 +41,8 @@ pub(super) struct Segment<'a> {
     pub(super) st: &'a mut State,
     /// Its ids (at least one), appended at `st.pos ..`.
     pub(super) ids: &'a [u32],
+    /// Whether the pass computes the logits after its last id.
+    pub(super) logits: bool,
 }
 
 /// Append `ids` (`1 ≤ n`, all `< vocab`, which the caller has checked) at
@@ -59,14 +61,26 @@ pub(super) fn forward(
     hooks: &mut StepHooks,
     logits: Option<&mut [f32]>,
 ) -> Result<()> {
-    forward_many(model, &mut [Segment { st, ids }], s, hooks, logits)
+    let want = logits.is_some();
+    forward_many(
+        model,
+        &mut [Segment {
+            st,
+            ids,
+            logits: want,
+        }],
+        s,
+        hooks,
+        logits,
+    )
 }
 
 /// [`forward`] for several sequences in one pass: every segment's ids appended
 /// to its own state, the CQ matvecs serving the tokens of all of them at once
 /// (one pass over each matrix), everything per sequence (engram history and
-/// rings, positions, KV cache, attention) on its own state. With `logits`, each
-/// segment's logits after its last id, `[segments, vocab]`. Each segment's
+/// rings, positions, KV cache, attention) on its own state. With `logits`, the
+/// logits after the last id of each segment that asks for them
+/// ([`Segment::logits`]), `[such segments, vocab]` in segment order. Each segment's
 /// values are bit-identical to [`forward`] of it alone (the batched matvec is
 /// bit-identical to the single one). Hooks see positions from the first
 /// segment's; probes are meant for one segment.
@@ -150,13 +164,16 @@ pub(super) fn forward_many(
     }
 
     if let Some(out) = logits {
-        let k = segs.len();
-        // Each segment's last token's lanes, side by side (one segment: in place).
-        let lanes = if k == 1 {
+        let k = segs.iter().filter(|g| g.logits).count();
+        if k == 0 {
+            return hooks.check();
+        }
+        // The wanted segments' last tokens' lanes, side by side (one segment: in place).
+        let lanes = if segs.len() == 1 {
             &s.lanes[(n - 1) * 4 * h..n * 4 * h]
         } else {
             s.last_lanes.clear();
-            for (i, g) in segs.iter().enumerate() {
+            for (i, g) in segs.iter().enumerate().filter(|(_, g)| g.logits) {
                 let last = s.seg_start[i] + g.ids.len() - 1;
                 s.last_lanes
                     .extend_from_slice(&s.lanes[last * 4 * h..(last + 1) * 4 * h]);
@@ -166,7 +183,7 @@ pub(super) fn forward_many(
         let a = &mut s.a[..k * h];
         logits_into(model, lanes, k, a, &mut s.prep, hooks, out)?;
         let vocab = c.vocab;
-        for (i, g) in segs.iter().enumerate() {
+        for (i, g) in segs.iter().filter(|g| g.logits).enumerate() {
             let last = g.st.pos - 1; // advanced above
             hooks.rows(
                 last,

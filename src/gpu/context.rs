@@ -111,6 +111,8 @@ pub struct GpuContext {
     /// The first wgpu error not caught by an error scope (validation, out of memory,
     /// device loss), kept here instead of wgpu's default panic.
     errors: Arc<std::sync::Mutex<Option<String>>>,
+    /// Bytes mapped back to the host so far ([`GpuContext::bytes_read_back`]).
+    pub(crate) read_back: std::sync::atomic::AtomicU64,
 }
 
 /// Whether an environment switch like `CQLM_NO_SUBGROUPS` is set to a true value.
@@ -327,6 +329,7 @@ impl GpuContext {
             caps,
             subgroup_fallback,
             errors,
+            read_back: std::sync::atomic::AtomicU64::new(0),
         }))
     }
 

@@ -13,7 +13,7 @@
 use super::capture::{Captured, Source};
 use super::layout::{ActLayout, Slots};
 use super::prefill::{PrefillPlan, SeqBinding};
-use super::profile::{attended, GpuTiming};
+use super::profile::{attended, describe_method, use_timestamps};
 use super::program::{Fault, Kernels, Parts, StepProgram};
 use super::readback::{DeviceReadout, Readback};
 use super::recorder::{self, Observer, Op, Queries};
@@ -25,6 +25,7 @@ use crate::config::Config;
 use crate::constrain::TokenMask;
 use crate::engine::{Engine, HostTime, Readout, StepOut};
 use crate::error::{Error, Result};
+use crate::profile::Timing;
 use crate::profile::{bytes, KernelProfile, KernelTally, KernelTimer};
 
 use crate::weights::Model;
@@ -437,10 +438,10 @@ impl GpuEngine {
     /// one submit and wait; they add up to at most the step's wall time.
     ///
     /// # Errors
-    /// As [`Engine::step`]; [`Error::Gpu`] for [`GpuTiming::Timestamps`] on a
+    /// As [`Engine::step`]; [`Error::Gpu`] for [`Timing::Timestamps`] on a
     /// device without timestamp queries enabled.
-    pub fn profile(&mut self, tokens: &[u32], timing: GpuTiming) -> Result<KernelProfile> {
-        let use_ts = timing.use_timestamps(&self.ctx)?;
+    pub fn profile(&mut self, tokens: &[u32], timing: Timing) -> Result<KernelProfile> {
+        let use_ts = use_timestamps(timing, &self.ctx)?;
         let meta: Vec<(&'static str, u64)> =
             self.program.all().map(|d| (d.name, d.bytes)).collect();
         let queries = if use_ts {
@@ -482,7 +483,7 @@ impl GpuEngine {
                 tally.kernel(name, s, if name == "attend" { attend_bytes } else { b });
             }
         }
-        let method = GpuTiming::describe(
+        let method = describe_method(
             queries.as_ref().map(|q| q.period_ns),
             self.ctx.caps.timestamps,
         );

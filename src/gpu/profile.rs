@@ -7,55 +7,41 @@
 use super::GpuContext;
 use crate::error::{Error, Result};
 use crate::kernels::kv::attended_ranges;
+use crate::profile::Timing;
 
-/// How `GpuEngine::profile` times the dispatches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum GpuTiming {
-    /// Timestamp queries where the device has them enabled, else [`GpuTiming::PerDispatch`].
-    #[default]
-    Auto,
-    /// Timestamp queries inside the compute pass (an error where the device lacks them).
-    Timestamps,
-    /// One submit and wait per dispatch: works on every device, but each time
-    /// includes the submit and wait overhead.
-    PerDispatch,
+/// Whether `timing` uses timestamp queries on `ctx`.
+///
+/// # Errors
+/// [`Error::Gpu`] for [`Timing::Timestamps`] on a device without them enabled.
+pub fn use_timestamps(timing: Timing, ctx: &GpuContext) -> Result<bool> {
+    let have = ctx.caps.timestamps;
+    match timing {
+        Timing::Auto => Ok(have),
+        Timing::Timestamps if !have => Err(Error::Gpu(format!(
+            "adapter `{}` has no timestamp queries inside passes enabled \
+             (TIMESTAMP_QUERY + TIMESTAMP_QUERY_INSIDE_PASSES missing, or CQLM_NO_TIMESTAMPS set)",
+            ctx.info.name
+        ))),
+        Timing::Timestamps => Ok(true),
+        Timing::PerDispatch => Ok(false),
+    }
 }
 
-impl GpuTiming {
-    /// Whether this timing uses timestamp queries on `ctx`.
-    ///
-    /// # Errors
-    /// [`Error::Gpu`] for [`GpuTiming::Timestamps`] on a device without them enabled.
-    pub fn use_timestamps(self, ctx: &GpuContext) -> Result<bool> {
-        let have = ctx.caps.timestamps;
-        match self {
-            GpuTiming::Auto => Ok(have),
-            GpuTiming::Timestamps if !have => Err(Error::Gpu(format!(
-                "adapter `{}` has no timestamp queries inside passes enabled \
-                 (TIMESTAMP_QUERY + TIMESTAMP_QUERY_INSIDE_PASSES missing, or CQLM_NO_TIMESTAMPS set)",
-                ctx.info.name
-            ))),
-            GpuTiming::Timestamps => Ok(true),
-            GpuTiming::PerDispatch => Ok(false),
-        }
-    }
-
-    /// The profile's method line: timestamps at `period_ns` per tick, or one
-    /// submit per dispatch (`have`: whether the device had timestamps).
-    pub fn describe(period_ns: Option<f64>, have: bool) -> String {
-        match period_ns {
-            Some(p) => format!(
-                "gpu timestamp queries around each dispatch inside one compute pass \
-                 (TIMESTAMP_QUERY_INSIDE_PASSES), {p} ns per tick"
-            ),
-            None if have => "gpu: one submit and wait per dispatch, as asked \
-                             (each time includes the submit and wait overhead)"
-                .to_string(),
-            None => "gpu: one submit and wait per dispatch, because timestamp queries \
-                     inside passes are not enabled on this device (each time includes \
-                     the submit and wait overhead)"
-                .to_string(),
-        }
+/// The profile's method line: timestamps at `period_ns` per tick, or one
+/// submit per dispatch (`have`: whether the device had timestamps).
+pub fn describe_method(period_ns: Option<f64>, have: bool) -> String {
+    match period_ns {
+        Some(p) => format!(
+            "gpu timestamp queries around each dispatch inside one compute pass \
+             (TIMESTAMP_QUERY_INSIDE_PASSES), {p} ns per tick"
+        ),
+        None if have => "gpu: one submit and wait per dispatch, as asked \
+                         (each time includes the submit and wait overhead)"
+            .to_string(),
+        None => "gpu: one submit and wait per dispatch, because timestamp queries \
+                 inside passes are not enabled on this device (each time includes \
+                 the submit and wait overhead)"
+            .to_string(),
     }
 }
 

@@ -355,18 +355,9 @@ impl Readback {
                 if temperature <= 0.0 {
                     return Ok(StepOut::Candidates(&self.candidates));
                 }
-                // The device sums f32 terms: WGSL's exp is within 3 + 2|x| ulp (below
-                // 2e-5 relative for every term that matters against the largest, which
-                // is 1), each invocation adds ceil(n / 256) terms in a row and a tree of 8
-                // levels joins them (one rounding each); 4× that for safety.
-                let n = self.logits_host.len() as f64;
-                let rounding = ((n / 256.0).ceil() + 8.0) * f64::from(f32::EPSILON);
                 Ok(StepOut::Nucleus {
                     candidates: &self.candidates,
-                    nucleus: Nucleus {
-                        total: f64::from(total),
-                        rel_err: 4.0 * (2e-5 + rounding),
-                    },
+                    nucleus: device_nucleus(total, self.logits_host.len()),
                 })
             }
             _ => Ok(StepOut::None),
@@ -417,8 +408,23 @@ impl Readback {
     }
 }
 
+/// The softmax denominator `total` the device top-k summed over `vocab` logits,
+/// with its error bound.
+pub(crate) fn device_nucleus(total: f32, vocab: usize) -> Nucleus {
+    // The device sums f32 terms: WGSL's exp is within 3 + 2|x| ulp (below
+    // 2e-5 relative for every term that matters against the largest, which
+    // is 1), each invocation adds ceil(n / 256) terms in a row and a tree of 8
+    // levels joins them (one rounding each); 4× that for safety.
+    let n = vocab as f64;
+    let rounding = ((n / 256.0).ceil() + 8.0) * f64::from(f32::EPSILON);
+    Nucleus {
+        total: f64::from(total),
+        rel_err: 4.0 * (2e-5 + rounding),
+    }
+}
+
 /// The error for non-finite logits at position `t`.
-fn non_finite_logits(t: u64) -> Error {
+pub(crate) fn non_finite_logits(t: u64) -> Error {
     Error::NonFinite {
         tensor: "logits (`cqlm parity` names the first non-finite tensor)".into(),
         position: t,

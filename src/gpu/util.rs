@@ -124,7 +124,15 @@ impl GpuContext {
             out.copy_from_slice(&view[..out.len()]);
         }
         staging.unmap();
+        self.read_back
+            .fetch_add(out.len() as u64, std::sync::atomic::Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Bytes copied back from the device to the host so far, by every engine
+    /// and batch on this context (each mapped readback counts its bytes).
+    pub fn bytes_read_back(&self) -> u64 {
+        self.read_back.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Read `n` f32 values of `buf` starting at element `first`.

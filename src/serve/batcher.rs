@@ -1,144 +1,101 @@
-//! Continuous batching: one thread owns a [`BatchEngine`] (the CPU's
-//! [`crate::CpuBatch`] or the GPU's [`crate::GpuBatch`]) of
-//! `--parallel` slots; every engine pass steps one token (or a prompt chunk, or a
-//! run of forced tokens) of every active sequence together. A new request takes
-//! a free slot at the next pass, a finished one frees its slot; each slot has its
-//! own sampler, constraint and stop strings, and its tokens are what a session
-//! alone would choose (the batched pass is bit-identical per sequence).
+//! The batch loop: one thread owns the server's [`BatchEngine`] (the CPU's
+//! [`crate::CpuBatch`] or the GPU's [`crate::GpuBatch`]); every engine pass
+//! steps one token (or a prompt chunk, or a run of forced tokens) of every
+//! active sequence together. A new request takes a free slot at the next pass,
+//! a finished one frees its slot. Each slot runs a [`Generation`], the one
+//! generation state machine the CLI and library use too, so a sequence's tokens
+//! are what it would generate alone; each item of a pass reads out only what
+//! its sampler needs (on the GPU, the argmax or top-k on the device).
 
-use super::metrics::{Metrics, TokenClock};
-use super::worker::{Event, Finish, Job, Shared};
-use crate::constrain::TokenMask;
-use crate::engine::BatchEngine;
+use super::job::{panics_on, Event, Job, Shared};
+use super::metrics::TokenClock;
+use crate::builder::BatchFactory;
+use crate::engine::{BatchEngine, Readout, SlotStep};
 use crate::error::Result;
 use crate::sample::Sampler;
-use crate::tokenizer::TextStream;
-use crate::tokenizer::TextTokenizer;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Mutex};
+use crate::session::{Generation, Next, Progress};
+use crate::tokenizer::{TextStream, TextTokenizer};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
 
-/// Prompt tokens a slot feeds per pass (the CPU engine's prefill chunk).
+/// Prompt tokens a slot feeds per pass.
 const PROMPT_CHUNK: usize = 64;
-
-/// A batch factory (again after a panic).
-pub type BatchFactory = std::sync::Arc<dyn Fn() -> Result<Box<dyn BatchEngine>> + Send + Sync>;
 
 /// One active request.
 struct Active<'t> {
-    job: Job,
-    sampler: Sampler,
-    /// Prompt ids not yet fed.
-    prompt: Vec<u32>,
-    /// Ids the next pass feeds (a prompt chunk, a chosen token and what the
-    /// constraint forces after it).
-    feed: Vec<u32>,
-    /// Prompt and generated ids (the repetition penalty's history).
-    history: Vec<u32>,
-    text: TextStream<'t>,
-    /// Whether the constraint's forced start has been taken.
-    started: bool,
-    mask: TokenMask,
-    masked: Vec<f32>,
+    generation: Generation<'t>,
+    events: tokio::sync::mpsc::UnboundedSender<Event>,
+    stream_text: bool,
     clock: TokenClock,
+    /// The ids of this pass (a copy of the generation's) and their readout.
+    feed: Vec<u32>,
+    next: Option<Next>,
 }
 
-/// What a slot does after a pass.
-enum Next {
+/// What becomes of a slot.
+enum Slot {
     Continue,
-    Finish(Finish),
+    Finished,
+    Failed(String),
     Gone,
 }
 
 pub(super) fn run(
     mut batch: Box<dyn BatchEngine>,
     make: &BatchFactory,
-    rx: &Mutex<mpsc::Receiver<Job>>,
+    rx: &mpsc::Receiver<Job>,
     tok: &TextTokenizer,
     sh: &Shared,
 ) {
-    let stopping = &*sh.stopping;
-    let vocab = batch.model().config.vocab;
-    let eos = batch.model().config.eos;
     let mut slots: Vec<Option<Active<'_>>> = (0..batch.slots()).map(|_| None).collect();
     loop {
+        // Counted before admitting too: an idle loop waits there for a job.
         sh.metrics.set_active(slots.iter().flatten().count());
-        // Admit waiting jobs into free slots (block only when nothing runs).
-        let idle = slots.iter().all(Option::is_none);
-        {
-            let r = rx.lock().unwrap_or_else(|e| e.into_inner());
-            for (i, slot) in slots.iter_mut().enumerate() {
-                if slot.is_some() {
-                    continue;
-                }
-                let job = if idle && i == 0 {
-                    match r.recv() {
-                        Ok(j) => j,
-                        Err(_) => return,
-                    }
-                } else {
-                    match r.try_recv() {
-                        Ok(j) => j,
-                        Err(mpsc::TryRecvError::Empty) => break,
-                        Err(mpsc::TryRecvError::Disconnected) => return,
-                    }
-                };
-                batch.reset(i);
-                let sampler = match Sampler::new(job.sampler.clone()) {
-                    Ok(s) => s,
-                    Err(e) => {
-                        let _ = job.events.send(Event::Failed(e.to_string()));
-                        sh.done();
-                        continue;
-                    }
-                };
-                sh.metrics.prompt(job.ids.len());
-                let mut prompt = job.ids.clone();
-                let feed: Vec<u32> = prompt.drain(..prompt.len().min(PROMPT_CHUNK)).collect();
-                *slot = Some(Active {
-                    history: job.ids.clone(),
-                    sampler,
-                    prompt,
-                    feed,
-                    text: TextStream::new(tok, job.stops.clone()),
-                    started: job.constraint.is_none(),
-                    mask: TokenMask::none(vocab),
-                    masked: Vec::new(),
-                    clock: TokenClock::new(job.arrived),
-                    job,
-                });
-            }
+        if !admit(&mut slots, batch.as_mut(), rx, tok, sh) {
+            return;
         }
         sh.metrics.set_active(slots.iter().flatten().count());
-        let work: Vec<(usize, Vec<u32>)> = slots
-            .iter_mut()
+        // What each slot feeds this pass.
+        for slot in slots.iter_mut() {
+            let Some(a) = slot.as_mut() else {
+                continue;
+            };
+            let s = prepare(a, sh);
+            settle(slot, s, sh);
+        }
+        let work: Vec<SlotStep<'_>> = slots
+            .iter()
             .enumerate()
-            .filter_map(|(i, s)| s.as_mut().map(|a| (i, std::mem::take(&mut a.feed))))
-            .filter(|(_, f)| !f.is_empty())
+            .filter_map(|(i, s)| {
+                let a = s.as_ref()?;
+                let next = a.next?;
+                let mask = next.masked.then(|| a.generation.current_mask()).flatten();
+                Some(SlotStep::new(i, &a.feed, next.readout).masked(mask))
+            })
             .collect();
         if work.is_empty() {
             continue;
         }
-        let refs: Vec<(usize, &[u32])> = work.iter().map(|(i, f)| (*i, &f[..])).collect();
+        let items: Vec<usize> = work.iter().map(|w| w.slot).collect();
         let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             assert!(
-                !refs.iter().any(|(_, f)| super::worker::panics_on(f)),
+                !work.iter().any(|w| panics_on(w.ids)),
                 "CQLM_SERVE_PANIC_TOKEN"
             );
-            batch.step(&refs).map(|_| ())
+            batch.step(&work)
         }));
+        drop(work);
         let (failure, panicked) = match stepped {
             Ok(Ok(())) => (None, false),
             Ok(Err(e)) => (Some(e.to_string()), false),
-            Err(_) => (Some("the engine worker failed".to_string()), true),
+            Err(_) => (Some("the engine pass failed".to_string()), true),
         };
+        sh.metrics.set_read_back(batch.bytes_read_back());
         if let Some(msg) = failure {
             // The pass failed (or panicked): every sequence in it fails, alone;
             // a panic also rebuilds the engine.
-            for (i, _) in &work {
-                if let Some(a) = slots[*i].take() {
-                    let _ = a.job.events.send(Event::Failed(msg.clone()));
-                    sh.done();
-                }
+            for &i in &items {
+                settle(&mut slots[i], Slot::Failed(msg.clone()), sh);
             }
             if panicked {
                 match make() {
@@ -151,149 +108,152 @@ pub(super) fn run(
             }
             continue;
         }
-        let logits = batch.last_logits();
-        for (k, (i, _)) in work.iter().enumerate() {
-            let Some(a) = slots[*i].as_mut() else {
+        for (k, &i) in items.iter().enumerate() {
+            let Some(a) = slots[i].as_mut() else {
                 continue;
             };
-            let row = &logits[k * vocab..(k + 1) * vocab];
-            let next = advance(a, row, eos, stopping, &sh.metrics);
-            match next {
-                Ok(Next::Continue) => {}
-                Ok(Next::Finish(finish)) => {
-                    let a = slots[*i].take().expect("active");
-                    finish_job(a, finish);
-                    sh.done();
-                }
-                Ok(Next::Gone) => {
-                    slots[*i] = None;
-                    sh.done();
-                }
-                Err(e) => {
-                    let a = slots[*i].take().expect("active");
-                    let _ = a.job.events.send(Event::Failed(e.to_string()));
-                    sh.done();
-                }
+            let s = match advance(a, batch.as_mut(), k) {
+                Ok(()) => deliver(a, sh),
+                Err(e) => Slot::Failed(e.to_string()),
+            };
+            settle(&mut slots[i], s, sh);
+        }
+    }
+}
+
+/// Give waiting jobs the free slots (block for one only when nothing runs);
+/// false when the queue is gone.
+fn admit<'t>(
+    slots: &mut [Option<Active<'t>>],
+    batch: &mut dyn BatchEngine,
+    rx: &mpsc::Receiver<Job>,
+    tok: &'t TextTokenizer,
+    sh: &Shared,
+) -> bool {
+    let idle = slots.iter().all(Option::is_none);
+    let (vocab, eos) = {
+        let c = &batch.model().config;
+        (c.vocab, c.eos)
+    };
+    for (i, slot) in slots.iter_mut().enumerate() {
+        if slot.is_some() {
+            continue;
+        }
+        let job = if idle && i == 0 {
+            match rx.recv() {
+                Ok(j) => j,
+                Err(_) => return false,
             }
-        }
-    }
-}
-
-/// After a pass whose last logits for this slot are `row`: feed more prompt, or
-/// choose the next token and emit its text; say whether the slot goes on.
-fn advance(
-    a: &mut Active<'_>,
-    row: &[f32],
-    eos: u32,
-    stopping: &AtomicBool,
-    m: &Metrics,
-) -> Result<Next> {
-    if stopping.load(Ordering::Relaxed) {
-        return Ok(Next::Finish(Finish::Length));
-    }
-    if a.job.events.is_closed() {
-        return Ok(Next::Gone);
-    }
-    // Generated tokens fed this pass (not the prompt) were emitted when chosen.
-    if !a.prompt.is_empty() {
-        let n = a.prompt.len().min(PROMPT_CHUNK);
-        a.feed = a.prompt.drain(..n).collect();
-        return Ok(Next::Continue);
-    }
-    if !a.started {
-        // The constraint's forced start, fed as its own chunk before any choice.
-        a.started = true;
-        let c = a.job.constraint.as_mut().expect("constrained");
-        let forced = c.take_forced();
-        if !forced.is_empty() {
-            let done = c.is_stopped();
-            return emit(a, forced, done, m);
-        }
-    }
-    let generated = a.text.len();
-    if generated >= a.job.max_tokens {
-        return Ok(Next::Finish(Finish::Length));
-    }
-    let id = match a.job.constraint.as_mut() {
-        Some(c) => {
-            c.mask_into(&mut a.mask)?;
-            a.mask.apply_into(row, &mut a.masked);
-            a.sampler.sample(&a.masked, &a.history)
-        }
-        None => a.sampler.sample(row, &a.history),
-    };
-    if id == eos {
-        return Ok(Next::Finish(Finish::Stop));
-    }
-    let (ids, done) = match a.job.constraint.as_mut() {
-        Some(c) => {
-            c.commit(id)?;
-            let mut ids = vec![id];
-            ids.extend(c.take_forced());
-            (ids, c.is_stopped())
-        }
-        None => (vec![id], false),
-    };
-    emit(a, ids, done, m)
-}
-
-/// Emit `ids` (to feed next), up to the token limit; `done`: the constraint's
-/// output is complete after them (unless the limit cut them: then it is not).
-fn emit(a: &mut Active<'_>, mut ids: Vec<u32>, done: bool, m: &Metrics) -> Result<Next> {
-    let room = a.job.max_tokens - a.text.len();
-    let cut = ids.len() > room;
-    ids.truncate(room);
-    for &id in &ids {
-        a.clock.tick(m);
-        a.history.push(id);
-        if let Some(delta) = a.text.push(id)? {
-            if a.job.stream_text && a.job.events.send(Event::Text(delta)).is_err() {
-                return Ok(Next::Gone);
+        } else {
+            match rx.try_recv() {
+                Ok(j) => j,
+                Err(mpsc::TryRecvError::Empty) => break,
+                Err(mpsc::TryRecvError::Disconnected) => return false,
             }
-        }
-        if a.text.stopped() {
-            return Ok(Next::Finish(Finish::Stop));
-        }
-    }
-    if cut {
-        return Ok(Next::Finish(Finish::Length));
-    }
-    if done {
-        return Ok(Next::Finish(Finish::Stop));
-    }
-    if a.text.len() >= a.job.max_tokens {
-        return Ok(Next::Finish(Finish::Length));
-    }
-    a.feed = ids;
-    Ok(Next::Continue)
-}
-
-fn finish_job(a: Active<'_>, mut finish: Finish) {
-    let full = match a.text.full() {
-        Ok(t) => t,
-        Err(e) => {
-            let _ = a.job.events.send(Event::Failed(e.to_string()));
-            return;
-        }
-    };
-    let mut tool_calls = Vec::new();
-    // A stop string may cut a call short: its text is the answer, with no call.
-    if let (Some(c), Finish::Stop, false) = (&a.job.constraint, finish, a.text.stopped()) {
-        match c.tool_calls(&full) {
-            Ok(calls) => tool_calls = calls,
+        };
+        let sampler = match Sampler::new(job.sampler) {
+            Ok(s) => s,
             Err(e) => {
-                let _ = a.job.events.send(Event::Failed(e.to_string()));
-                return;
+                let _ = job.events.send(Event::Failed(e.to_string()));
+                sh.done();
+                continue;
             }
+        };
+        batch.reset(i);
+        sh.metrics.prompt(job.ids.len());
+        let mut generation = Generation::new(job.ids, sampler, eos, job.max_tokens)
+            .with_text(TextStream::new(tok, job.stops));
+        if let Some(c) = job.constraint {
+            generation = generation.with_constraint(c, vocab);
         }
-        if !tool_calls.is_empty() {
-            finish = Finish::ToolCalls;
+        *slot = Some(Active {
+            generation,
+            events: job.events,
+            stream_text: job.stream_text,
+            clock: TokenClock::new(job.arrived),
+            feed: Vec::new(),
+            next: None,
+        });
+    }
+    true
+}
+
+/// Before a pass: the slot's next step (its mask computed), or its end.
+fn prepare(a: &mut Active<'_>, sh: &Shared) -> Slot {
+    a.next = None;
+    if a.events.is_closed() {
+        return Slot::Gone;
+    }
+    if sh.stopping.load(Ordering::Relaxed) {
+        a.generation.cancel();
+        return Slot::Finished;
+    }
+    let next = match a.generation.next(PROMPT_CHUNK) {
+        Ok(n) => n,
+        Err(e) => return Slot::Failed(e.to_string()),
+    };
+    // A forced start may have been emitted (and may have ended the generation).
+    match deliver(a, sh) {
+        Slot::Continue => {}
+        other => return other,
+    }
+    let Some(next) = next else {
+        return Slot::Finished;
+    };
+    if next.masked {
+        if let Err(e) = a.generation.mask() {
+            return Slot::Failed(e.to_string());
         }
     }
-    let _ = a.job.events.send(Event::Done {
-        finish,
-        completion_tokens: a.text.len(),
-        text: full,
-        tool_calls,
-    });
+    a.feed.clear();
+    a.feed.extend_from_slice(a.generation.ids());
+    a.next = Some(next);
+    Slot::Continue
+}
+
+/// After a pass: hand item `k`'s readout to the slot's generation (with the
+/// full logits when a top-p draw needs them).
+fn advance(a: &mut Active<'_>, batch: &mut dyn BatchEngine, k: usize) -> Result<()> {
+    if a.generation.advance(batch.out(k))? == Progress::NeedLogits {
+        let mask = a.generation.current_mask();
+        let out = batch.reread(k, Readout::Logits, mask)?;
+        a.generation.advance(out)?;
+    }
+    Ok(())
+}
+
+/// Send the text emitted since the last call, tick the token clock; say
+/// whether the slot goes on.
+fn deliver(a: &mut Active<'_>, sh: &Shared) -> Slot {
+    for _ in a.generation.take_emitted() {
+        a.clock.tick(&sh.metrics);
+    }
+    let delta = a.generation.take_delta();
+    if a.stream_text && !delta.is_empty() && a.events.send(Event::Text(delta)).is_err() {
+        return Slot::Gone;
+    }
+    if a.generation.is_done() {
+        Slot::Finished
+    } else {
+        Slot::Continue
+    }
+}
+
+/// Act on what became of a slot: send its end and free it, or keep it.
+fn settle(slot: &mut Option<Active<'_>>, s: Slot, sh: &Shared) {
+    let event = match s {
+        Slot::Continue => return,
+        Slot::Gone => None,
+        Slot::Failed(msg) => Some(Event::Failed(msg)),
+        Slot::Finished => slot.as_ref().map(|a| match a.generation.output() {
+            Ok(out) => Event::Done(out),
+            Err(e) => Event::Failed(e.to_string()),
+        }),
+    };
+    if let Some(a) = slot.take() {
+        if let Some(ev) = event {
+            let _ = a.events.send(ev);
+        }
+        sh.done();
+    }
 }

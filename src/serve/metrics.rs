@@ -34,6 +34,7 @@ pub struct Metrics {
     generated_tokens: Counter,
     active: Gauge,
     queued: Gauge,
+    read_back: Counter,
     ttft: Histogram,
     itl: Histogram,
     duration: Histogram,
@@ -47,6 +48,7 @@ impl Metrics {
         let generated_tokens = Counter::default();
         let active = Gauge::default();
         let queued = Gauge::default();
+        let read_back = Counter::default();
         // 0.5 ms .. 33 s; 50 µs .. 3.3 s; 1 ms .. 65 s.
         let ttft = Histogram::new(exponential_buckets(0.0005, 2.0, 17));
         let itl = Histogram::new(exponential_buckets(0.00005, 2.0, 17));
@@ -78,6 +80,12 @@ impl Metrics {
             queued.clone(),
         );
         r.register(
+            "readback_bytes",
+            "Bytes the engine copied back from the device (0 on the CPU): a few a \
+             token for device readouts, the vocabulary's logits for a request that needs them",
+            read_back.clone(),
+        );
+        r.register(
             "time_to_first_token_seconds",
             "From a generation request's arrival to its first token",
             ttft.clone(),
@@ -99,6 +107,7 @@ impl Metrics {
             generated_tokens,
             active,
             queued,
+            read_back,
             ttft,
             itl,
             duration,
@@ -121,22 +130,17 @@ impl Metrics {
         self.prompt_tokens.inc_by(prompt as u64);
     }
 
-    /// A generation of a `prompt`-token prompt starts running on a worker of its
-    /// own ([`Metrics::prompt`] and one more active sequence).
-    pub fn started(&self, prompt: usize) {
-        self.prompt(prompt);
-        self.active.inc();
-    }
-
-    /// A running generation ended (finished, failed or abandoned).
-    pub fn ended(&self) {
-        self.active.dec();
-    }
-
-    /// Set the running generations (the batcher counts its slots each pass,
-    /// instead of [`Metrics::started`] and [`Metrics::ended`]).
+    /// Set the running generations (the batch loop counts its slots each pass).
     pub fn set_active(&self, n: usize) {
         self.active.set(n as i64);
+    }
+
+    /// Set the bytes the engine has copied back from its device so far.
+    pub fn set_read_back(&self, bytes: u64) {
+        let have = self.read_back.get();
+        if bytes > have {
+            self.read_back.inc_by(bytes - have);
+        }
     }
 
     /// A response ended: count it and its duration.
@@ -279,13 +283,15 @@ mod tests {
     #[test]
     fn counts_and_histograms_reach_the_exposition() {
         let m = Arc::new(Metrics::new());
-        m.started(7);
-        m.started(5);
+        m.prompt(7);
+        m.prompt(5);
+        m.set_read_back(100);
+        m.set_read_back(164);
         let mut clock = TokenClock::new(Instant::now());
         for _ in 0..3 {
             clock.tick(&m);
         }
-        m.ended();
+        m.set_active(1);
         for status in [StatusCode::OK, StatusCode::OK, StatusCode::BAD_REQUEST] {
             let t = Tracked::open(Arc::clone(&m), "/v1/completions".into(), "POST".into());
             t.with(|r| r.status = status);
@@ -302,6 +308,7 @@ mod tests {
         );
         assert_eq!(got("cqlm_prompt_tokens_total"), 12.0);
         assert_eq!(got("cqlm_generated_tokens_total"), 3.0);
+        assert_eq!(got("cqlm_readback_bytes_total"), 164.0);
         assert_eq!(got("cqlm_active_sequences"), 1.0);
         // 4 in flight, 1 of them running.
         assert_eq!(got("cqlm_queue_depth"), 3.0);

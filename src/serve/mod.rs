@@ -3,26 +3,25 @@
 //! `POST /v1/completions`, non-streamed or as server-sent events; structured
 //! output (`response_format`) and tool calls through [`crate::constrain`]; errors
 //! in the OpenAI shape; `GET /metrics` for Prometheus ([`metrics`]) and one log
-//! line per request. Requests run on `--parallel` worker threads
-//! ([`worker::Workers`]), each with its own session over the shared weights, or
-//! all in one batch engine on either backend ([`batcher`]); beyond them a
-//! bounded queue, beyond that 503.
+//! line per request. Requests run in one batch engine on either backend
+//! ([`batcher`]: every `--parallel` sequence a slot of each pass); beyond them a
+//! bounded queue ([`job::Queue`]), beyond that 503.
 
-pub mod batcher;
+mod batcher;
 pub mod chat;
 pub mod error;
+pub mod job;
 pub mod metrics;
 pub mod wire;
-pub mod worker;
 
 mod request;
 mod respond;
 
-use request::{chat_constraint, parse, Prepared};
+use request::{chat_constraint, parse, prepare};
 use respond::{respond, Kind};
 
-use crate::constrain::{ConstraintSpec, TokenSpace, ToolChoice, ToolMarkers, ToolSet};
-use crate::sample::{Sampler, SamplerConfig};
+use crate::builder::BuiltBatch;
+use crate::constrain::{TokenSpace, ToolMarkers};
 use crate::tokenizer::TextTokenizer;
 use crate::weights::Model;
 use axum::body::Bytes;
@@ -30,20 +29,18 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Extension, MatchedPath, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{from_fn_with_state, Next};
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use chat::ChatTemplate;
 use error::ApiError;
+use job::Queue;
 use metrics::{Metrics, Tracked};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use tokio::sync::mpsc;
-use wire::{ChatRequest, CompletionRequest, Prompt, Sampling, Usage};
-use worker::{Engines, Event, Job, Workers};
+use wire::{ChatRequest, CompletionRequest, Prompt};
 
 /// The largest request body (4 MiB; larger is a 413).
 pub const MAX_BODY: usize = 4 << 20;
@@ -55,8 +52,6 @@ pub struct ServeOptions {
     pub host: String,
     /// Port (0: any free one).
     pub port: u16,
-    /// Sequences that generate at once (one worker and session each).
-    pub parallel: usize,
     /// Requests that may wait beyond those (then 503 with `Retry-After`).
     pub max_queue: usize,
     /// Bearer token the `/v1` endpoints require, if any.
@@ -69,8 +64,9 @@ pub struct ServeOptions {
     pub model_id: String,
 }
 
+/// What every handler shares.
 struct AppState {
-    workers: Workers,
+    queue: Queue,
     tok: Arc<TextTokenizer>,
     space: Arc<TokenSpace>,
     template: ChatTemplate,
@@ -82,6 +78,7 @@ struct AppState {
     created: u64,
 }
 
+/// Seconds since the Unix epoch.
 fn now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -89,16 +86,17 @@ fn now() -> u64 {
 }
 
 /// Run the server until Ctrl-C or SIGTERM: bind, call `ready` with the address,
-/// serve; at shutdown, running generations stop at their next token and their
+/// serve `engine`'s batch (its slots are the sequences that generate at once);
+/// at shutdown, running generations stop at their next token and their
 /// responses end.
 ///
 /// # Errors
 /// [`crate::Error::InvalidArgument`] when the model has no tokenizer, the chat
-/// template does not compile, a session cannot be built or the address cannot be
-/// bound.
+/// template does not compile, the batch engine cannot be built or the address
+/// cannot be bound.
 pub fn serve(
     model: Arc<Model>,
-    engines: Engines,
+    engine: BuiltBatch,
     opts: ServeOptions,
     ready: impl FnOnce(SocketAddr),
 ) -> crate::Result<()> {
@@ -112,10 +110,10 @@ pub fn serve(
         .map_err(bad)?
         .with_markers(markers.clone());
     let metrics = Arc::new(Metrics::new());
-    let workers = Workers::start(
-        opts.parallel,
+    let queue = Queue::start(
+        engine.batch,
+        engine.factory,
         opts.max_queue,
-        engines,
         Arc::clone(&tok),
         Arc::clone(&metrics),
     )?;
@@ -125,7 +123,7 @@ pub fn serve(
         .build()
         .map_err(|e| bad(format!("cannot start the runtime: {e}")))?;
     let state = Arc::new(AppState {
-        workers,
+        queue,
         tok,
         space,
         template,
@@ -149,7 +147,7 @@ pub fn serve(
         axum::serve(listener, app)
             .with_graceful_shutdown(async move {
                 shutdown_signal().await;
-                shutdown_state.workers.stop_all();
+                shutdown_state.queue.stop_all();
             })
             .await
             .map_err(|e| bad(format!("server: {e}")))
@@ -221,7 +219,7 @@ async fn metrics_text(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     st.check_key(&headers)?;
-    let text = st.metrics.render(st.workers.in_flight());
+    let text = st.metrics.render(st.queue.in_flight());
     Ok((
         [(
             header::CONTENT_TYPE,
@@ -292,7 +290,15 @@ async fn chat_completions(
         .encode(&text)
         .map_err(|e| ApiError::bad(e.to_string(), Some("messages")))?;
     let (constraint, stream_text) = chat_constraint(&st, &r)?;
-    let p = st.prepare(&r.sampling, ids, constraint, stream_text, "messages", &rec)?;
+    let p = prepare(
+        &st,
+        &r.sampling,
+        ids,
+        constraint,
+        stream_text,
+        "messages",
+        &rec,
+    )?;
     respond(st, p, Kind::Chat, rec).await
 }
 
@@ -322,6 +328,6 @@ async fn completions(
         }
     }
     .map_err(|e| ApiError::bad(e.to_string(), Some("prompt")))?;
-    let p = st.prepare(&r.sampling, ids, None, true, "prompt", &rec)?;
+    let p = prepare(&st, &r.sampling, ids, None, true, "prompt", &rec)?;
     respond(st, p, Kind::Completion, rec).await
 }

@@ -1,7 +1,18 @@
 //! Reading a request: the body parsed with the field at fault named, the
 //! sampling settings and limits checked, the constraint compiled, the job queued.
 
-use super::*;
+use super::error::ApiError;
+use super::job::{Event, Job};
+use super::metrics::Tracked;
+use super::wire::{ChatRequest, Sampling};
+use super::{AppState, MAX_BODY};
+use crate::constrain::{Constraint, ConstraintSpec, ToolChoice, ToolSet};
+use crate::sample::{Sampler, SamplerConfig};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::http::StatusCode;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
 
 /// The body as JSON, or a 400 (413 past [`MAX_BODY`]).
 pub(super) fn parse_json(body: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
@@ -55,10 +66,8 @@ pub(super) fn parse<T: serde::de::DeserializeOwned>(
     typed(&v)
 }
 
-/// A prepared request: the job's settings and where its events come back.
+/// A queued request: where its events come back, and how to answer.
 pub(super) struct Prepared {
-    /// The job for a worker.
-    pub(super) job: Job,
     /// Where its events come back.
     pub(super) events: mpsc::UnboundedReceiver<Event>,
     /// Tokens of the prompt (for `usage`).
@@ -67,125 +76,120 @@ pub(super) struct Prepared {
     pub(super) stream: bool,
     /// Add the usage chunk to the stream.
     pub(super) include_usage: bool,
+    /// Whether its text streams as it comes (not for tool calls, held back
+    /// until they are known to be calls or text).
+    pub(super) stream_text: bool,
 }
 
-impl AppState {
-    /// The sampling settings, limits and model check of `s`, for `ids`.
-    pub(super) fn prepare(
-        &self,
-        s: &Sampling,
-        ids: Vec<u32>,
-        constraint: Option<crate::constrain::Constraint>,
-        stream_text: bool,
-        prompt_param: &str,
-        rec: &Tracked,
-    ) -> Result<Prepared, ApiError> {
-        if let Some(n) = s.n {
-            if n != 1 {
-                return Err(ApiError::bad(
-                    format!("n = {n}: only n = 1 is supported"),
-                    Some("n"),
-                ));
-            }
-        }
-        if let Some(m) = &s.model {
-            if m != &self.opts.model_id {
-                return Err(ApiError {
-                    status: StatusCode::NOT_FOUND,
-                    message: format!(
-                        "the model `{m}` does not exist (this server runs `{}`)",
-                        self.opts.model_id
-                    ),
-                    param: Some("model".into()),
-                    code: Some("model_not_found"),
-                });
-            }
-        }
-        if ids.len() > self.opts.ctx_tokens {
+/// Check the sampling settings, limits and model of `s` for the prompt `ids`,
+/// then queue the job (a 503 when the server is full).
+pub(super) fn prepare(
+    st: &AppState,
+    s: &Sampling,
+    ids: Vec<u32>,
+    constraint: Option<Constraint>,
+    stream_text: bool,
+    prompt_param: &str,
+    rec: &Tracked,
+) -> Result<Prepared, ApiError> {
+    if let Some(n) = s.n {
+        if n != 1 {
             return Err(ApiError::bad(
-                format!(
-                    "the prompt has {} tokens, over this server's limit of {} (--ctx-tokens)",
-                    ids.len(),
-                    self.opts.ctx_tokens
-                ),
-                Some(prompt_param),
+                format!("n = {n}: only n = 1 is supported"),
+                Some("n"),
             ));
         }
-        let max_tokens = match s.max_completion_tokens.or(s.max_tokens) {
-            Some(0) => {
-                return Err(ApiError::bad(
-                    "max_tokens must be at least 1",
-                    Some("max_tokens"),
-                ))
-            }
-            Some(n) => n as usize,
-            None => self.opts.default_max_tokens,
-        };
-        let cfg = SamplerConfig {
-            temperature: s.temperature.unwrap_or(1.0),
-            top_p: s.top_p.unwrap_or(1.0),
-            top_k: s.top_k.unwrap_or(0),
-            repeat_penalty: s.repeat_penalty.unwrap_or(1.0),
-            seed: s.seed.map_or(0, |v| v as u64),
-            ..SamplerConfig::default()
-        };
-        if let Err(e) = Sampler::new(cfg.clone()) {
-            let msg = e.to_string();
-            let param = ["temperature", "top-p", "repeat penalty"]
-                .iter()
-                .zip(["temperature", "top_p", "repeat_penalty"])
-                .find(|(k, _)| msg.contains(**k))
-                .map(|(_, p)| p);
-            return Err(ApiError::bad(msg, param));
-        }
-        let (tx, rx) = mpsc::unbounded_channel();
-        let prompt_tokens = ids.len();
-        Ok(Prepared {
-            job: Job {
-                ids,
-                sampler: cfg,
-                max_tokens,
-                stops: s.stop.as_ref().map(|v| v.strings()).unwrap_or_default(),
-                constraint,
-                stream_text,
-                events: tx,
-                arrived: rec.arrived(),
-            },
-            events: rx,
-            prompt_tokens,
-            stream: s.stream.unwrap_or(false),
-            include_usage: s.stream_options.as_ref().is_some_and(|o| o.include_usage),
-        })
     }
-
-    /// Compile `spec` (a 400 naming `param` when it can't be).
-    pub(super) fn compile(
-        &self,
-        spec: &ConstraintSpec,
-        param: &str,
-    ) -> Result<crate::constrain::Constraint, ApiError> {
-        self.space
-            .compile(spec)
-            .map_err(|e| ApiError::bad(e.to_string(), Some(param)))
-    }
-
-    pub(super) fn submit(&self, job: Job) -> Result<(), ApiError> {
-        if self.workers.submit(job) {
-            return Ok(());
+    if let Some(m) = &s.model {
+        if m != &st.opts.model_id {
+            return Err(ApiError {
+                status: StatusCode::NOT_FOUND,
+                message: format!(
+                    "the model `{m}` does not exist (this server runs `{}`)",
+                    st.opts.model_id
+                ),
+                param: Some("model".into()),
+                code: Some("model_not_found"),
+            });
         }
-        Err(ApiError::status(
+    }
+    if ids.len() > st.opts.ctx_tokens {
+        return Err(ApiError::bad(
+            format!(
+                "the prompt has {} tokens, over this server's limit of {} (--ctx-tokens)",
+                ids.len(),
+                st.opts.ctx_tokens
+            ),
+            Some(prompt_param),
+        ));
+    }
+    let max_tokens = match s.max_completion_tokens.or(s.max_tokens) {
+        Some(0) => {
+            return Err(ApiError::bad(
+                "max_tokens must be at least 1",
+                Some("max_tokens"),
+            ))
+        }
+        Some(n) => n as usize,
+        None => st.opts.default_max_tokens,
+    };
+    let cfg = SamplerConfig {
+        temperature: s.temperature.unwrap_or(1.0),
+        top_p: s.top_p.unwrap_or(1.0),
+        top_k: s.top_k.unwrap_or(0),
+        repeat_penalty: s.repeat_penalty.unwrap_or(1.0),
+        seed: s.seed.map_or(0, |v| v as u64),
+        ..SamplerConfig::default()
+    };
+    if let Err(e) = Sampler::new(cfg.clone()) {
+        let msg = e.to_string();
+        let param = ["temperature", "top-p", "repeat penalty"]
+            .iter()
+            .zip(["temperature", "top_p", "repeat_penalty"])
+            .find(|(k, _)| msg.contains(**k))
+            .map(|(_, p)| p);
+        return Err(ApiError::bad(msg, param));
+    }
+    let (tx, rx) = mpsc::unbounded_channel::<Event>();
+    let prompt_tokens = ids.len();
+    let job = Job {
+        ids,
+        sampler: cfg,
+        max_tokens,
+        stops: s.stop.as_ref().map(|v| v.strings()).unwrap_or_default(),
+        constraint,
+        stream_text,
+        events: tx,
+        arrived: rec.arrived(),
+    };
+    if !st.queue.submit(job) {
+        return Err(ApiError::status(
             StatusCode::SERVICE_UNAVAILABLE,
             "the server is busy (every sequence and queue place taken); retry later",
             "server_busy",
-        ))
+        ));
     }
+    Ok(Prepared {
+        events: rx,
+        prompt_tokens,
+        stream: s.stream.unwrap_or(false),
+        include_usage: s.stream_options.as_ref().is_some_and(|o| o.include_usage),
+        stream_text,
+    })
+}
+
+/// Compile `spec` (a 400 naming `param` when it can't be).
+fn compile(st: &AppState, spec: &ConstraintSpec, param: &str) -> Result<Constraint, ApiError> {
+    st.space
+        .compile(spec)
+        .map_err(|e| ApiError::bad(e.to_string(), Some(param)))
 }
 
 /// The constraint of a chat request: `response_format` or the tools.
 pub(super) fn chat_constraint(
     st: &AppState,
     r: &ChatRequest,
-) -> Result<(Option<crate::constrain::Constraint>, bool), ApiError> {
+) -> Result<(Option<Constraint>, bool), ApiError> {
     let choice =
         match &r.tool_choice {
             None => ToolChoice::Auto,
@@ -256,10 +260,14 @@ pub(super) fn chat_constraint(
                 choice,
                 parallel: r.parallel_tool_calls.unwrap_or(false),
             };
-            Ok((Some(st.compile(&spec, "tools")?), false))
+            Ok((Some(compile(st, &spec, "tools")?), false))
         }
         (None, Some(schema)) => Ok((
-            Some(st.compile(&ConstraintSpec::json_schema(schema), "response_format")?),
+            Some(compile(
+                st,
+                &ConstraintSpec::json_schema(schema),
+                "response_format",
+            )?),
             true,
         )),
         (None, None) => Ok((None, true)),

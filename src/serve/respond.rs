@@ -1,8 +1,21 @@
 //! Answering a request: the whole response, or its server-sent events, built
-//! from the worker's events in the OpenAI wire format.
+//! from the batch loop's events in the OpenAI wire format.
 
-use super::*;
+use super::error::ApiError;
+use super::job::Event;
+use super::metrics::Tracked;
+use super::request::Prepared;
+use super::wire::Usage;
+use super::{now, AppState};
+use axum::http::StatusCode;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use tokio::sync::mpsc;
 
+/// Which endpoint answers.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Kind {
     /// `/v1/chat/completions`.
@@ -11,6 +24,7 @@ pub(super) enum Kind {
     Completion,
 }
 
+/// The calls as OpenAI's `tool_calls` array (ids from the response's `id`).
 fn tool_calls_json(calls: &[crate::constrain::ToolCall], id: &str) -> Vec<Value> {
     calls
         .iter()
@@ -26,6 +40,8 @@ fn tool_calls_json(calls: &[crate::constrain::ToolCall], id: &str) -> Vec<Value>
         .collect()
 }
 
+/// Answer the queued request `p` from its events: one JSON body, or a stream
+/// of server-sent events when it asked for one.
 pub(super) async fn respond(
     st: Arc<AppState>,
     p: Prepared,
@@ -33,15 +49,12 @@ pub(super) async fn respond(
     rec: Tracked,
 ) -> Result<Response, ApiError> {
     let Prepared {
-        job,
         mut events,
         prompt_tokens,
         stream,
         include_usage,
+        stream_text: streamed_text,
     } = p;
-    // Tool-constrained output is held back until it is known to be calls or text.
-    let streamed_text = job.stream_text;
-    st.submit(job)?;
     let (prefix, object, chunk_object) = match kind {
         Kind::Chat => ("chatcmpl", "chat.completion", "chat.completion.chunk"),
         Kind::Completion => ("cmpl", "text_completion", "text_completion"),
@@ -62,12 +75,9 @@ pub(super) async fn respond(
         loop {
             match events.recv().await {
                 Some(Event::Text(_)) => {}
-                Some(Event::Done {
-                    finish,
-                    completion_tokens,
-                    text,
-                    tool_calls,
-                }) => {
+                Some(Event::Done(out)) => {
+                    let (reason, completion_tokens) = (out.finish_reason(), out.tokens);
+                    let (text, tool_calls) = (out.text, out.tool_calls);
                     let choice = match kind {
                         Kind::Chat => {
                             let calls = tool_calls_json(&tool_calls, &id);
@@ -75,17 +85,17 @@ pub(super) async fn respond(
                             if !calls.is_empty() {
                                 message["tool_calls"] = Value::Array(calls);
                             }
-                            json!({"index": 0, "message": message, "finish_reason": finish.reason(), "logprobs": null})
+                            json!({"index": 0, "message": message, "finish_reason": reason, "logprobs": null})
                         }
                         Kind::Completion => {
-                            json!({"index": 0, "text": text, "finish_reason": finish.reason(), "logprobs": null})
+                            json!({"index": 0, "text": text, "finish_reason": reason, "logprobs": null})
                         }
                     };
                     let body = json!({"id": id, "object": object, "created": created, "model": model,
                         "choices": [choice], "usage": usage(completion_tokens)});
                     rec.with(|r| {
                         r.completion_tokens = completion_tokens;
-                        r.outcome = Some(finish.reason());
+                        r.outcome = Some(reason);
                     });
                     return Ok(Json(body).into_response());
                 }
@@ -100,14 +110,14 @@ pub(super) async fn respond(
                 None => {
                     return Err(ApiError::status(
                         StatusCode::INTERNAL_SERVER_ERROR,
-                        "the request was dropped by its worker",
+                        "the request was dropped by the engine",
                         "engine_error",
                     ))
                 }
             }
         }
     }
-    // Streamed: a forwarder turns the worker's events into SSE events; a client
+    // Streamed: a forwarder turns the batch loop's events into SSE events; a client
     // that hangs up drops the stream, so the forwarder and then the job stop.
     let (tx, rx) = mpsc::channel::<Result<SseEvent, std::convert::Infallible>>(64);
     tokio::spawn(async move {
@@ -141,15 +151,12 @@ pub(super) async fn respond(
                         .await,
                     }
                 }
-                Some(Event::Done {
-                    finish,
-                    completion_tokens,
-                    tool_calls,
-                    text,
-                }) => {
+                Some(Event::Done(out)) => {
+                    let (reason, completion_tokens) = (out.finish_reason(), out.tokens);
+                    let (text, tool_calls) = (out.text, out.tool_calls);
                     rec.with(|r| {
                         r.completion_tokens = completion_tokens;
-                        r.outcome = Some(finish.reason());
+                        r.outcome = Some(reason);
                     });
                     if kind == Kind::Chat {
                         // Held-back output: the calls, or (auto, no call) the text.
@@ -171,10 +178,10 @@ pub(super) async fn respond(
                     }
                     let last = match kind {
                         Kind::Chat => {
-                            json!({"index": 0, "delta": {}, "finish_reason": finish.reason()})
+                            json!({"index": 0, "delta": {}, "finish_reason": reason})
                         }
                         Kind::Completion => {
-                            json!({"index": 0, "text": "", "finish_reason": finish.reason(), "logprobs": null})
+                            json!({"index": 0, "text": "", "finish_reason": reason, "logprobs": null})
                         }
                     };
                     if !send(chunk(last)).await {

@@ -1,81 +1,33 @@
-//! [`Session`]: a model, an engine and the tokens so far — prefill, then generate.
+//! [`Session`]: a model, an engine and the tokens so far — prefill, then
+//! generate, each generation a [`Generation`] driven over the engine.
+
+mod generation;
 
 pub use crate::builder::Backend;
+pub use generation::{ConstraintStats, Finish, Generation, Next, Output, Progress};
+
+/// What a generation emitted since the driver last looked
+/// ([`Session::run`]'s callback).
+#[derive(Debug, Clone, Copy)]
+pub struct Emitted<'a> {
+    /// The tokens, in order.
+    pub ids: &'a [u32],
+    /// The text they add that may be shown (whole characters, nothing that
+    /// could still become a stop string; empty without a text stream).
+    pub text: &'a str,
+}
+
 use crate::builder::EngineBuilder;
-use crate::constrain::{Constraint, TokenMask};
-use crate::engine::{Engine, Nucleus, Readout, StepOut};
+use crate::constrain::Constraint;
+use crate::engine::{Engine, Readout};
 use crate::error::{Error, Result};
 use crate::sample::Sampler;
 use crate::weights::Model;
-use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::Instant;
 
 /// Prompt tokens handed to the engine per [`Engine::step_many`] call by
 /// [`Session::prefill_with`] (one progress report each).
 pub const PREFILL_PROGRESS_CHUNK: usize = 256;
-
-/// Where the next token of a generation comes from.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Pending {
-    /// Sampled from the session's logits.
-    Logits,
-    /// Already picked (greedy, on the engine).
-    Id(u32),
-    /// Sampled from the engine's top-k candidates.
-    TopK,
-    /// Sampled from the engine's top candidates and softmax denominator (top-p),
-    /// or from the logits when those can't decide.
-    Nucleus(Nucleus),
-}
-
-/// Why [`Session::generate`] or [`Session::generate_constrained`] stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stop {
-    /// It produced the requested number of tokens.
-    Length,
-    /// The model chose its end-of-sequence token (not emitted).
-    Eos,
-    /// The callback asked to stop.
-    Callback,
-    /// The constraint's output is complete: no token can follow, or the model
-    /// chose EOS where the output may end (EOS is not emitted).
-    Complete,
-}
-
-/// What a constrained generation spent on its constraint.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct ConstraintStats {
-    /// Each mask's time in µs, in order.
-    pub mask_us_each: Vec<f32>,
-    /// Token masks computed.
-    pub masks: usize,
-    /// Seconds spent computing them (beside the steps on a side thread, or
-    /// before each step with an engine that computes on this CPU).
-    pub mask_seconds: f64,
-    /// Seconds the generation waited for masks: after its step had finished
-    /// (side thread), or all of their time (computed before the steps).
-    pub mask_wait_seconds: f64,
-    /// Tokens the constraint forced (appended without a choice, in chunks).
-    pub forced: usize,
-    /// Tokens chosen under a mask.
-    pub chosen: usize,
-}
-
-impl ConstraintStats {
-    /// Mean mask time per mask, in µs (0 without masks).
-    pub fn mask_us(&self) -> f64 {
-        if self.masks == 0 {
-            0.0
-        } else {
-            self.mask_seconds * 1e6 / self.masks as f64
-        }
-    }
-}
-
-/// What the main thread asks the constraint's side thread.
-/// What the side thread answers: the next mask and the seconds it took.
-struct SideMask(Result<TokenMask>, f64);
 
 /// A running conversation with one model.
 pub struct Session {
@@ -83,8 +35,8 @@ pub struct Session {
     engine: Box<dyn Engine>,
     tokens: Vec<u32>,
     logits: Vec<f32>,
-    /// The top-k candidates of the last step (when the sampler needs no more).
-    candidates: Vec<(f32, u32)>,
+    /// The ids of the step being fed (reused).
+    feed: Vec<u32>,
     fallback: Option<String>,
     /// Top-p draws the candidates could not decide (they fetched the logits).
     nucleus_misses: u64,
@@ -121,7 +73,7 @@ impl Session {
             engine,
             tokens: Vec::new(),
             logits: Vec::new(),
-            candidates: Vec::new(),
+            feed: Vec::new(),
             fallback,
             nucleus_misses: 0,
         })
@@ -139,7 +91,7 @@ impl Session {
             engine,
             tokens: Vec::new(),
             logits: Vec::new(),
-            candidates: Vec::new(),
+            feed: Vec::new(),
             fallback: None,
             nucleus_misses: 0,
         }
@@ -220,9 +172,10 @@ impl Session {
         Ok(ids.len())
     }
 
-    /// Generate up to `n` tokens with `sampler`, calling `on_token` with each (it
-    /// returns false to stop). Every emitted token is also stepped, so the session
-    /// can continue. Stops early at the model's EOS (which is not emitted).
+    /// Generate up to `n` tokens with `sampler` after the prefilled prompt,
+    /// calling `on_token` with each (it returns false to stop:
+    /// [`Finish::Cancelled`]). Stops early at the model's EOS (not emitted).
+    /// Every emitted token is also stepped, so the session can continue.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] before any prefill; step errors.
@@ -230,283 +183,117 @@ impl Session {
         &mut self,
         sampler: &mut Sampler,
         n: usize,
-        mut on_token: impl FnMut(u32) -> bool,
-    ) -> Result<Stop> {
-        if self.logits.is_empty() {
-            return Err(Error::InvalidArgument(
-                "generate needs a prefilled prompt".into(),
-            ));
-        }
+        on_token: impl FnMut(u32) -> bool,
+    ) -> Result<Finish> {
         let eos = self.model.config.eos;
-        // A greedy sampler lets the engine pick on the device, a top-k sampler lets
-        // it hand over just the k best logits (the GPU then reads back 8 bytes, or
-        // its top-k buffer of about 2 KiB); the full logits are fetched once at the end. The draw for a
-        // token happens when it is needed, so the sampler's random sequence is
-        // the same on every path.
-        let greedy = sampler.is_greedy();
-        let top_k = if greedy { None } else { sampler.top_k_only() };
-        // A top-p sampler without a top-k takes the engine's best candidates and
-        // softmax denominator, falling back to the logits when they can't decide.
-        let top_p = if greedy || top_k.is_some() {
-            None
-        } else {
-            sampler.top_p_only()
-        };
-        let mut pending = Pending::Logits;
-        let mut stop = Stop::Length;
-        for _ in 0..n {
-            let next = match pending {
-                Pending::Id(id) => id,
-                Pending::TopK => sampler.sample_top_k(&self.candidates),
-                Pending::Nucleus(nu) => {
-                    match sampler.sample_nucleus(&self.candidates, nu.total, nu.rel_err) {
-                        Some(id) => id,
-                        None => {
-                            self.nucleus_misses += 1;
-                            self.logits.clear();
-                            if let Some(l) = self.engine.last_logits()? {
-                                self.logits.extend_from_slice(l);
-                            }
-                            sampler.sample(&self.logits, &self.tokens)
-                        }
-                    }
-                }
-                Pending::Logits => sampler.sample(&self.logits, &self.tokens),
-            };
-            if next == eos {
-                stop = Stop::Eos;
-                break;
-            }
-            let readout = if greedy {
-                Readout::Argmax
-            } else if let Some(k) = top_k {
-                Readout::TopK(k)
-            } else if let Some(temperature) = top_p {
-                Readout::Nucleus { temperature }
-            } else {
-                Readout::Logits
-            };
-            pending = match self.engine.step(next, readout)? {
-                StepOut::Token(id) => Pending::Id(id),
-                StepOut::Candidates(c) => {
-                    self.candidates.clear();
-                    self.candidates.extend_from_slice(c);
-                    Pending::TopK
-                }
-                StepOut::Nucleus {
-                    candidates,
-                    nucleus,
-                } => {
-                    self.candidates.clear();
-                    self.candidates.extend_from_slice(candidates);
-                    Pending::Nucleus(nucleus)
-                }
-                StepOut::Logits(l) => {
-                    self.logits.clear();
-                    self.logits.extend_from_slice(l);
-                    Pending::Logits
-                }
-                StepOut::None => {
-                    return Err(Error::InvalidArgument(
-                        "the engine returned no readout".into(),
-                    ))
-                }
-            };
-            self.tokens.push(next);
-            if !on_token(next) {
-                stop = Stop::Callback;
-                break;
-            }
-        }
-        if pending != Pending::Logits {
-            if let Some(l) = self.engine.last_logits()? {
-                self.logits.clear();
-                self.logits.extend_from_slice(l);
-            }
-        }
-        Ok(stop)
-    }
-
-    /// Choose the next token from the engine's last logits under `mask`, as
-    /// `sampler` would from the logits with the disallowed tokens removed (the
-    /// engine's masked readouts: on the GPU the mask is applied on the device).
-    fn choose_masked(&mut self, sampler: &mut Sampler, mask: &TokenMask) -> Result<u32> {
-        let id = if sampler.is_greedy() {
-            self.engine.readout(Readout::Argmax, Some(mask))?.token()
-        } else if let Some(k) = sampler.top_k_only() {
-            let c = self.engine.readout(Readout::TopK(k), Some(mask))?;
-            c.candidates().map(|c| sampler.sample_top_k(c))
-        } else {
-            let drawn = match sampler.top_p_only() {
-                Some(temperature) => match self
-                    .engine
-                    .readout(Readout::Nucleus { temperature }, Some(mask))?
-                {
-                    StepOut::Nucleus {
-                        candidates,
-                        nucleus,
-                    } => sampler.sample_nucleus(candidates, nucleus.total, nucleus.rel_err),
-                    _ => None,
-                },
-                None => None,
-            };
-            match drawn {
-                Some(id) => Some(id),
-                None => {
-                    let l = self.engine.readout(Readout::Logits, Some(mask))?;
-                    l.logits().map(|l| sampler.sample(l, &self.tokens))
-                }
-            }
-        };
-        match id {
-            Some(id) if mask.is_allowed(id) => Ok(id),
-            other => Err(Error::InvalidArgument(format!(
-                "constrained generation: the readout chose {other:?}, which the mask does not allow"
-            ))),
-        }
+        let mut g = Generation::lending(Vec::new(), sampler, eos, n).with_history(&self.tokens);
+        self.run(&mut g, each_token(on_token))
     }
 
     /// Generate up to `n` tokens that satisfy `constraint`, with `sampler` over
-    /// the allowed tokens of each step, calling `on_token` with each (it returns
-    /// false to stop). Tokens the constraint forces are appended as one prefill
-    /// chunk each time, not sampled; EOS is allowed only where the output may end
-    /// and is not emitted; generation stops once the output is complete. The mask
-    /// of the next token depends only on the tokens already chosen: with an
-    /// engine that steps on a device it is computed on a side thread while the
-    /// engine runs the step, with one that computes on this CPU
-    /// ([`Engine::computes_on_host`]) just before the step. Every emitted token
-    /// is also stepped, so the session can continue.
+    /// the allowed tokens of each step, calling `on_token` with each (false
+    /// stops). Tokens the constraint forces are appended as one prefill chunk
+    /// each time, not sampled; EOS is allowed only where the output may end and
+    /// is not emitted; generation stops once the output is complete
+    /// ([`Finish::Complete`]). Every emitted token is also stepped.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] before any prefill or when the constraint fails;
-    /// step errors.
+    /// [`Error::InvalidArgument`] before any prefill or when the constraint
+    /// fails; step errors.
     pub fn generate_constrained(
         &mut self,
         sampler: &mut Sampler,
         n: usize,
         constraint: &mut Constraint,
-        mut on_token: impl FnMut(u32) -> bool,
-    ) -> Result<(Stop, ConstraintStats)> {
-        if self.logits.is_empty() {
+        on_token: impl FnMut(u32) -> bool,
+    ) -> Result<(Finish, ConstraintStats)> {
+        let (eos, vocab) = (self.model.config.eos, self.model.config.vocab);
+        let mut g = Generation::lending(Vec::new(), sampler, eos, n)
+            .with_history(&self.tokens)
+            .lending_constraint(constraint, vocab);
+        let finish = self.run(&mut g, each_token(on_token))?;
+        Ok((finish, g.constraint_stats().clone()))
+    }
+
+    /// Run `generation` to its end on this session's engine, calling `on_emit`
+    /// with what it emits (false cancels it). Its prompt, if it has one,
+    /// is appended first; with none, its first choice reads the logits the
+    /// session's last step left. Each step reads out only what the sampler
+    /// needs (on the GPU: the argmax or top-k on the device); a constrained
+    /// step computes its mask while a device engine runs the step and applies
+    /// it to the readout (on the GPU, on the device). The tokens emitted last
+    /// are appended too, so the session holds every token and the logits after
+    /// the last one.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a generation without a prompt before any
+    /// prefill; the generation's and the engine's errors.
+    pub fn run(
+        &mut self,
+        generation: &mut Generation<'_>,
+        mut on_emit: impl FnMut(Emitted<'_>) -> bool,
+    ) -> Result<Finish> {
+        let g = generation;
+        if g.prompt_len() == 0 && self.logits.is_empty() {
             return Err(Error::InvalidArgument(
                 "generate needs a prefilled prompt".into(),
             ));
         }
-        let vocab = self.model.config.vocab;
-        let eos = constraint.eos();
-        let mut stats = ConstraintStats::default();
-        // The next mask depends only on the tokens already chosen. With an
-        // engine that steps on a device, a side thread computes it while the
-        // engine steps; with one that steps on this CPU, here before the step
-        // (a thread beside the step would only take a core from it). The
-        // commits (fast) run here either way.
-        let beside = !self.engine.computes_on_host();
-        let shared = std::sync::Mutex::new(constraint);
-        let lock = || shared.lock().unwrap_or_else(|e| e.into_inner());
-        let (to_side, side_in) = mpsc::channel::<TokenMask>();
-        let (side_out, from_side) = mpsc::channel::<SideMask>();
-        let side_error = || {
-            Error::InvalidArgument("constrained generation: the constraint thread stopped".into())
+        let mut emit = |g: &mut Generation<'_>| {
+            let (ids, text) = (g.take_emitted(), g.take_delta());
+            if (!ids.is_empty() || !text.is_empty())
+                && !on_emit(Emitted {
+                    ids: &ids,
+                    text: &text,
+                })
+            {
+                g.cancel();
+            }
         };
-        let stop = std::thread::scope(|scope| -> Result<Stop> {
-            // Owned here, so returning closes the channel and ends the side thread
-            // (the scope waits for it).
-            let to_side = to_side;
-            let shared = &shared;
-            if beside {
-                scope.spawn(move || {
-                    let lock = || shared.lock().unwrap_or_else(|e| e.into_inner());
-                    while let Ok(mut m) = side_in.recv() {
-                        let t0 = Instant::now();
-                        let r = lock().mask_into(&mut m).map(|_| m);
-                        if side_out
-                            .send(SideMask(r, t0.elapsed().as_secs_f64()))
-                            .is_err()
-                        {
-                            return;
-                        }
-                    }
-                });
-            }
-            let mut emitted = 0usize;
-            let mut mask = Some(TokenMask::none(vocab));
-            // The mask computed here (not beside).
-            let mut ready: Option<SideMask> = None;
-            let mut chunk: Vec<u32> = Vec::new();
-            // Forced tokens at the start.
-            let (mut forced, mut done) = {
-                let mut c = lock();
-                (c.take_forced(), c.is_stopped())
-            };
-            loop {
-                stats.forced += forced.len();
-                chunk.append(&mut forced);
-                chunk.truncate(n - emitted);
-                if !done && emitted + chunk.len() < n {
-                    let mut m = mask.take().unwrap_or_else(|| TokenMask::none(vocab));
-                    if beside {
-                        if to_side.send(m).is_err() {
-                            return Err(side_error());
-                        }
-                    } else {
-                        let t0 = Instant::now();
-                        let r = lock().mask_into(&mut m).map(|_| m);
-                        ready = Some(SideMask(r, t0.elapsed().as_secs_f64()));
-                    }
-                }
-                if !chunk.is_empty() {
-                    self.engine.step_many(&chunk, Readout::Deferred)?;
-                    self.tokens.extend_from_slice(&chunk);
-                }
-                for &t in &chunk {
-                    emitted += 1;
-                    if !on_token(t) {
-                        return Ok(Stop::Callback);
-                    }
-                }
-                chunk.clear();
-                if done {
-                    return Ok(Stop::Complete);
-                }
-                if emitted >= n {
-                    return Ok(Stop::Length);
-                }
-                let waited = Instant::now();
-                let got = match ready.take() {
-                    Some(here) => Ok(here),
-                    None => from_side.recv(),
-                };
-                let Ok(SideMask(m, secs)) = got else {
-                    return Err(side_error());
-                };
-                if beside {
-                    stats.mask_wait_seconds += waited.elapsed().as_secs_f64();
-                } else {
-                    stats.mask_wait_seconds += secs;
-                }
-                stats.masks += 1;
-                stats.mask_seconds += secs;
-                stats.mask_us_each.push((secs * 1e6) as f32);
-                let m = m?;
-                let next = self.choose_masked(sampler, &m)?;
-                mask = Some(m);
-                stats.chosen += 1;
-                if next == eos {
-                    return Ok(Stop::Complete);
-                }
-                let mut c = lock();
-                c.commit(next)?;
-                (forced, done) = (c.take_forced(), c.is_stopped());
-                drop(c);
-                chunk.push(next);
-            }
-        });
-        // The side thread ends when its channel closes (here, or on its own).
-        let stop = stop?;
         self.logits.clear();
+        loop {
+            let next = g.next(usize::MAX)?;
+            emit(g);
+            let Some(next) = next.filter(|_| !g.is_done()) else {
+                break;
+            };
+            self.feed.clear();
+            self.feed.extend_from_slice(g.ids());
+            let engine = &mut self.engine;
+            let out = if next.masked {
+                // A device works on the step while the mask is computed here.
+                if !self.feed.is_empty() {
+                    engine.step_many(&self.feed, Readout::Deferred)?;
+                }
+                let mask = g.mask()?;
+                engine.readout(next.readout, mask)?
+            } else if self.feed.is_empty() {
+                engine.readout(next.readout, None)?
+            } else {
+                engine.step_many(&self.feed, next.readout)?
+            };
+            self.tokens.extend_from_slice(&self.feed);
+            if g.advance(out)? == Progress::NeedLogits {
+                let out = engine.readout(Readout::Logits, g.current_mask())?;
+                g.advance(out)?;
+            }
+            emit(g);
+        }
+        self.nucleus_misses += g.nucleus_misses();
+        let rest = g.take_unstepped();
+        if !rest.is_empty() {
+            self.engine.step_many(&rest, Readout::Deferred)?;
+            self.tokens.extend_from_slice(&rest);
+        }
         if let Some(l) = self.engine.last_logits()? {
             self.logits.extend_from_slice(l);
         }
-        Ok((stop, stats))
+        Ok(g.finish().unwrap_or(Finish::Cancelled))
     }
+}
+
+/// A [`Session::run`] callback that hands `on_token` each emitted token
+/// (stopping at the first that it refuses).
+fn each_token(mut on_token: impl FnMut(u32) -> bool) -> impl FnMut(Emitted<'_>) -> bool {
+    move |e| e.ids.iter().all(|&id| on_token(id))
 }

@@ -4,7 +4,7 @@ use crate::common::gpu::gpu;
 use crate::common::StepLogits;
 use cqlm::cq::BitsPlan;
 use cqlm::sample::{argmax, top2_margin, Sampler, SamplerConfig};
-use cqlm::session::{Backend, Session, Stop};
+use cqlm::session::{Backend, Finish, Session};
 use cqlm::synth::synth_model;
 use cqlm::{Config, CpuEngine, Engine, GpuEngine};
 use std::sync::Arc;
@@ -144,9 +144,9 @@ fn session_generates_what_a_manual_greedy_loop_does() {
     assert_eq!(
         stop,
         if want.len() == 12 {
-            Stop::Length
+            Finish::Length
         } else {
-            Stop::Eos
+            Finish::Eos
         }
     );
     assert_eq!(session.tokens().len(), prompt.len() + got.len());
@@ -156,7 +156,7 @@ fn session_generates_what_a_manual_greedy_loop_does() {
         n += 1;
         n < 3
     });
-    assert!(matches!(stop, Ok(Stop::Callback) | Ok(Stop::Eos)));
+    assert!(matches!(stop, Ok(Finish::Cancelled) | Ok(Finish::Eos)));
     // Out-of-range prompt ids are refused before anything runs.
     let before = session.tokens().len();
     assert!(session.prefill(&[3, 256]).is_err());

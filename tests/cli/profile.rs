@@ -6,8 +6,8 @@ use crate::common::cli::{assert_ok, cqlm, text};
 use crate::common::gpu::{gpu, rel_l2};
 use crate::common::StepLogits;
 use cqlm::cq::BitsPlan;
-use cqlm::gpu::profile::GpuTiming;
 use cqlm::profile::KernelProfile;
+use cqlm::profile::Timing;
 use cqlm::synth::synth_model;
 use cqlm::{Config, CpuEngine, Engine, GpuEngine, Model};
 use std::collections::BTreeSet;
@@ -115,7 +115,7 @@ fn cpu_profile_covers_every_kernel_of_the_step() {
 
 /// Profile `tokens` steps on the GPU after a short prompt; check the profile and
 /// that the steps were real (the next logits match the CPU's).
-fn gpu_profile(timing: GpuTiming, tokens: usize, what: &str) -> Option<(KernelProfile, bool)> {
+fn gpu_profile(timing: Timing, tokens: usize, what: &str) -> Option<(KernelProfile, bool)> {
     let ctx = gpu()?;
     let has_ts = ctx.caps.timestamps;
     let model = tiny(5);
@@ -152,7 +152,7 @@ fn gpu_profile_covers_every_dispatch() {
     // Timestamps where the adapter has them (lavapipe does): the kernel times are
     // GPU time between two timestamps around each dispatch, so they add up to at
     // most the step's wall time. Without them this is the per-dispatch path.
-    let Some((p, has_ts)) = gpu_profile(GpuTiming::Auto, 3, "gpu tiny") else {
+    let Some((p, has_ts)) = gpu_profile(Timing::Auto, 3, "gpu tiny") else {
         return;
     };
     if has_ts {
@@ -166,7 +166,7 @@ fn gpu_profile_covers_every_dispatch() {
 fn gpu_per_dispatch_fallback_covers_every_dispatch() {
     // The fallback for adapters without timestamps: each time is the wall time of
     // one submit and wait, all measured inside the step's wall time.
-    let Some((p, _)) = gpu_profile(GpuTiming::PerDispatch, 2, "gpu tiny, per dispatch") else {
+    let Some((p, _)) = gpu_profile(Timing::PerDispatch, 2, "gpu tiny, per dispatch") else {
         return;
     };
     assert!(p.method.contains("submit and wait"), "{}", p.method);
@@ -178,7 +178,7 @@ fn gpu_timestamps_when_asked_match_the_capability() {
     let has_ts = ctx.caps.timestamps;
     let model = tiny(6);
     let mut g = GpuEngine::with_context(model, ctx).unwrap();
-    let r = g.profile(&[1, 2], GpuTiming::Timestamps);
+    let r = g.profile(&[1, 2], Timing::Timestamps);
     assert_eq!(r.is_ok(), has_ts, "{r:?}");
     if !has_ts {
         assert_eq!(g.position(), 0, "nothing stepped");
@@ -311,14 +311,20 @@ fn batch_pass(
     let toks: Vec<[u32; 1]> = (0..b.slots())
         .map(|s| [ids(t + 1, vocab, 11 + s as u64)[t]])
         .collect();
-    let work: Vec<(usize, &[u32])> = toks.iter().map(|x| &x[..]).enumerate().collect();
-    match tally {
-        Some(tally) => {
-            let how = b.step_timed(&work, GpuTiming::Auto, tally).unwrap();
-            (b.last_logits().to_vec(), how)
+    let work: Vec<cqlm::engine::SlotStep<'_>> = (toks.iter().enumerate())
+        .map(|(s, x)| cqlm::engine::SlotStep::new(s, x, cqlm::Readout::Logits))
+        .collect();
+    let how = match tally {
+        Some(tally) => b.step_timed(&work, Timing::Auto, tally).unwrap(),
+        None => {
+            b.step(&work).unwrap();
+            String::new()
         }
-        None => (b.step(&work).unwrap().to_vec(), String::new()),
-    }
+    };
+    let logits = (0..work.len())
+        .flat_map(|k| b.out(k).logits().unwrap().to_vec())
+        .collect();
+    (logits, how)
 }
 
 /// Builds a fresh batch engine.
@@ -330,7 +336,9 @@ fn primed(mut b: Box<dyn cqlm::BatchEngine>) -> Box<dyn cqlm::BatchEngine> {
     let prompts: Vec<Vec<u32>> = (0..b.slots())
         .map(|s| ids(5, vocab, 300 + s as u64))
         .collect();
-    let work: Vec<(usize, &[u32])> = prompts.iter().map(|p| &p[..]).enumerate().collect();
+    let work: Vec<cqlm::engine::SlotStep<'_>> = (prompts.iter().enumerate())
+        .map(|(s, p)| cqlm::engine::SlotStep::new(s, p, cqlm::Readout::None))
+        .collect();
     b.step(&work).unwrap();
     b
 }

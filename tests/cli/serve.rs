@@ -510,32 +510,29 @@ fn an_engine_failure_is_a_500_for_that_request_and_the_server_keeps_serving() {
         _ => panic!("final_norm is a dense tensor"),
     }
     cqlm::archive::write_archive_file(&path, &b.config, b.tokenizer.as_deref(), &tensors).unwrap();
-    for extra in [&[][..], &["--no-batch"][..]] {
-        let mut args = vec!["--model", path.to_str().unwrap()];
-        args.extend(extra);
-        let s = start(&args);
-        for _ in 0..2 {
-            let (status, v) = post(
-                &s.addr,
-                "/v1/completions",
-                &json!({"prompt": "x", "max_tokens": 3}),
-            );
-            assert_eq!(status, 500, "{extra:?}: {v}");
-            assert!(is_error(&v) && v["error"]["type"] == "server_error", "{v}");
-        }
-        let (status, _, b) = http(
+    let args = vec!["--model", path.to_str().unwrap()];
+    let s = start(&args);
+    for _ in 0..2 {
+        let (status, v) = post(
             &s.addr,
-            "POST",
-            "/v1/chat/completions",
-            &[],
-            json!({"messages": [{"role": "user", "content": "x"}], "stream": true})
-                .to_string()
-                .as_bytes(),
+            "/v1/completions",
+            &json!({"prompt": "x", "max_tokens": 3}),
         );
-        assert_eq!(status, 200);
-        assert!(b.contains("\"error\""), "{b}");
-        assert_eq!(http(&s.addr, "GET", "/health", &[], b"").0, 200);
+        assert_eq!(status, 500, "{v}");
+        assert!(is_error(&v) && v["error"]["type"] == "server_error", "{v}");
     }
+    let (status, _, b) = http(
+        &s.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        json!({"messages": [{"role": "user", "content": "x"}], "stream": true})
+            .to_string()
+            .as_bytes(),
+    );
+    assert_eq!(status, 200);
+    assert!(b.contains("\"error\""), "{b}");
+    assert_eq!(http(&s.addr, "GET", "/health", &[], b"").0, 200);
 }
 
 #[test]
@@ -584,32 +581,30 @@ fn a_call_cut_by_the_token_limit_or_a_stop_string_is_not_an_error() {
     // answer as text (finish `stop`). Neither is a call, and neither a 500.
     let tools: Value = serde_json::from_str(include_str!("../../tools/train/tools.json")).unwrap();
     let named = json!({"type": "function", "function": {"name": "get_weather"}});
-    for extra in [&[][..], &["--no-batch"][..]] {
-        let s = start(extra);
-        let msg = json!([{"role": "user", "content": "Weather in Oslo?"}]);
-        let (st, v) = post(
-            &s.addr,
-            "/v1/chat/completions",
-            &json!({"messages": msg, "max_tokens": 3, "temperature": 0, "tools": tools, "tool_choice": named}),
-        );
-        assert_eq!(st, 200, "{extra:?}: {v}");
-        assert_eq!(v["choices"][0]["finish_reason"], "length", "{extra:?}: {v}");
-        assert!(v["choices"][0]["message"]["tool_calls"].is_null(), "{v}");
-        assert_eq!(v["usage"]["completion_tokens"], 3, "{v}");
-        let (st, v) = post(
-            &s.addr,
-            "/v1/chat/completions",
-            &json!({"messages": msg, "max_tokens": 40, "temperature": 0, "tools": tools,
-                    "tool_choice": named, "stop": ["arguments"]}),
-        );
-        assert_eq!(st, 200, "{extra:?}: {v}");
-        assert_eq!(v["choices"][0]["finish_reason"], "stop", "{extra:?}: {v}");
-        assert_eq!(
-            v["choices"][0]["message"]["content"], "{\"name\":\"get_weather\",\"",
-            "{extra:?}: {v}"
-        );
-        assert!(v["choices"][0]["message"]["tool_calls"].is_null(), "{v}");
-    }
+    let s = start(&[]);
+    let msg = json!([{"role": "user", "content": "Weather in Oslo?"}]);
+    let (st, v) = post(
+        &s.addr,
+        "/v1/chat/completions",
+        &json!({"messages": msg, "max_tokens": 3, "temperature": 0, "tools": tools, "tool_choice": named}),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+    assert!(v["choices"][0]["message"]["tool_calls"].is_null(), "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 3, "{v}");
+    let (st, v) = post(
+        &s.addr,
+        "/v1/chat/completions",
+        &json!({"messages": msg, "max_tokens": 40, "temperature": 0, "tools": tools,
+                "tool_choice": named, "stop": ["arguments"]}),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    assert_eq!(
+        v["choices"][0]["message"]["content"], "{\"name\":\"get_weather\",\"",
+        "{v}"
+    );
+    assert!(v["choices"][0]["message"]["tool_calls"].is_null(), "{v}");
 }
 
 #[test]
@@ -620,20 +615,17 @@ fn a_worker_that_panics_is_replaced_and_the_server_keeps_serving() {
     let b = cqlm::builtin::model().unwrap();
     let tok = cqlm::tokenizer::TextTokenizer::for_model(&b).unwrap();
     let id = *tok.encode(" Zyzzyva").unwrap().last().unwrap();
-    for extra in [&[][..], &["--no-batch"][..]] {
-        let mut args = vec!["--parallel", "2"];
-        args.extend(extra);
-        let s = start_with_env(&args, &[("CQLM_SERVE_PANIC_TOKEN", &id.to_string())]);
-        let ok = json!({"prompt": "Hello", "max_tokens": 3, "temperature": 0});
-        let bad = json!({"prompt": "Hello Zyzzyva", "max_tokens": 3, "temperature": 0});
-        assert_eq!(post(&s.addr, "/v1/completions", &ok).0, 200, "{extra:?}");
-        for _ in 0..2 {
-            let (st, v) = post(&s.addr, "/v1/completions", &bad);
-            assert_eq!(st, 500, "{extra:?}: {v}");
-            assert_eq!(v["error"]["type"], "server_error", "{v}");
-            let (st, v) = post(&s.addr, "/v1/completions", &ok);
-            assert_eq!(st, 200, "{extra:?}: after a panic: {v}");
-            assert_eq!(v["usage"]["completion_tokens"], 3, "{v}");
-        }
+    let args = vec!["--parallel", "2"];
+    let s = start_with_env(&args, &[("CQLM_SERVE_PANIC_TOKEN", &id.to_string())]);
+    let ok = json!({"prompt": "Hello", "max_tokens": 3, "temperature": 0});
+    let bad = json!({"prompt": "Hello Zyzzyva", "max_tokens": 3, "temperature": 0});
+    assert_eq!(post(&s.addr, "/v1/completions", &ok).0, 200);
+    for _ in 0..2 {
+        let (st, v) = post(&s.addr, "/v1/completions", &bad);
+        assert_eq!(st, 500, "{v}");
+        assert_eq!(v["error"]["type"], "server_error", "{v}");
+        let (st, v) = post(&s.addr, "/v1/completions", &ok);
+        assert_eq!(st, 200, "after a panic: {v}");
+        assert_eq!(v["usage"]["completion_tokens"], 3, "{v}");
     }
 }

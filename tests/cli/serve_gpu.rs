@@ -1,10 +1,12 @@
 //! `cqlm serve --backend gpu` (lavapipe in CI): the GPU batch engine serves
 //! concurrent requests, and each greedy request's text equals `cqlm generate
-//! --backend gpu` for its prompt, batched (`--parallel 3`, the requests in one
-//! pass) and with a session each (`--no-batch`). Skips only where no GPU adapter
+//! --backend gpu` for its prompt, one at a time (`--parallel 1`, the others
+//! queued) and batched (`--parallel 4`, the requests in one pass); a greedy
+//! request reads back a few bytes a token (the device's argmax), one that
+//! samples from the full logits reads them back. Skips only where no GPU adapter
 //! exists and `CQLM_REQUIRE_GPU` is unset.
 
-use super::serve::{post, start_on};
+use super::serve::{http, post, start_on};
 use serde_json::json;
 use std::process::Command;
 
@@ -45,7 +47,7 @@ fn the_gpu_batch_serves_concurrent_requests_as_generate_would() {
         };
         want.push(text);
     }
-    for extra in [&["--parallel", "3"][..], &["--parallel", "3", "--no-batch"]] {
+    for extra in [&["--parallel", "1"][..], &["--parallel", "4"]] {
         let s = start_on("gpu", extra, &[]);
         let got: Vec<_> = prompts
             .iter()
@@ -98,4 +100,47 @@ fn more_sequences_than_the_gpu_holds_is_an_error_before_serving() {
         "{err}"
     );
     assert!(!err.contains("listening"), "{err}");
+}
+
+/// `cqlm_readback_bytes_total` of the server at `addr`.
+fn read_back(addr: &str) -> f64 {
+    let (status, _, body) = http(addr, "GET", "/metrics", &[], b"");
+    assert_eq!(status, 200, "{body}");
+    body.lines()
+        .find_map(|l| l.strip_prefix("cqlm_readback_bytes_total ")?.parse().ok())
+        .unwrap_or_else(|| panic!("no cqlm_readback_bytes_total in {body}"))
+}
+
+#[test]
+fn a_greedy_request_reads_back_no_logits_and_a_full_sample_does() {
+    if generate_gpu("x", 1).is_none() {
+        return;
+    }
+    let s = start_on("gpu", &["--parallel", "2"], &[]);
+    let vocab = cqlm::builtin::model().unwrap().config.vocab as f64;
+    let tokens = 12.0;
+    let before = read_back(&s.addr);
+    let body = json!({"prompt": "In the beginning", "max_tokens": 12, "temperature": 0});
+    let (status, v) = post(&s.addr, "/v1/completions", &body);
+    assert_eq!(status, 200, "{v}");
+    let n = v["usage"]["completion_tokens"].as_f64().unwrap();
+    assert_eq!(n, tokens, "{v}");
+    let greedy = read_back(&s.addr) - before;
+    // The device's argmax: 8 bytes a token (the steps after the prompt).
+    assert!(
+        greedy <= 8.0 * tokens,
+        "greedy read back {greedy} bytes for {n} tokens"
+    );
+    // Temperature 1 without top-k or top-p samples from the full logits.
+    let before = read_back(&s.addr);
+    let body = json!({"prompt": "In the beginning", "max_tokens": 12, "temperature": 1.0,
+        "seed": 3});
+    let (status, v) = post(&s.addr, "/v1/completions", &body);
+    assert_eq!(status, 200, "{v}");
+    let n = v["usage"]["completion_tokens"].as_f64().unwrap();
+    let sampled = read_back(&s.addr) - before;
+    assert!(
+        sampled >= 4.0 * vocab * n,
+        "sampled read back {sampled} bytes for {n} tokens"
+    );
 }

@@ -51,7 +51,7 @@ fn logged(log: &std::sync::Mutex<String>, parts: &[&str]) -> String {
 
 #[test]
 fn metrics_count_what_was_served_and_each_request_is_logged() {
-    for extra in [&["--parallel", "2"][..], &["--parallel", "2", "--no-batch"]] {
+    for extra in [&["--parallel", "2"][..]] {
         let s = start(extra);
         let (status, head, before) = scrape(&s.addr, &[]);
         assert_eq!(status, 200);

@@ -46,3 +46,19 @@ impl<E: Engine + ?Sized> StepLogits for E {
             .to_vec()
     }
 }
+
+/// Step `work` (`(slot, ids)` items) on `batch` reading out every item's full
+/// logits, and return them `[items, vocab]` in `work`'s order.
+pub fn batch_logits(
+    batch: &mut dyn cqlm::BatchEngine,
+    work: &[(usize, &[u32])],
+) -> cqlm::Result<Vec<f32>> {
+    let steps: Vec<cqlm::engine::SlotStep<'_>> = work
+        .iter()
+        .map(|&(slot, ids)| cqlm::engine::SlotStep::new(slot, ids, Readout::Logits))
+        .collect();
+    batch.step(&steps)?;
+    Ok((0..work.len())
+        .flat_map(|k| batch.out(k).logits().expect("a logits readout").to_vec())
+        .collect())
+}

@@ -40,7 +40,7 @@ fn batched_sequences_match_each_sequence_alone() {
         let mut work: Vec<(usize, Vec<u32>)> = prompts.iter().cloned().enumerate().collect();
         for step in 0..31 {
             let refs: Vec<(usize, &[u32])> = work.iter().map(|(s, ids)| (*s, &ids[..])).collect();
-            let got = batch.step(&refs).unwrap().to_vec();
+            let got = crate::common::batch_logits(&mut batch, &refs).unwrap();
             let mut next = Vec::new();
             for (i, (slot, ids)) in work.iter().enumerate() {
                 let want = alone[*slot]
@@ -76,15 +76,15 @@ fn batched_sequences_match_each_sequence_alone() {
             .logits()
             .unwrap()
             .to_vec();
-        let got = batch.step(&[(1, &[4, 5])]).unwrap().to_vec();
+        let got = crate::common::batch_logits(&mut batch, &[(1, &[4, 5])]).unwrap();
         assert_eq!(bits(&got), bits(&want));
     }
     // Bad work is refused before anything runs.
     let mut b = CpuBatch::new(Arc::clone(&model), 2, Precision::Exact).unwrap();
-    assert!(b.step(&[]).is_err());
-    assert!(b.step(&[(2, &[1])]).is_err());
-    assert!(b.step(&[(0, &[1]), (0, &[2])]).is_err());
-    assert!(b.step(&[(0, &[])]).is_err());
-    assert!(b.step(&[(0, &[vocab])]).is_err());
+    assert!(crate::common::batch_logits(&mut b, &[]).is_err());
+    assert!(crate::common::batch_logits(&mut b, &[(2, &[1])]).is_err());
+    assert!(crate::common::batch_logits(&mut b, &[(0, &[1]), (0, &[2])]).is_err());
+    assert!(crate::common::batch_logits(&mut b, &[(0, &[])]).is_err());
+    assert!(crate::common::batch_logits(&mut b, &[(0, &[vocab])]).is_err());
     assert_eq!(b.position(0), 0);
 }

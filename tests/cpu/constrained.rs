@@ -8,7 +8,7 @@
 use cqlm::constrain::{ConstraintSpec, JsonWhitespace, TokenSpace, ToolChoice, ToolSet};
 use cqlm::cq::BitsPlan;
 use cqlm::sample::{Sampler, SamplerConfig};
-use cqlm::session::{Backend, Session, Stop};
+use cqlm::session::{Backend, Finish, Session};
 use cqlm::tokenizer::TextTokenizer;
 use cqlm::weights::Model;
 use cqlm::{Config, CpuEngine, Engine, Readout};
@@ -39,7 +39,7 @@ fn run(
     prompt: &str,
     sampler: SamplerConfig,
     max: usize,
-) -> (String, Stop, Vec<u32>) {
+) -> (String, Finish, Vec<u32>) {
     let tok = TextTokenizer::for_model(model).unwrap();
     let mut c = space.compile(spec).unwrap();
     let mut s = Session::new(Arc::clone(model), Backend::Cpu).unwrap();
@@ -175,7 +175,7 @@ fn json_schema_outputs_validate_on_both_models() {
             for (i, cfg) in samplers().into_iter().enumerate() {
                 let spec = ConstraintSpec::json_schema(schema.clone());
                 let (text, stop, _) = run(&model, &space, &spec, "Answer in JSON:", cfg, 160);
-                if stop == Stop::Length {
+                if stop == Finish::Length {
                     assert!(
                         !bounded,
                         "{name} sampler {i}: cut at the token limit: {text}"
@@ -183,7 +183,7 @@ fn json_schema_outputs_validate_on_both_models() {
                     cut += 1;
                     continue;
                 }
-                assert_eq!(stop, Stop::Complete, "{name} sampler {i}");
+                assert_eq!(stop, Finish::Complete, "{name} sampler {i}");
                 complete += 1;
                 let v: Value = serde_json::from_str(&text)
                     .unwrap_or_else(|e| panic!("{name} sampler {i}: not JSON ({e}): {text}"));
@@ -231,7 +231,7 @@ fn bounded_whitespace_is_bounded() {
             ..Default::default()
         };
         let (text, stop, _) = run(&model, &space, &spec, "JSON:", cfg, 120);
-        assert_eq!(stop, Stop::Complete, "{text:?}");
+        assert_eq!(stop, Finish::Complete, "{text:?}");
         let v: Value = serde_json::from_str(&text).unwrap();
         assert!(jsonschema::is_valid(&schema, &v));
         assert!(longest_space_outside_strings(&text) <= 2, "{text:?}");
@@ -293,7 +293,7 @@ fn regex_outputs_match_as_a_whole() {
         for cfg in samplers() {
             let spec = ConstraintSpec::Regex(pattern.into());
             let (text, stop, _) = run(&model, &space, &spec, "The answer:", cfg, 40);
-            assert_eq!(stop, Stop::Complete, "{pattern}: {text:?}");
+            assert_eq!(stop, Finish::Complete, "{pattern}: {text:?}");
             assert!(full.is_match(&text), "{pattern}: {text:?}");
         }
     }
@@ -328,7 +328,7 @@ fn lark_grammar_outputs_parse() {
             cfg,
             60,
         );
-        if stop == Stop::Length {
+        if stop == Finish::Length {
             continue; // the language is unbounded
         }
         assert_eq!(expr(text.as_bytes(), 0), Some(text.len()), "{text:?}");
@@ -390,7 +390,7 @@ fn tool_calls_parse_and_fit_their_parameters() {
                 })
                 .unwrap();
             let text = tok.decode(&ids).unwrap();
-            if stop == Stop::Length {
+            if stop == Finish::Length {
                 // Only free text (auto) and arrays of calls (parallel) are unbounded.
                 assert!(choice == ToolChoice::Auto || parallel, "{text:?}");
                 continue;
@@ -484,7 +484,7 @@ fn forced_tokens_fast_forwarded_give_the_logits_of_stepping_them() {
     let (stop, stats) = s
         .generate_constrained(&mut Sampler::greedy(), 100, &mut c, |_| true)
         .unwrap();
-    assert_eq!(stop, Stop::Complete);
+    assert_eq!(stop, Finish::Complete);
     assert!(stats.forced > stats.chosen, "{stats:?}");
     let mut e = CpuEngine::new(Arc::clone(&model)).unwrap();
     let mut last = Vec::new();

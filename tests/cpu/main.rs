@@ -14,6 +14,7 @@ mod cq_kernels;
 mod fast_engine;
 mod fast_kernels;
 mod fuzz_regressions;
+mod generation;
 mod grammar_cache;
 mod kernels;
 mod pack;

@@ -62,7 +62,7 @@ fn batched_sequences_match_each_sequence_alone() {
                 .filter_map(|s| pending[s].take().map(|ids| (s, ids)))
                 .collect();
             let refs: Vec<(usize, &[u32])> = work.iter().map(|(s, ids)| (*s, &ids[..])).collect();
-            let got = batch.step(&refs).unwrap().to_vec();
+            let got = crate::common::batch_logits(&mut batch, &refs).unwrap();
             assert_eq!(got.len(), work.len() * vocab);
             for (i, (slot, ids)) in work.iter().enumerate() {
                 let want = logits_after(&mut alone[*slot], ids);
@@ -86,7 +86,7 @@ fn batched_sequences_match_each_sequence_alone() {
         // kernels): still the logits of the sequence alone.
         let next = pending[1].take().expect("slot 1 stepped in the last pass");
         let want = logits_after(&mut alone[1], &next);
-        let got = batch.step(&[(1, &next)]).unwrap().to_vec();
+        let got = crate::common::batch_logits(&mut batch, &[(1, &next)]).unwrap();
         assert_eq!(bits(&got), bits(&want), "{program:?} a lone decode token");
         assert_eq!(batch.position(1), alone[1].position());
         // A reset slot starts over: the logits of a fresh sequence.
@@ -94,7 +94,7 @@ fn batched_sequences_match_each_sequence_alone() {
         let mut fresh =
             GpuEngine::with_program(Arc::clone(&model), Arc::clone(&ctx), program).unwrap();
         let want = logits_after(&mut fresh, &[4, 5]);
-        let got = batch.step(&[(2, &[4, 5])]).unwrap().to_vec();
+        let got = crate::common::batch_logits(&mut batch, &[(2, &[4, 5])]).unwrap();
         assert_eq!(bits(&got), bits(&want), "{program:?} after reset");
         assert_eq!(batch.position(2), 2);
     }
@@ -107,30 +107,196 @@ fn bad_batch_work_is_an_error_and_steps_nothing() {
         Arc::new(cqlm::synth::synth_model(&Config::preset_tiny(), &BitsPlan::mixed(), 3).unwrap());
     let vocab = model.config.vocab as u32;
     let mut b = GpuBatch::new(Arc::clone(&model), ctx, 2, None).unwrap();
-    assert!(matches!(b.step(&[]), Err(Error::InvalidArgument(_))));
     assert!(matches!(
-        b.step(&[(2, &[1])]),
+        crate::common::batch_logits(&mut b, &[]),
         Err(Error::InvalidArgument(_))
     ));
     assert!(matches!(
-        b.step(&[(0, &[1]), (0, &[2])]),
+        crate::common::batch_logits(&mut b, &[(2, &[1])]),
         Err(Error::InvalidArgument(_))
     ));
     assert!(matches!(
-        b.step(&[(1, &[])]),
+        crate::common::batch_logits(&mut b, &[(0, &[1]), (0, &[2])]),
         Err(Error::InvalidArgument(_))
     ));
     assert!(matches!(
-        b.step(&[(0, &[1]), (1, &[vocab])]),
+        crate::common::batch_logits(&mut b, &[(1, &[])]),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        crate::common::batch_logits(&mut b, &[(0, &[1]), (1, &[vocab])]),
         Err(Error::TokenOutOfRange { .. })
     ));
     assert_eq!((b.position(0), b.position(1)), (0, 0));
-    assert!(b.last_logits().is_empty());
+    assert!(cqlm::BatchEngine::out(&b, 0).is_none());
     // More sequences than the device has token slots.
     let too_many = cqlm::gpu::PREFILL_SLOTS + 1;
     let ctx = gpu().unwrap();
     assert!(matches!(
         GpuBatch::new(model, ctx, too_many, None),
         Err(Error::Gpu(_))
+    ));
+}
+
+/// The readouts of a batch item computed on the host from `logits` under
+/// `mask`, written apart from the engine: the lowest index of the largest
+/// allowed logit, or the allowed `(logit bits, id)` pairs of the `k` largest
+/// (ties toward lower ids), sorted.
+fn host_argmax(logits: &[f32], mask: Option<&cqlm::constrain::TokenMask>) -> u32 {
+    let mut best: Option<(f32, u32)> = None;
+    for (i, &v) in logits.iter().enumerate() {
+        let ok = mask.is_none_or(|m| m.is_allowed(i as u32));
+        if ok && best.is_none_or(|(b, _)| v > b) {
+            best = Some((v, i as u32));
+        }
+    }
+    best.expect("an allowed token").1
+}
+
+fn host_top_k(
+    logits: &[f32],
+    k: usize,
+    mask: Option<&cqlm::constrain::TokenMask>,
+) -> Vec<(u32, u32)> {
+    let mut all: Vec<(f32, u32)> = (0..logits.len() as u32)
+        .filter(|&i| mask.is_none_or(|m| m.is_allowed(i)))
+        .map(|i| (logits[i as usize], i))
+        .collect();
+    all.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    let mut top: Vec<(u32, u32)> = all.iter().take(k).map(|&(v, i)| (v.to_bits(), i)).collect();
+    top.sort_unstable();
+    top
+}
+
+fn sorted(c: &[(f32, u32)]) -> Vec<(u32, u32)> {
+    let mut v: Vec<(u32, u32)> = c.iter().map(|&(l, i)| (l.to_bits(), i)).collect();
+    v.sort_unstable();
+    v
+}
+
+/// Every slot of a pass reads out its own way (device argmax, top-k and
+/// nucleus, each with and without a token mask, the logits, nothing): each
+/// equals the readout of that slot's full logits (the same steps on a second
+/// batch that reads out logits only) computed on the host, a greedy pass reads
+/// back 8 bytes an item where the logits path reads back `vocab` floats, and a
+/// reread gives the item's logits under its mask.
+#[test]
+fn device_readouts_of_a_batch_equal_the_host_readouts_of_its_logits() {
+    use cqlm::constrain::TokenMask;
+    use cqlm::engine::SlotStep;
+    use cqlm::StepOut;
+    let Some(ctx) = gpu() else { return };
+    let model =
+        Arc::new(cqlm::synth::synth_model(&Config::preset_tiny(), &BitsPlan::mixed(), 5).unwrap());
+    let vocab = model.config.vocab;
+    let mut device = GpuBatch::new(Arc::clone(&model), Arc::clone(&ctx), 4, None).unwrap();
+    let mut host = GpuBatch::new(Arc::clone(&model), Arc::clone(&ctx), 4, None).unwrap();
+    // A mask per slot allowing about a third of the ids (never none).
+    let masks: Vec<TokenMask> = (0..4u32)
+        .map(|s| {
+            let ids: Vec<u32> = (0..vocab as u32)
+                .filter(|i| (i * 2654435761u32.wrapping_add(s)) % 3 == 0 || *i == s)
+                .collect();
+            TokenMask::of_ids(vocab, &ids)
+        })
+        .collect();
+    let kinds = [
+        Readout::Argmax,
+        Readout::TopK(7),
+        Readout::Nucleus { temperature: 0.7 },
+        Readout::Logits,
+    ];
+    let mut ids: Vec<Vec<u32>> = (0..4u32).map(|s| vec![1 + s, 9, 4 * s + 2]).collect();
+    for pass in 0..8 {
+        let readouts: Vec<Readout> = (0..4).map(|s| kinds[(s + pass) % 4]).collect();
+        let masked = |s: usize| (s + pass / 4) % 2 == 1;
+        let work: Vec<SlotStep<'_>> = (0..4)
+            .map(|s| SlotStep::new(s, &ids[s], readouts[s]).masked(masked(s).then_some(&masks[s])))
+            .collect();
+        let before = ctx.bytes_read_back();
+        device.step(&work).unwrap();
+        let read = ctx.bytes_read_back() - before;
+        let plain: Vec<(usize, &[u32])> = (0..4).map(|s| (s, &ids[s][..])).collect();
+        let logits = crate::common::batch_logits(&mut host, &plain).unwrap();
+        let logits_read = ctx.bytes_read_back() - before - read;
+        assert!(logits_read >= (4 * vocab * 4) as u64, "pass {pass}");
+        let mut next = Vec::new();
+        for s in 0..4 {
+            let row = &logits[s * vocab..(s + 1) * vocab];
+            let mask = masked(s).then_some(&masks[s]);
+            let what = format!(
+                "pass {pass} slot {s} {:?} masked {}",
+                readouts[s],
+                mask.is_some()
+            );
+            match (readouts[s], device.out(s)) {
+                (Readout::Argmax, StepOut::Token(t)) => {
+                    assert_eq!(t, host_argmax(row, mask), "{what}")
+                }
+                (Readout::TopK(k), StepOut::Candidates(c)) => {
+                    assert_eq!(sorted(c), host_top_k(row, k, mask), "{what}")
+                }
+                (
+                    Readout::Nucleus { temperature },
+                    StepOut::Nucleus {
+                        candidates,
+                        nucleus,
+                    },
+                ) => {
+                    assert_eq!(sorted(candidates), host_top_k(row, 256, mask), "{what}");
+                    let m = host_top_k(row, 1, mask)[0].0;
+                    let max = f32::from_bits(m) as f64;
+                    let total: f64 = (0..vocab)
+                        .filter(|&i| mask.is_none_or(|mk| mk.is_allowed(i as u32)))
+                        .map(|i| ((row[i] as f64 - max) / temperature as f64).exp())
+                        .sum();
+                    let err = (nucleus.total - total).abs() / total;
+                    assert!(
+                        err <= nucleus.rel_err,
+                        "{what}: {err} > {}",
+                        nucleus.rel_err
+                    );
+                }
+                (Readout::Logits, StepOut::Logits(l)) => {
+                    for i in 0..vocab {
+                        let want = match mask {
+                            Some(m) if !m.is_allowed(i as u32) => f32::NEG_INFINITY,
+                            _ => row[i],
+                        };
+                        assert_eq!(l[i].to_bits(), want.to_bits(), "{what} id {i}");
+                    }
+                }
+                (_, other) => panic!("{what}: read out {other:?}"),
+            }
+            // The full logits again, under the item's mask.
+            let again = device.reread(s, Readout::Logits, mask).unwrap();
+            let again = again.logits().unwrap();
+            for i in 0..vocab {
+                if mask.is_none_or(|m| m.is_allowed(i as u32)) {
+                    assert_eq!(again[i].to_bits(), row[i].to_bits(), "{what} reread id {i}");
+                } else {
+                    assert_eq!(again[i], f32::NEG_INFINITY, "{what} reread id {i}");
+                }
+            }
+            next.push(vec![host_argmax(row, mask)]);
+        }
+        ids = next;
+    }
+    // A greedy pass reads back 8 bytes an item, not the logits.
+    let work: Vec<SlotStep<'_>> = (0..4)
+        .map(|s| SlotStep::new(s, &ids[s], Readout::Argmax))
+        .collect();
+    let before = ctx.bytes_read_back();
+    device.step(&work).unwrap();
+    assert_eq!(ctx.bytes_read_back() - before, 4 * 8);
+    // A prompt chunk without a readout reads nothing back, and no reread.
+    let work = [SlotStep::new(0, &[3, 4, 5], Readout::None)];
+    let before = ctx.bytes_read_back();
+    device.step(&work).unwrap();
+    assert_eq!(ctx.bytes_read_back(), before);
+    assert!(device.out(0).is_none());
+    assert!(matches!(
+        device.reread(0, Readout::Logits, None),
+        Err(Error::InvalidArgument(_))
     ));
 }

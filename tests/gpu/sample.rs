@@ -600,7 +600,7 @@ fn constrained_generation_on_the_gpu_satisfies_its_schema() {
     // every output validates (jsonschema), greedy and sampled.
     use cqlm::constrain::{ConstraintSpec, TokenSpace};
     use cqlm::sample::{Sampler, SamplerConfig};
-    use cqlm::session::{Session, Stop};
+    use cqlm::session::{Finish, Session};
     let Some(ctx) = gpu() else { return };
     let b = cqlm::builtin::model().unwrap();
     let config = Config {
@@ -646,7 +646,7 @@ fn constrained_generation_on_the_gpu_satisfies_its_schema() {
             })
             .unwrap();
         let text = tok.decode(&ids).unwrap();
-        assert_eq!(stop, Stop::Complete, "{cfg:?}: {text}");
+        assert_eq!(stop, Finish::Complete, "{cfg:?}: {text}");
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert!(jsonschema::is_valid(&schema, &v), "{text}");
     }

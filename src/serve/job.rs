@@ -1,0 +1,143 @@
+//! The engine side of the server as the HTTP side sees it: a [`Job`] per
+//! request, the [`Event`]s it sends back, and the bounded [`Queue`] in front of
+//! the one batch loop ([`super::batcher`]) that runs them all. A client that
+//! hangs up closes its channel, and its job stops at the next pass.
+
+use super::metrics::Metrics;
+use crate::builder::BatchFactory;
+use crate::constrain::Constraint;
+use crate::error::{Error, Result};
+use crate::sample::SamplerConfig;
+use crate::session::Output;
+use crate::tokenizer::TextTokenizer;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use tokio::sync::mpsc::UnboundedSender;
+
+/// What a job sends back.
+#[derive(Debug)]
+pub enum Event {
+    /// More text (never a partial character, never part of a stop string).
+    Text(String),
+    /// The end: why, the token count, the whole text, the parsed tool calls.
+    Done(Output),
+    /// The engine failed on this request (the server keeps serving).
+    Failed(String),
+}
+
+/// One request for the batch loop.
+pub struct Job {
+    /// The prompt ids (BOS first).
+    pub ids: Vec<u32>,
+    /// Sampling settings.
+    pub sampler: SamplerConfig,
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Stop strings.
+    pub stops: Vec<String>,
+    /// A compiled constraint, if the request has one.
+    pub constraint: Option<Constraint>,
+    /// Stream text events as tokens come (else only `Done`: tool calls, whose
+    /// shape is known only at the end).
+    pub stream_text: bool,
+    /// Where the events go.
+    pub events: UnboundedSender<Event>,
+    /// When the request arrived (the time to first token counts from here).
+    pub arrived: std::time::Instant,
+}
+
+/// The queue in front of the batch loop.
+pub struct Queue {
+    sender: Mutex<mpsc::Sender<Job>>,
+    shared: Arc<Shared>,
+    limit: usize,
+}
+
+/// What the queue and the batch loop share: the jobs queued or running, the
+/// shutdown flag and the metrics.
+pub(super) struct Shared {
+    inflight: AtomicUsize,
+    pub(super) stopping: AtomicBool,
+    pub(super) metrics: Arc<Metrics>,
+}
+
+impl Shared {
+    /// A job left (finished, failed or abandoned).
+    pub(super) fn done(&self) {
+        self.inflight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The test hook `CQLM_SERVE_PANIC_TOKEN=ID`: an engine pass that is fed token
+/// `ID` panics, so that tests can see a failed pass's requests answered with a
+/// 500 and the next one served. Unset, nothing panics.
+pub(crate) fn panics_on(ids: &[u32]) -> bool {
+    static TOKEN: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    let t = TOKEN.get_or_init(|| {
+        std::env::var("CQLM_SERVE_PANIC_TOKEN")
+            .ok()
+            .and_then(|v| v.parse().ok())
+    });
+    t.is_some_and(|t| ids.contains(&t))
+}
+
+impl Queue {
+    /// Start the batch loop over `batch` (its slots are the sequences that
+    /// generate at once; `make` builds another after a pass panicked), with
+    /// room for `max_queue` waiting jobs beyond them; it counts what it runs in
+    /// `metrics`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the loop's thread cannot be started.
+    pub fn start(
+        batch: Box<dyn crate::engine::BatchEngine>,
+        make: BatchFactory,
+        max_queue: usize,
+        tok: Arc<TextTokenizer>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Queue> {
+        let limit = batch.slots() + max_queue;
+        let (tx, rx) = mpsc::channel::<Job>();
+        let shared = Arc::new(Shared {
+            inflight: AtomicUsize::new(0),
+            stopping: AtomicBool::new(false),
+            metrics,
+        });
+        let sh = Arc::clone(&shared);
+        std::thread::Builder::new()
+            .name("cqlm-serve-batch".into())
+            .spawn(move || super::batcher::run(batch, &make, &rx, &tok, &sh))
+            .map_err(|e| Error::InvalidArgument(format!("cannot start the batch loop: {e}")))?;
+        Ok(Queue {
+            sender: Mutex::new(tx),
+            shared,
+            limit,
+        })
+    }
+
+    /// Queue `job`; false (the job dropped) when the slots and `max_queue`
+    /// places are all taken, or the batch loop is gone.
+    pub fn submit(&self, job: Job) -> bool {
+        let inflight = &self.shared.inflight;
+        if inflight.fetch_add(1, Ordering::SeqCst) >= self.limit {
+            inflight.fetch_sub(1, Ordering::SeqCst);
+            return false;
+        }
+        let q = self.sender.lock().unwrap_or_else(|e| e.into_inner());
+        let sent = q.send(job).is_ok();
+        if !sent {
+            inflight.fetch_sub(1, Ordering::SeqCst);
+        }
+        sent
+    }
+
+    /// Jobs queued or running.
+    pub fn in_flight(&self) -> usize {
+        self.shared.inflight.load(Ordering::SeqCst)
+    }
+
+    /// Stop every running job at its next pass (shutdown).
+    pub fn stop_all(&self) {
+        self.shared.stopping.store(true, Ordering::SeqCst);
+    }
+}
