@@ -3,7 +3,7 @@
 //! token slots (a prefill chunk, a [`super::GpuBatch`] pass).
 
 use super::arena::GpuCq;
-use super::kernels::cq::{Batch, CqKernels, MatvecInput, PrepareMode, Scratch};
+use super::kernels::cq::{CqKernels, MatvecInput, PrepareMode, Scratch, SlotStrides};
 use super::{Dispatch, GpuContext};
 
 /// A matvec of the step: rows of one or more matrices times one raw input (its
@@ -55,7 +55,7 @@ impl MatvecPlan {
             lane_stride: self.lane_stride,
             gains: (&self.gains.0, self.gains.1),
         };
-        let batch = Batch {
+        let strides = SlotStrides {
             tokens,
             x_stride: self.x_stride,
             y_stride: self.y_stride,
@@ -65,6 +65,6 @@ impl MatvecPlan {
             offset: 0,
             stride: self.scratch.1,
         };
-        cq.matvec_prepared_once(ctx, arenas, &items, input, &self.out, batch, scratch)
+        cq.matvec_prepared_once(ctx, arenas, &items, input, &self.out, strides, scratch)
     }
 }

@@ -18,7 +18,7 @@ use super::plan::{ProgramKind, StepProgram};
 use crate::gpu::arena::GpuCq;
 use crate::gpu::capture::{CapturePoint, Source};
 use crate::gpu::kernels::attention::AttnParams;
-use crate::gpu::kernels::cq::{Batch, MatvecInput, PrepareMode};
+use crate::gpu::kernels::cq::{MatvecInput, PrepareMode, SlotStrides};
 use crate::gpu::kernels::layer::{flags, CqRef, LayerBuffers, LayerParams, MAX_STAGED};
 use crate::gpu::kernels::mlp::MlpParams;
 use crate::gpu::Dispatch;
@@ -103,7 +103,7 @@ fn head(
                 gains: (&w.vectors, 0),
             },
             &s.act,
-            Batch::single(),
+            SlotStrides::single(),
         ));
         let after = head.len();
         caps.push(point(after, "engram.e".into(), Source::Act, a.e, e.e_dim()));
@@ -339,7 +339,7 @@ fn layer_lists(p: &Parts<'_>, prog: &StepProgram) -> Option<Lists> {
         &[(&w.embed, 0, c.vocab, 0)],
         MatvecInput::Prepared(&s.act, a.lprep),
         &s.logits,
-        Batch::single(),
+        SlotStrides::single(),
     ));
     Some((lists, caps, tail, tail_caps))
 }

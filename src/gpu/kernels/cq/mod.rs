@@ -65,11 +65,11 @@ const XW: usize = 4096;
 /// Most inputs `matvec_rows_sgb` takes together (the size of its accumulator arrays).
 const MAX_TB: usize = 8;
 
-/// The inputs of a batched matvec dispatch: `tokens` inputs, input `t` at the
-/// [`MatvecInput`]'s offset plus `t · x_stride` elements, its outputs at each
-/// item's output offset plus `t · y_stride`.
+/// The token slots a matvec dispatch reads and writes: `tokens` inputs, input
+/// `t` at the [`MatvecInput`]'s offset plus `t · x_stride` elements, its outputs
+/// at each item's output offset plus `t · y_stride`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Batch {
+pub struct SlotStrides {
     /// Number of inputs (at least 1).
     pub tokens: usize,
     /// Elements between consecutive inputs.
@@ -78,10 +78,10 @@ pub struct Batch {
     pub y_stride: usize,
 }
 
-impl Batch {
+impl SlotStrides {
     /// One input: a decode step's matvec.
-    pub const fn single() -> Batch {
-        Batch {
+    pub const fn single() -> SlotStrides {
+        SlotStrides {
             tokens: 1,
             x_stride: 0,
             y_stride: 0,
@@ -221,10 +221,10 @@ impl CqKernels {
         }
     }
 
-    /// The dispatches of one matvec: for each of `batch.tokens` inputs (one for a
-    /// decode step, [`Batch::single`]), rows `first .. first + rows` of each item's
+    /// The dispatches of one matvec: for each of `strides.tokens` inputs (one for a
+    /// decode step, [`SlotStrides::single`]), rows `first .. first + rows` of each item's
     /// matrix times the input, written to `out` at the item's output offset (plus
-    /// `t · batch.y_stride` for input `t`). Row parts that share an arena, bits
+    /// `t · strides.y_stride` for input `t`). Row parts that share an arena, bits
     /// and group are fused four at a time ([`plan_matvec`]). With a
     /// [`MatvecInput::Raw`] input every workgroup prepares it itself, so no prepare
     /// dispatch runs before. Every output equals what the single-input dispatch
@@ -240,9 +240,9 @@ impl CqKernels {
         items: &[MatvecItem<'_>],
         input: MatvecInput<'_>,
         out: &wgpu::Buffer,
-        batch: Batch,
+        strides: SlotStrides,
     ) -> Vec<Dispatch> {
-        let tokens = batch.tokens.max(1);
+        let tokens = strides.tokens.max(1);
         let (x_buf, gains_buf, mode, x_off, n, lane_stride, w_off, raw) = match input {
             MatvecInput::Prepared(b, off) => (b, None, PREPARED, off, 0, 0, 0, None),
             MatvecInput::Raw {
@@ -283,9 +283,9 @@ impl CqKernels {
         let vec4_input = raw.is_none()
             && !x_in_out
             && x_off.is_multiple_of(4)
-            && (tokens == 1 || batch.x_stride.is_multiple_of(4));
+            && (tokens == 1 || strides.x_stride.is_multiple_of(4));
         let caps = PlanCaps::of(&ctx.caps);
-        let launches = plan_matvec(items, batch, self.reduction, caps, vec4_input);
+        let launches = plan_matvec(items, strides, self.reduction, caps, vec4_input);
         launches
             .into_iter()
             .map(|l| {
@@ -360,23 +360,34 @@ impl CqKernels {
 }
 
 impl CqKernels {
-    /// How many workgroups of a matvec of `items` over `batch` stage each input
+    /// How many workgroups of a matvec of `items` over `strides` stage each input
     /// (every workgroup of rows prepares the inputs it reads raw itself), summed
     /// over its dispatches. Above one, a [`CqKernels::prepare`] dispatch first
     /// does that work once ([`CqKernels::matvec_prepared_once`]).
-    pub fn stagings(&self, ctx: &GpuContext, items: &[MatvecItem<'_>], batch: Batch) -> usize {
-        plan_matvec(items, batch, self.reduction, PlanCaps::of(&ctx.caps), false)
-            .iter()
-            .map(|l| l.groups[0] as usize * l.groups[1] as usize)
-            .sum()
+    pub fn stagings(
+        &self,
+        ctx: &GpuContext,
+        items: &[MatvecItem<'_>],
+        strides: SlotStrides,
+    ) -> usize {
+        plan_matvec(
+            items,
+            strides,
+            self.reduction,
+            PlanCaps::of(&ctx.caps),
+            false,
+        )
+        .iter()
+        .map(|l| l.groups[0] as usize * l.groups[1] as usize)
+        .sum()
     }
 
-    /// The dispatch that prepares `batch.tokens` raw inputs once: SPEC §2's
+    /// The dispatch that prepares `strides.tokens` raw inputs once: SPEC §2's
     /// `prepare` with the input's pre-op, computed as every matvec workgroup
     /// stages a raw input (the same operations in the same order, so a matvec
     /// reading the result as [`MatvecInput::Prepared`] gives the same outputs,
     /// bit for bit). Input `t` is read at the input's offset plus `t ·
-    /// batch.x_stride`; its `padded` columns (groups of `group`) are written to
+    /// strides.x_stride`; its `padded` columns (groups of `group`) are written to
     /// `dst` from `dst.offset + t · dst.stride` on. `None` for an input already
     /// prepared. The destination must not overlap the input or the gains.
     pub fn prepare(
@@ -386,7 +397,7 @@ impl CqKernels {
         group: usize,
         padded: usize,
         dst: Scratch<'_>,
-        batch: Batch,
+        strides: SlotStrides,
     ) -> Option<Dispatch> {
         let MatvecInput::Raw {
             mode,
@@ -398,7 +409,7 @@ impl CqKernels {
         else {
             return None;
         };
-        let tokens = batch.tokens.max(1);
+        let tokens = strides.tokens.max(1);
         let lanes = if mode == PrepareMode::MeanLanesZcrms {
             4
         } else {
@@ -432,7 +443,7 @@ impl CqKernels {
             team_rows: 0,
             tokens: tokens as u32,
             tb: tb as u32,
-            x_tstride: batch.x_stride as u32,
+            x_tstride: strides.x_stride as u32,
             y_tstride: dst.stride as u32,
             in_out: x_in_out as u32 | (gains_in_out as u32) << 1,
             prep_len: padded as u32,
@@ -464,7 +475,7 @@ impl CqKernels {
     /// input ([`CqKernels::stagings`]) or the batched kernel takes the prepared
     /// inputs (on CPU adapters with subgroups); else the matvec's own dispatches
     /// alone. The outputs are the same bit for bit either way. `scratch` must
-    /// hold `batch.tokens` inputs of the padded length and overlap neither the
+    /// hold `strides.tokens` inputs of the padded length and overlap neither the
     /// input, the gains nor the outputs; the batched kernel needs it in another
     /// buffer than `out`, at an offset and a stride that are multiples of 4.
     #[allow(clippy::too_many_arguments)]
@@ -475,7 +486,7 @@ impl CqKernels {
         items: &[MatvecItem<'_>],
         input: MatvecInput<'_>,
         out: &wgpu::Buffer,
-        batch: Batch,
+        strides: SlotStrides,
         scratch: Scratch<'_>,
     ) -> Vec<Dispatch> {
         let geometry = |m: &MatvecItem<'_>| (m.0.group, m.0.padded());
@@ -483,29 +494,29 @@ impl CqKernels {
             .first()
             .map(geometry)
             .filter(|g| items.iter().all(|m| geometry(m) == *g));
-        let prepared_batch = Batch {
+        let prepared_strides = SlotStrides {
             x_stride: scratch.stride,
-            ..batch
+            ..strides
         };
         let vec4 = scratch.buffer != out
             && scratch.offset.is_multiple_of(4)
             && scratch.stride.is_multiple_of(4);
         let caps = PlanCaps::of(&ctx.caps);
         let batched = || {
-            plan_matvec(items, prepared_batch, self.reduction, caps, vec4)
+            plan_matvec(items, prepared_strides, self.reduction, caps, vec4)
                 .iter()
                 .any(|l| l.batched)
         };
         let prep = shared
-            .filter(|_| batch.tokens > 1)
-            .filter(|_| self.stagings(ctx, items, batch) > 1 || batched())
-            .and_then(|(group, padded)| self.prepare(ctx, input, group, padded, scratch, batch));
+            .filter(|_| strides.tokens > 1)
+            .filter(|_| self.stagings(ctx, items, strides) > 1 || batched())
+            .and_then(|(group, padded)| self.prepare(ctx, input, group, padded, scratch, strides));
         let Some(prep) = prep else {
-            return self.matvec(ctx, arenas, items, input, out, batch);
+            return self.matvec(ctx, arenas, items, input, out, strides);
         };
         let prepared = MatvecInput::Prepared(scratch.buffer, scratch.offset);
         let mut ds = vec![prep];
-        ds.extend(self.matvec(ctx, arenas, items, prepared, out, prepared_batch));
+        ds.extend(self.matvec(ctx, arenas, items, prepared, out, prepared_strides));
         ds
     }
 }
