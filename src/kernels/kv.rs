@@ -126,7 +126,7 @@ pub fn attended_slots(t: u64, sink: usize, window: usize, out: &mut Vec<usize>) 
 }
 
 /// The int8 KV cache of SPEC §4.3 step 5 on the CPU (the twin of
-/// `crate::gpu::kernels::attention::KvCache`, with unpacked codes): per
+/// `crate::gpu::kernels::attention::KvBuffers`, with unpacked codes): per
 /// `(layer, kv_head, row)` one key and one value of `head_dim` int8 codes, each
 /// with an f32 scale. Codes are `[layers, kv_heads, rows, head_dim]`, scales
 /// `[layers, kv_heads, rows]`.
