@@ -3,7 +3,7 @@
 //! token slots (a prefill chunk, a [`super::GpuBatch`] pass).
 
 use super::arena::GpuCq;
-use super::kernels::cq::{CqKernels, MatvecInput, PrepareMode, Scratch, SlotStrides};
+use super::kernels::cq::{CqKernels, MatvecInput, PrepScratch, PrepareMode, SlotStrides};
 use super::{Dispatch, GpuContext};
 
 /// A matvec of the step: rows of one or more matrices times one raw input (its
@@ -60,7 +60,7 @@ impl MatvecPlan {
             x_stride: self.x_stride,
             y_stride: self.y_stride,
         };
-        let scratch = Scratch {
+        let scratch = PrepScratch {
             buffer: &self.scratch.0,
             offset: 0,
             stride: self.scratch.1,

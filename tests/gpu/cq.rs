@@ -516,7 +516,7 @@ fn prepare_inputs_match_the_cpu_prepare_in_every_mode() {
     // chunk of 4096 columns; with the input and gains in their own buffers and
     // in the destination's (read through its binding). The CPU twin: pre_op,
     // then prepare_into. The gaps between slots stay poisoned.
-    use cqlm::gpu::kernels::cq::Scratch;
+    use cqlm::gpu::kernels::cq::PrepScratch;
     let Some(ctx) = gpu() else { return };
     let k = CqKernels::new(&ctx);
     let mut rng = ChaCha8Rng::seed_from_u64(47);
@@ -564,7 +564,7 @@ fn prepare_inputs_match_the_cpu_prepare_in_every_mode() {
                     lane_stride: n,
                     gains,
                 };
-                let scratch = Scratch {
+                let scratch = PrepScratch {
                     buffer: &dst,
                     offset: base,
                     stride,
@@ -618,7 +618,7 @@ fn matvec_prepared_once_equals_one_raw_dispatch_per_input_bit_for_bit() {
     // prepares the inputs first, it is because several workgroups would have
     // staged each input or the batched kernel reads them; one input (a decode
     // step) is never prepared apart.
-    use cqlm::gpu::kernels::cq::Scratch;
+    use cqlm::gpu::kernels::cq::PrepScratch;
     let Some(ctx) = gpu() else { return };
     if ctx.info.device_type != wgpu::DeviceType::Cpu {
         return;
@@ -655,13 +655,13 @@ fn matvec_prepared_once_equals_one_raw_dispatch_per_input_bit_for_bit() {
             let out = poisoned(&ctx, tokens * ys + tokens * stride);
             let scratch_buf = poisoned(&ctx, tokens * stride);
             let scratch = if own_scratch {
-                Scratch {
+                PrepScratch {
                     buffer: &scratch_buf,
                     offset: 0,
                     stride,
                 }
             } else {
-                Scratch {
+                PrepScratch {
                     buffer: &out,
                     offset: tokens * ys,
                     stride,

@@ -134,10 +134,11 @@ pub struct CqKernels {
     placeholder: wgpu::Buffer,
 }
 
-/// Where [`CqKernels::matvec_prepared_once`] may write prepared inputs: a buffer,
-/// the element offset of input 0's and the elements between inputs.
+/// Scratch space for prepared matvec inputs: where
+/// [`CqKernels::matvec_prepared_once`] may write them, as a buffer, the element
+/// offset of input 0's and the elements between inputs.
 #[derive(Debug, Clone, Copy)]
-pub struct Scratch<'a> {
+pub struct PrepScratch<'a> {
     /// The buffer.
     pub buffer: &'a wgpu::Buffer,
     /// Element offset of input 0's prepared columns.
@@ -396,7 +397,7 @@ impl CqKernels {
         input: MatvecInput<'_>,
         group: usize,
         padded: usize,
-        dst: Scratch<'_>,
+        dst: PrepScratch<'_>,
         strides: SlotStrides,
     ) -> Option<Dispatch> {
         let MatvecInput::Raw {
@@ -487,7 +488,7 @@ impl CqKernels {
         input: MatvecInput<'_>,
         out: &wgpu::Buffer,
         strides: SlotStrides,
-        scratch: Scratch<'_>,
+        scratch: PrepScratch<'_>,
     ) -> Vec<Dispatch> {
         let geometry = |m: &MatvecItem<'_>| (m.0.group, m.0.padded());
         let shared = items
