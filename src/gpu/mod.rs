@@ -12,6 +12,7 @@ pub mod arena;
 mod batch;
 mod capture;
 mod context;
+mod dispatch;
 mod engine;
 pub mod kernels;
 mod layout;
@@ -26,14 +27,13 @@ pub mod shader_check;
 mod state;
 pub mod step_input;
 mod upload;
-mod util;
 
 pub use batch::GpuBatch;
 pub use capture::Captured;
 pub use context::{
     device_type_name, env_flag, list_adapters, Capabilities, GpuContext, GpuOptions, MlpWorkgroup,
 };
+pub use dispatch::{grid, run_dispatches, Dispatch, Kernel, Window, STORAGE};
 pub use engine::GpuEngine;
 pub use layout::PREFILL_SLOTS;
 pub use program::{Fault, ProgramKind};
-pub use util::{grid, run_dispatches, Dispatch, Kernel, Window, STORAGE};
