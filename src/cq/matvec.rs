@@ -106,7 +106,7 @@ impl CqMatrix {
     /// token-major (`out[t·count + i]` is row `first + i` for input `t`).
     ///
     /// Each value is bit-identical to what [`CqMatrix::matvec_rows_prepared`]
-    /// gives for that input alone; the batch only shares work (an 8-lane SIMD
+    /// gives for that input alone; the chunk's tokens only share work (an 8-lane SIMD
     /// pass decodes each weight vector once for up to four inputs).
     ///
     /// # Panics

@@ -27,7 +27,7 @@ pub(crate) struct MatvecPlan {
     /// Elements between token slots of the input and of the output buffer.
     pub x_stride: usize,
     pub y_stride: usize,
-    /// Where a batch's inputs may be prepared once, before the matvec
+    /// Where the token slots' inputs may be prepared once, before the matvec
     /// ([`CqKernels::matvec_prepared_once`]): the device's prepared-input
     /// buffer (slot 0 at element 0) and its slot stride.
     pub scratch: (wgpu::Buffer, usize),

@@ -1,6 +1,6 @@
 //! GPU twins of the CQ kernels of [`crate::cq`]: multi-part `matvec` (which
 //! prepares its own input, SPEC §2's `prepare` with the step's pre-ops, or reads
-//! inputs that `prepare_inputs` prepared once for a batch) and row `gather`
+//! inputs that `prepare_inputs` prepared once for several token slots) and row `gather`
 //! (shaders/cq.wgsl). This file compiles the pipelines and picks the
 //! matvec variant ([`Reduction`]); [`plan`] decides a matvec's dispatches,
 //! [`params`] mirrors the shader's params, `gather.rs` builds the gathers.
@@ -123,11 +123,12 @@ pub struct CqKernels {
     /// Matvec pipelines for bits 1, 2, 4, 8.
     matvec: [Kernel; 4],
     /// `matvec_rows_sgb` for bits 2 and 4 (with [`Reduction::RowPerInvocationSubgroup`]
-    /// on subgroups of at least 8): batches share each decoded word.
+    /// on subgroups of at least 8): several inputs share each decoded word.
     batched: Option<[Kernel; 2]>,
     gather: Kernel,
     gather_many: Kernel,
-    /// `prepare_inputs`: a batch's raw inputs prepared once ([`CqKernels::prepare`]).
+    /// `prepare_inputs`: the raw inputs of several token slots prepared once
+    /// ([`CqKernels::prepare`]).
     prepare: Kernel,
     /// A small read-only storage buffer bound where `prepare_inputs` reads
     /// nothing (its input or gains in the destination's buffer, or no gains).
@@ -468,7 +469,7 @@ impl CqKernels {
         Some(Dispatch::new_at(ctx, &self.prepare, &at, [groups, 1, 1]).with_bytes(bytes))
     }
 
-    /// [`CqKernels::matvec`], with the raw inputs of a batch (two or more; a
+    /// [`CqKernels::matvec`], with the raw inputs of several token slots (two or more; a
     /// decode step's one input stays staged by each workgroup, which keeps its
     /// dispatch count) first prepared once into `scratch`
     /// ([`CqKernels::prepare`]) when the items share one group width and padded

@@ -73,8 +73,8 @@ pub struct Launch {
     pub row_groups: usize,
 }
 
-/// Whether a device with `caps` runs `matvec_rows_sgb` for the batches of a
-/// `reduction` (after [`super::CqKernels::with_reduction`]'s fallbacks).
+/// Whether a device with `caps` runs `matvec_rows_sgb` (several inputs at once) under
+/// a `reduction` (after [`super::CqKernels::with_reduction`]'s fallbacks).
 pub fn has_batched(reduction: Reduction, caps: PlanCaps) -> bool {
     reduction == Reduction::RowPerInvocationSubgroup && caps.subgroup_min >= 8
 }
