@@ -438,7 +438,7 @@ fn gpu_matvec(
     let x = ctx.storage_init("parity x", bytemuck::cast_slice(prep));
     let out = ctx.storage_init("parity out", bytemuck::cast_slice(&vec![f32::NAN; rows]));
     let input = crate::gpu::kernels::cq::MatvecInput::Prepared(&x, 0);
-    let one = crate::gpu::kernels::cq::Batch::single();
+    let one = crate::gpu::kernels::cq::SlotStrides::single();
     let d = k.matvec(ctx, &arenas, &[(&g, 0, rows, 0)], input, &out, one);
     run_dispatches(ctx, &d)?;
     ctx.read_f32(&out, 0, rows)

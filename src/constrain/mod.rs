@@ -13,5 +13,5 @@ mod tools;
 
 pub use mask::TokenMask;
 pub use space::TokenSpace;
-pub use spec::{Constraint, ConstraintSpec, JsonWhitespace};
-pub use tools::{Tool, ToolCall, ToolChoice, ToolMarkers, ToolSet};
+pub use spec::{Constraint, ConstraintSpec};
+pub use tools::{JsonWhitespace, Tool, ToolCall, ToolChoice, ToolMarkers, ToolSet};

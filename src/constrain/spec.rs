@@ -2,32 +2,11 @@
 //! per-request state).
 
 use super::mask::TokenMask;
-use super::tools::{Grammars, ToolCall, ToolChoice, ToolSet};
+use super::tools::{Grammars, JsonWhitespace, ToolCall, ToolChoice, ToolSet};
 use crate::error::{Error, Result};
 use llguidance::api::TopLevelGrammar;
 use llguidance::Matcher;
 use serde_json::Value;
-
-/// How much free whitespace JSON output may hold: none by default (compact), or
-/// at most `n` whitespace characters at each place JSON allows them. Unbounded
-/// whitespace is the commonest failure of constrained JSON (a model that pads
-/// until the token limit), so it is never offered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct JsonWhitespace(pub usize);
-
-impl JsonWhitespace {
-    /// llguidance's options for this whitespace, written into `schema` (an
-    /// object) as its `x-guidance` key.
-    pub(crate) fn apply(self, schema: &mut Value) {
-        let o = llguidance::JsonCompileOptions {
-            whitespace_flexible: false,
-            whitespace_pattern: (self.0 > 0)
-                .then(|| format!(r"[\x20\x0A\x0D\x09]{{1,{}}}", self.0)),
-            ..Default::default()
-        };
-        o.apply_to(schema);
-    }
-}
 
 /// What a constrained generation must produce.
 #[derive(Debug, Clone, PartialEq)]

@@ -9,10 +9,30 @@
 //! one call between the markers (`<tool_call>` … `</tool_call>` by default, or the
 //! archive's `cqlm.tool_call_markers`); with `none`, free text.
 
-use super::spec::JsonWhitespace;
 use crate::error::{Error, Result};
 use llguidance::api::{GrammarWithLexer, TopLevelGrammar};
 use serde_json::{json, Value};
+
+/// How much free whitespace JSON output may hold: none by default (compact), or
+/// at most `n` whitespace characters at each place JSON allows them. Unbounded
+/// whitespace is the commonest failure of constrained JSON (a model that pads
+/// until the token limit), so it is never offered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct JsonWhitespace(pub usize);
+
+impl JsonWhitespace {
+    /// llguidance's options for this whitespace, written into `schema` (an
+    /// object) as its `x-guidance` key.
+    pub(crate) fn apply(self, schema: &mut Value) {
+        let o = llguidance::JsonCompileOptions {
+            whitespace_flexible: false,
+            whitespace_pattern: (self.0 > 0)
+                .then(|| format!(r"[\x20\x0A\x0D\x09]{{1,{}}}", self.0)),
+            ..Default::default()
+        };
+        o.apply_to(schema);
+    }
+}
 
 /// One tool: a name, a description and the JSON Schema of its arguments.
 #[derive(Debug, Clone, PartialEq)]

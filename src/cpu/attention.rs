@@ -22,8 +22,8 @@ use super::hooks::RowScan;
 use super::par::per_token_weighted;
 use crate::config::Config;
 use crate::error::Result;
-use crate::kernels::attention::{attend, attend_kv_head, reads_wide_rows, WideRows};
-use crate::kernels::kv::{attended_ranges, grow, physical_slot, KvCache};
+use crate::kernels::attention::{attend, attend_kv_head, reads_wide_rows};
+use crate::kernels::kv::{attended_ranges, grow, physical_slot, KvCache, WideRows};
 use crate::pool::SharedSlice;
 use std::mem::take;
 
@@ -144,7 +144,7 @@ impl ChunkAttention {
     }
 
     /// Widen the rows this chunk reads at layer `l` (see
-    /// [`KvHeadView::wide`](crate::kernels::attention::KvHeadView::wide)) when
+    /// [`KvHeadView::wide`](crate::kernels::kv::KvHeadView::wide)) when
     /// several tokens read them and the kernel can use them.
     fn widen(&mut self, c: &Config, kv: &KvCache, l: usize) -> Result<()> {
         self.wide_rows = 0;

@@ -8,7 +8,7 @@
 //! their rows or heads over the pool). For a chunk, one pass over a CQ matrix
 //! serves every token (the 8-lane kernels decode each weight vector once for
 //! four tokens, see [`crate::cq::CqMatrix::matmul_rows_prepared`]; shared
-//! inputs are prepared and laid out once, [`BatchPrep`]), the per-token work
+//! inputs are prepared and laid out once, [`ChunkPrep`]), the per-token work
 //! between the matvecs is split over the pool by token, and causal attention
 //! inside the chunk is [`ChunkAttention`]. The batched matvec is bit-identical
 //! to the single one, so a chunk gives exactly the values of one step per token.
@@ -17,7 +17,7 @@ use super::attention::attend_segments;
 use super::fast::{fast_set as model_fast_set, Product};
 use super::hooks::{RowScan, StepHooks};
 use super::par::{per_rows, per_token, row, splits};
-use super::prep::BatchPrep;
+use super::prep::ChunkPrep;
 use super::scratch::Scratch;
 use super::state::State;
 use crate::cq::FastSet;
@@ -543,7 +543,7 @@ fn logits_into(
     lanes: &[f32],
     k: usize,
     a: &mut [f32],
-    prep: &mut BatchPrep,
+    prep: &mut ChunkPrep,
     hooks: &mut StepHooks,
     logits: &mut [f32],
 ) -> Result<()> {
@@ -566,7 +566,7 @@ fn logits_into(
 }
 
 /// The model's fast products when `prep` runs in fast precision.
-fn fast_set<'m>(model: &'m Model, prep: &BatchPrep) -> Option<&'m FastSet> {
+fn fast_set<'m>(model: &'m Model, prep: &ChunkPrep) -> Option<&'m FastSet> {
     (prep.precision == Precision::Fast).then(|| &**model_fast_set(model))
 }
 

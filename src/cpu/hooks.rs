@@ -2,7 +2,7 @@
 //! the optional [`Probe`], the kernel [`Clock`] of a timed step, and the
 //! non-finite tracking that names the first NaN or infinity.
 
-use super::prep::BatchPrep;
+use super::prep::ChunkPrep;
 use crate::cq::CqMatrix;
 use crate::error::{Error, Result};
 use crate::profile::{bytes, KernelTimer};
@@ -217,7 +217,7 @@ impl<'a> Clock<'a> {
     /// [`Error::Alloc`] if `prep` can't grow.
     pub(super) fn prepare(
         &mut self,
-        prep: &mut BatchPrep,
+        prep: &mut ChunkPrep,
         (xs, n): (&[f32], usize),
         mats: &[&CqMatrix],
         (len, lanes, gain): (usize, usize, bool),

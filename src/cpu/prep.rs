@@ -1,12 +1,12 @@
-//! [`BatchPrep`], the prepared-input cache of a forward pass: its tokens'
+//! [`ChunkPrep`], the prepared-input cache of a forward pass: its tokens'
 //! activation prepared for each distinct CQ group width (and laid out for the
 //! batched kernels when they run), so matrices that share an input and a group
-//! (e.g. `wq wk wv wg`) prepare it once; and [`BatchPrep::project`], which runs
+//! (e.g. `wq wk wv wg`) prepare it once; and [`ChunkPrep::project`], which runs
 //! a product (several matrices of one input) in the engine's precision (SPEC
 //! §6.1 fast: the input quantized once, the product's fused fast matrices).
 
 use super::par::{per_token, row};
-use crate::cq::{prepare_into, BatchIn, BatchLayout, CqMatrix, FastInput, FastKernel, FastProduct};
+use crate::cq::{prepare_into, ChunkIn, ChunkLayout, CqMatrix, FastInput, FastKernel, FastProduct};
 use crate::error::Result;
 use crate::kernels::kv::grow;
 use crate::pool::{Pool, SharedSlice};
@@ -22,8 +22,8 @@ const FAST_PREP_WEIGHT: usize = 8;
 /// The forward's inputs prepared for each distinct (group, padded, batched-kernel
 /// layout), once per activation: `wq wk wv wg` (and the three Φ) share one.
 #[derive(Debug, Default)]
-pub(super) struct BatchPrep {
-    /// The arithmetic of [`BatchPrep::matmul`].
+pub(super) struct ChunkPrep {
+    /// The arithmetic of [`ChunkPrep::matmul`].
     pub(super) precision: Precision,
     slots: Vec<PrepSlot>,
     used: usize,
@@ -44,11 +44,11 @@ struct FastSlot {
 struct PrepSlot {
     group: usize,
     padded: usize,
-    lay: Option<BatchLayout>,
+    lay: Option<ChunkLayout>,
     data: Vec<f32>,
 }
 
-impl BatchPrep {
+impl ChunkPrep {
     /// Forget the current activation (keeps the allocations); the caller must
     /// clear whenever the inputs change.
     pub(super) fn clear(&mut self) {
@@ -57,10 +57,10 @@ impl BatchPrep {
     }
 
     /// Prepare (and for fast precision quantize) `xs` for `m` now, as
-    /// [`BatchPrep::project`] would (the kernel clock times it apart).
+    /// [`ChunkPrep::project`] would (the kernel clock times it apart).
     ///
     /// # Errors
-    /// As [`BatchPrep::get`].
+    /// As [`ChunkPrep::get`].
     pub(super) fn prime(&mut self, xs: &[f32], n: usize, m: &CqMatrix) -> Result<()> {
         if self.precision == Precision::Fast && m.bits() <= 4 {
             self.fast_get(xs, n, m).map(|_| ())
@@ -169,9 +169,9 @@ impl BatchPrep {
         xs: &[f32],
         n: usize,
         m: &CqMatrix,
-    ) -> Result<(BatchIn<'_>, Option<BatchLayout>)> {
+    ) -> Result<(ChunkIn<'_>, Option<ChunkLayout>)> {
         let (group, padded, cols) = (m.group(), m.padded(), m.cols());
-        let lay = m.batch_layout(CpuSimd::selected(), n);
+        let lay = m.chunk_layout(CpuSimd::selected(), n);
         let hit = self.slots[..self.used]
             .iter()
             .position(|s| s.group == group && s.padded == padded && s.lay == lay);
@@ -206,8 +206,8 @@ impl BatchPrep {
         };
         let data = &self.slots[i].data[..n * padded];
         Ok(match lay {
-            Some(_) => (BatchIn::LaidOut(data), lay),
-            None => (BatchIn::Prepared(data), lay),
+            Some(_) => (ChunkIn::LaidOut(data), lay),
+            None => (ChunkIn::Prepared(data), lay),
         })
     }
 }

@@ -4,7 +4,7 @@
 //! chunk length of the prefill ([`chunk_len`]).
 
 use super::attention::{ChunkAttention, SegmentWork};
-use super::prep::BatchPrep;
+use super::prep::ChunkPrep;
 use crate::config::Config;
 use crate::error::Result;
 use crate::kernels::kv::grow;
@@ -81,7 +81,7 @@ pub(super) struct Scratch {
     pub(super) site_key: Vec<Vec<f32>>,
     pub(super) site_value: Vec<Vec<f32>>,
     /// Prepared inputs of the current activation.
-    pub(super) prep: BatchPrep,
+    pub(super) prep: ChunkPrep,
 }
 
 impl Scratch {

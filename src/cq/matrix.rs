@@ -1,9 +1,10 @@
-//! SPEC §2: the codebook-quantized matrix: its validation, accessors and row
-//! gather (`dequantize_row`). Its kernels live beside it: `prepare.rs`,
+//! SPEC §2: the codebook-quantized matrix: its validation, accessors, row
+//! gather (`dequantize_row`) and scalar row dot products (`row_dot`, on the
+//! group loops of `scalar.rs`). Its other kernels live beside it: `prepare.rs`,
 //! `scalar.rs` (the reference loops) and `matvec.rs` (SIMD dispatch and threads).
 
 use super::fwht::nfwht;
-use super::scalar::Lut;
+use super::scalar::{dot_generic, Lut};
 use half::f16;
 
 /// A codebook-quantized matrix (SPEC §2): `rows × cols` logical weights stored as
@@ -219,5 +220,48 @@ impl CqMatrix {
                 *v = norm * cb[usize::from((byte >> (p * bits)) & mask)];
             }
         }
+    }
+
+    /// Rows `first .. first + out.len()` of `P · prep`, one [`CqMatrix::row_dot`] each.
+    pub(super) fn rows_into(&self, prep: &[f32], first: usize, out: &mut [f32]) {
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = self.row_dot(first + i, prep);
+        }
+    }
+
+    /// `Σ_k norms[r,k] · Σ_{c in group k} q[r,c] · prep[c]` with the specialised inner loops.
+    fn row_dot(&self, r: usize, prep: &[f32]) -> f32 {
+        let rb = self.row_bytes();
+        let gb = self.group * self.bits as usize / 8;
+        let row = &self.packed[r * rb..(r + 1) * rb];
+        let norms = &self.norms[r * self.groups..(r + 1) * self.groups];
+        let mut sum = 0.0f32;
+        for ((bytes, x), &n) in row
+            .chunks_exact(gb)
+            .zip(prep.chunks_exact(self.group))
+            .zip(norms)
+        {
+            sum += n * self.lut.dot(&self.codebook, self.bits, bytes, x);
+        }
+        sum
+    }
+
+    /// The scalar reference inner loop for any bit width (used for 1 and 8 bits,
+    /// and by tests to check the LUT paths).
+    #[doc(hidden)]
+    pub fn row_dot_generic(&self, r: usize, prep: &[f32]) -> f32 {
+        let rb = self.row_bytes();
+        let gb = self.group * self.bits as usize / 8;
+        let row = &self.packed[r * rb..(r + 1) * rb];
+        let mut sum = 0.0f32;
+        for (k, (bytes, x)) in row
+            .chunks_exact(gb)
+            .zip(prep.chunks_exact(self.group))
+            .enumerate()
+        {
+            sum +=
+                self.norms[r * self.groups + k] * dot_generic(&self.codebook, self.bits, bytes, x);
+        }
+        sum
     }
 }

@@ -7,27 +7,28 @@ use super::simd::{self, Plan};
 use crate::pool::{Pool, SharedSlice};
 use crate::simd::CpuSimd;
 
-/// How the batched kernel wants its inputs: each prepared input permuted for an
-/// 8-lane plan at a bit width (see [`CqMatrix::batch_layout`]).
+/// How the batched kernel wants a chunk's inputs (several tokens through one
+/// pass over the rows): each prepared input permuted for an 8-lane plan at a
+/// bit width (see [`CqMatrix::chunk_layout`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct BatchLayout {
+pub(crate) struct ChunkLayout {
     plan: Plan,
     bits: u32,
 }
 
-impl BatchLayout {
+impl ChunkLayout {
     /// Lay out prepared inputs (`[tokens, padded]`) into `dst` (the same length).
     pub(crate) fn lay_out(&self, preps: &[f32], dst: &mut [f32]) {
         self.plan.permute_into(self.bits, preps, dst);
     }
 }
 
-/// The inputs of a batched matvec.
+/// The inputs of a chunk's matvec (its tokens' prepared inputs, `[tokens, padded]`).
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum BatchIn<'a> {
+pub(crate) enum ChunkIn<'a> {
     /// Prepared inputs, `[tokens, padded]`.
     Prepared(&'a [f32]),
-    /// Prepared inputs laid out by [`BatchLayout::lay_out`].
+    /// Prepared inputs laid out by [`ChunkLayout::lay_out`].
     LaidOut(&'a [f32]),
 }
 
@@ -105,7 +106,7 @@ impl CqMatrix {
     /// token-major (`out[t·count + i]` is row `first + i` for input `t`).
     ///
     /// Each value is bit-identical to what [`CqMatrix::matvec_rows_prepared`]
-    /// gives for that input alone; the batch only shares work (an 8-lane SIMD
+    /// gives for that input alone; the chunk's tokens only share work (an 8-lane SIMD
     /// pass decodes each weight vector once for up to four inputs).
     ///
     /// # Panics
@@ -136,10 +137,10 @@ impl CqMatrix {
         count: usize,
         out: &mut [f32],
     ) {
-        let lay = self.batch_layout(simd, tokens);
+        let lay = self.chunk_layout(simd, tokens);
         self.matmul_rows_in(
             simd,
-            BatchIn::Prepared(preps),
+            ChunkIn::Prepared(preps),
             lay,
             tokens,
             first,
@@ -151,27 +152,27 @@ impl CqMatrix {
     /// The activation layout of the batched kernel for `tokens` inputs under
     /// `simd`, or `None` when the inputs run one at a time: the batched kernel
     /// pays when every pool thread gets whole passes of 4 inputs.
-    pub(crate) fn batch_layout(&self, simd: CpuSimd, tokens: usize) -> Option<BatchLayout> {
+    pub(crate) fn chunk_layout(&self, simd: CpuSimd, tokens: usize) -> Option<ChunkLayout> {
         if !CpuSimd::available().contains(&simd) {
             return None;
         }
         let gb = self.group * self.bits as usize / 8;
         let plan = Plan::choose(simd, self.bits, gb).filter(|p| p.lanes == 8)?;
-        (tokens >= 4 * Pool::global().threads()).then_some(BatchLayout {
+        (tokens >= 4 * Pool::global().threads()).then_some(ChunkLayout {
             plan,
             bits: self.bits,
         })
     }
 
     /// The batched matvec of `tokens` inputs given prepared (`[tokens, padded]`)
-    /// or already laid out for `lay` (the value of [`CqMatrix::batch_layout`] for
+    /// or already laid out for `lay` (the value of [`CqMatrix::chunk_layout`] for
     /// this SIMD level and these tokens, which the caller passes along).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn matmul_rows_in(
         &self,
         simd: CpuSimd,
-        input: BatchIn<'_>,
-        lay: Option<BatchLayout>,
+        input: ChunkIn<'_>,
+        lay: Option<ChunkLayout>,
         tokens: usize,
         first: usize,
         count: usize,
@@ -179,19 +180,19 @@ impl CqMatrix {
     ) {
         let padded = self.padded();
         let xs = match input {
-            BatchIn::Prepared(x) | BatchIn::LaidOut(x) => x,
+            ChunkIn::Prepared(x) | ChunkIn::LaidOut(x) => x,
         };
         assert_eq!(xs.len(), tokens * padded, "matmul: inputs length");
         assert_eq!(out.len(), tokens * count, "matmul: output length");
         assert!(first + count <= self.rows, "matmul: rows out of range");
-        assert_eq!(lay, self.batch_layout(simd, tokens), "matmul: layout");
+        assert_eq!(lay, self.chunk_layout(simd, tokens), "matmul: layout");
         let simd = if CpuSimd::available().contains(&simd) {
             simd
         } else {
             CpuSimd::Scalar
         };
         let Some(lay) = lay.filter(|_| count > 0) else {
-            let BatchIn::Prepared(preps) = input else {
+            let ChunkIn::Prepared(preps) = input else {
                 unreachable!("laid-out inputs come with a layout");
             };
             for (x, o) in preps
@@ -210,7 +211,7 @@ impl CqMatrix {
                 Err(_) => &mut own,
             };
             // Every value is overwritten below; only grow (no clearing memset).
-            let scratch = if matches!(input, BatchIn::Prepared(_)) {
+            let scratch = if matches!(input, ChunkIn::Prepared(_)) {
                 tokens * padded
             } else {
                 0
@@ -229,8 +230,8 @@ impl CqMatrix {
                 // SAFETY: the ranges of one for_ranges call are disjoint.
                 let o = unsafe { shared.range(range.start * count..range.end * count) };
                 let x: &[f32] = match input {
-                    BatchIn::LaidOut(x) => &x[span],
-                    BatchIn::Prepared(p) => {
+                    ChunkIn::LaidOut(x) => &x[span],
+                    ChunkIn::Prepared(p) => {
                         // SAFETY: as above.
                         let d = unsafe { xp.range(span.clone()) };
                         lay.lay_out(&p[span], d);

@@ -22,7 +22,7 @@ pub use fast::{FastInput, FastKernel, FastMatrix, FastProduct, FastSet, BLOCK, Q
 pub(crate) use fwht::x86 as fwht_x86;
 pub use fwht::{fwht, fwht_scalar, nfwht, nfwht_into};
 pub use matrix::CqMatrix;
-pub(crate) use matvec::{BatchIn, BatchLayout};
+pub(crate) use matvec::{ChunkIn, ChunkLayout};
 pub use plan::{plan_for_preset, BitsPlan};
 pub use prepare::{prepare, prepare_into};
 

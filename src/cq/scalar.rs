@@ -1,9 +1,8 @@
 //! The scalar reference inner loops of the CQ matvec (SPEC §2): byte lookup
-//! tables for 2 and 4 bits, the generic loop for any width, and the row dot
-//! product built on them. The SIMD kernels of `simd.rs` are checked against these
-//! (the plain reference beside the fast path, like candle's `vec_dot_unopt`).
-
-use super::matrix::CqMatrix;
+//! tables for 2 and 4 bits, the generic loop for any width, and one group's dot
+//! product built on them ([`Lut::dot`]; `matrix.rs` sums them into rows). The
+//! SIMD kernels of `simd.rs` are checked against these (the plain reference
+//! beside the fast path, like candle's `vec_dot_unopt`).
 
 /// Byte lookup tables of SEED §3: one packed byte yields 4 (2-bit) or 2 (4-bit) levels.
 #[derive(Debug, Clone)]
@@ -37,55 +36,17 @@ impl Lut {
             _ => Lut::None,
         }
     }
-}
 
-impl CqMatrix {
-    /// Rows `first .. first + out.len()` of `P · prep`, one [`CqMatrix::row_dot`] each.
-    pub(super) fn rows_into(&self, prep: &[f32], first: usize, out: &mut [f32]) {
-        for (i, o) in out.iter_mut().enumerate() {
-            *o = self.row_dot(first + i, prep);
+    /// One group's `Σ_c codebook[q[c]] · x[c]` for its packed `bytes`: the
+    /// table's loop, or the generic one (for `bits`-bit indices into `codebook`)
+    /// where there is no table.
+    #[inline]
+    pub(super) fn dot(&self, codebook: &[f32], bits: u32, bytes: &[u8], x: &[f32]) -> f32 {
+        match self {
+            Lut::Four(t) => dot4(t, bytes, x),
+            Lut::Two(t) => dot2(t, bytes, x),
+            Lut::None => dot_generic(codebook, bits, bytes, x),
         }
-    }
-
-    /// `Σ_k norms[r,k] · Σ_{c in group k} q[r,c] · prep[c]` with the specialised inner loops.
-    fn row_dot(&self, r: usize, prep: &[f32]) -> f32 {
-        let rb = self.row_bytes();
-        let gb = self.group * self.bits as usize / 8;
-        let row = &self.packed[r * rb..(r + 1) * rb];
-        let norms = &self.norms[r * self.groups..(r + 1) * self.groups];
-        let mut sum = 0.0f32;
-        for ((bytes, x), &n) in row
-            .chunks_exact(gb)
-            .zip(prep.chunks_exact(self.group))
-            .zip(norms)
-        {
-            let d = match &self.lut {
-                Lut::Four(t) => dot4(t, bytes, x),
-                Lut::Two(t) => dot2(t, bytes, x),
-                Lut::None => dot_generic(&self.codebook, self.bits, bytes, x),
-            };
-            sum += n * d;
-        }
-        sum
-    }
-
-    /// The scalar reference inner loop for any bit width (used for 1 and 8 bits,
-    /// and by tests to check the LUT paths).
-    #[doc(hidden)]
-    pub fn row_dot_generic(&self, r: usize, prep: &[f32]) -> f32 {
-        let rb = self.row_bytes();
-        let gb = self.group * self.bits as usize / 8;
-        let row = &self.packed[r * rb..(r + 1) * rb];
-        let mut sum = 0.0f32;
-        for (k, (bytes, x)) in row
-            .chunks_exact(gb)
-            .zip(prep.chunks_exact(self.group))
-            .enumerate()
-        {
-            sum +=
-                self.norms[r * self.groups + k] * dot_generic(&self.codebook, self.bits, bytes, x);
-        }
-        sum
     }
 }
 
@@ -117,7 +78,7 @@ fn dot2(t: &[[f32; 4]; 256], bytes: &[u8], x: &[f32]) -> f32 {
 }
 
 #[inline]
-fn dot_generic(codebook: &[f32], bits: u32, bytes: &[u8], x: &[f32]) -> f32 {
+pub(super) fn dot_generic(codebook: &[f32], bits: u32, bytes: &[u8], x: &[f32]) -> f32 {
     let mask = (1usize << bits) - 1;
     let mut acc = 0.0f32;
     for (c, &xv) in x.iter().enumerate() {

@@ -3,7 +3,7 @@
 //! token slots (a prefill chunk, a [`super::GpuBatch`] pass).
 
 use super::arena::GpuCq;
-use super::kernels::cq::{Batch, CqKernels, MatvecInput, PrepareMode, Scratch};
+use super::kernels::cq::{CqKernels, MatvecInput, PrepScratch, PrepareMode, SlotStrides};
 use super::{Dispatch, GpuContext};
 
 /// A matvec of the step: rows of one or more matrices times one raw input (its
@@ -27,7 +27,7 @@ pub(crate) struct MatvecPlan {
     /// Elements between token slots of the input and of the output buffer.
     pub x_stride: usize,
     pub y_stride: usize,
-    /// Where a batch's inputs may be prepared once, before the matvec
+    /// Where the token slots' inputs may be prepared once, before the matvec
     /// ([`CqKernels::matvec_prepared_once`]): the device's prepared-input
     /// buffer (slot 0 at element 0) and its slot stride.
     pub scratch: (wgpu::Buffer, usize),
@@ -55,16 +55,16 @@ impl MatvecPlan {
             lane_stride: self.lane_stride,
             gains: (&self.gains.0, self.gains.1),
         };
-        let batch = Batch {
+        let strides = SlotStrides {
             tokens,
             x_stride: self.x_stride,
             y_stride: self.y_stride,
         };
-        let scratch = Scratch {
+        let scratch = PrepScratch {
             buffer: &self.scratch.0,
             offset: 0,
             stride: self.scratch.1,
         };
-        cq.matvec_prepared_once(ctx, arenas, &items, input, &self.out, batch, scratch)
+        cq.matvec_prepared_once(ctx, arenas, &items, input, &self.out, strides, scratch)
     }
 }

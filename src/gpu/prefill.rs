@@ -14,9 +14,8 @@
 use super::kernels::engram::EngramConvParams;
 use super::kernels::mlp::MlpKernels;
 use super::layout::Slots;
-use super::lean::ProgramKind;
 use super::matvec_plan::MatvecPlan;
-use super::program::{Kernels, StepProgram};
+use super::program::{Kernels, ProgramKind, StepProgram};
 use super::recorder::Op;
 use super::state::DeviceState;
 use super::upload::GpuWeights;

@@ -4,7 +4,7 @@
 //! The last four are per sequence: an engine holds one, a [`super::GpuBatch`]
 //! several side by side, each a window ([`DeviceState::seq_windows`]).
 
-use super::kernels::attention::KvCache;
+use super::kernels::attention::KvBuffers;
 use super::layout::{seq_stride, Slots};
 use super::{GpuContext, Window};
 use crate::config::Config;
@@ -25,7 +25,7 @@ pub(crate) struct DeviceState {
     /// The `[vocab]` logits of the last step with a readout.
     pub logits: wgpu::Buffer,
     /// The int8 KV cache.
-    pub cache: KvCache,
+    pub cache: KvBuffers,
     /// Attention scores, `[heads, cache rows]`.
     pub scores: wgpu::Buffer,
     /// Engram rings, `[sites, ring, hidden]`.
@@ -70,7 +70,7 @@ impl DeviceState {
             step: ctx.storage_zeroed("step", (slots.count * slots.step) as u64 * 4)?,
             prep: ctx.storage_zeroed("prepared inputs", (slots.count * slots.prep) as u64 * 4)?,
             logits: ctx.storage_zeroed("logits", ls * (logit_windows - 1) + lb)?,
-            cache: KvCache::with_seqs(ctx, c.layers, c.kv_heads, rows, c.head_dim, seqs)?,
+            cache: KvBuffers::with_seqs(ctx, c.layers, c.kv_heads, rows, c.head_dim, seqs)?,
             scores: ctx.storage_zeroed("attention scores", all(per_seq[1]))?,
             rings: ctx.storage_zeroed("engram rings", all(per_seq[2]))?,
             seqs,

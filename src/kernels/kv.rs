@@ -1,7 +1,7 @@
-//! The int8 KV cache (SPEC §4.3 step 5): physical slots, per-vector quantization
-//! and the cache itself ([`KvCache`]).
+//! The int8 KV cache (SPEC §4.3 step 5): physical slots, per-vector quantization,
+//! the cache itself ([`KvCache`]) and the view of one head that attention reads
+//! ([`KvHeadView`]).
 
-use super::attention::KvHeadView;
 use crate::error::{Error, Result};
 use crate::pool::{Pool, SharedSlice};
 
@@ -126,7 +126,7 @@ pub fn attended_slots(t: u64, sink: usize, window: usize, out: &mut Vec<usize>) 
 }
 
 /// The int8 KV cache of SPEC §4.3 step 5 on the CPU (the twin of
-/// `crate::gpu::kernels::attention::KvCache`, with unpacked codes): per
+/// `crate::gpu::kernels::attention::KvBuffers`, with unpacked codes): per
 /// `(layer, kv_head, row)` one key and one value of `head_dim` int8 codes, each
 /// with an f32 scale. Codes are `[layers, kv_heads, rows, head_dim]`, scales
 /// `[layers, kv_heads, rows]`.
@@ -303,6 +303,69 @@ impl KvCache {
             .copy_from_slice(&from.v_codes[src * hd..(src + count) * hd]);
         self.k_scale[dst..dst + count].copy_from_slice(&from.k_scale[src..src + count]);
         self.v_scale[dst..dst + count].copy_from_slice(&from.v_scale[src..src + count]);
+    }
+}
+
+/// Read-only view of one layer and KV head of the cache.
+pub struct KvHeadView<'a> {
+    /// `[rows, head_dim]` key codes.
+    pub k: &'a [i8],
+    /// `[rows, head_dim]` value codes.
+    pub v: &'a [i8],
+    /// `[rows]` key scales.
+    pub k_scale: &'a [f32],
+    /// `[rows]` value scales.
+    pub v_scale: &'a [f32],
+    /// The first rows widened to f32 ([`KvHeadView::widen_into`]) when many
+    /// queries read them (a prefill chunk's tokens): the AVX-512 kernel then
+    /// loads them instead of converting the codes at every read, with the
+    /// same values and so the same bits.
+    pub wide: Option<WideRows<'a>>,
+}
+
+/// A head's first rows widened to f32 ([`KvHeadView::widen_into`]): `k` the
+/// key codes as f32 and `v` the values dequantized (`Vscale[p] · Vcode[p, d]`,
+/// the product the kernel forms), `[rows, head_dim]` each.
+#[derive(Debug, Clone, Copy)]
+pub struct WideRows<'a> {
+    /// Key codes as f32.
+    pub k: &'a [f32],
+    /// Dequantized values.
+    pub v: &'a [f32],
+}
+
+impl KvHeadView<'_> {
+    /// The first `k.len() / head_dim` rows widened into `k` and `v`
+    /// ([`WideRows`]'s contents).
+    ///
+    /// # Panics
+    /// If `k` and `v` differ in length, are not whole rows or hold more rows
+    /// than the view.
+    pub fn widen_into(&self, head_dim: usize, k: &mut [f32], v: &mut [f32]) {
+        assert!(
+            k.len() == v.len()
+                && k.len() <= self.k.len()
+                && head_dim > 0
+                && k.len().is_multiple_of(head_dim),
+            "widen_into: lengths"
+        );
+        let n = k.len();
+        widen_rows(&self.k[..n], &self.v[..n], self.v_scale, head_dim, k, v);
+    }
+}
+
+crate::simd::simd_fn! {
+    /// [`KvHeadView::widen_into`]'s loops: `kw = kc as f32`, `vw = vc as f32 ·
+    /// v_scale[row]`, rows of `d`.
+    fn widen_rows(kc: &[i8], vc: &[i8], v_scale: &[f32], d: usize, kw: &mut [f32], vw: &mut [f32]) {
+        for (w, &c) in kw.iter_mut().zip(kc) {
+            *w = c as f32;
+        }
+        for ((vr, cr), &scale) in vw.chunks_exact_mut(d).zip(vc.chunks_exact(d)).zip(v_scale) {
+            for (w, &c) in vr.iter_mut().zip(cr) {
+                *w = c as f32 * scale;
+            }
+        }
     }
 }
 

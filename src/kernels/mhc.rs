@@ -159,7 +159,7 @@ pub fn lse4(v: [f32; 4]) -> f32 {
 
 /// `route = exp(L)` after `iters` rounds of (rows −= lse, then columns −= lse) on
 /// `L[i][j] = a·p[4i+j] + b[4i+j]`. Columns of the result sum to 1. One token
-/// of [`sinkhorn_routes`] (the same values as in a batch).
+/// of [`sinkhorn_routes`] (the same values as among a chunk's tokens).
 pub fn sinkhorn_route(a: f32, p: &[f32], b: &[f32], iters: usize) -> [[f32; 4]; 4] {
     let mut out = [0.0f32; 16];
     sinkhorn_routes(a, &p[..16], b, iters, &mut out);

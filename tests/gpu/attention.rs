@@ -5,10 +5,10 @@
 
 use crate::common::gpu::{gpu, poisoned, rel_l2};
 use crate::common::random_vec;
-use cqlm::gpu::kernels::attention::{AttentionKernels, AttnParams, KvCache};
+use cqlm::gpu::kernels::attention::{AttentionKernels, AttnParams, KvBuffers};
 use cqlm::gpu::{run_dispatches, GpuContext};
 use cqlm::kernels::attention::{attend, qk_norm_rope};
-use cqlm::kernels::kv::{attended_slots, physical_slot, quantize_int8, KvCache as CpuKvCache};
+use cqlm::kernels::kv::{attended_slots, physical_slot, quantize_int8, KvCache};
 use cqlm::kernels::rope::rope_table;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -139,7 +139,7 @@ struct HostCache {
     v_scale: Vec<f32>,
 }
 
-fn upload(ctx: &GpuContext, cache: &KvCache, h: &HostCache) {
+fn upload(ctx: &GpuContext, cache: &KvBuffers, h: &HostCache) {
     ctx.queue
         .write_buffer(&cache.k_codes, 0, bytemuck::cast_slice(&h.k_words));
     ctx.queue
@@ -150,7 +150,7 @@ fn upload(ctx: &GpuContext, cache: &KvCache, h: &HostCache) {
         .write_buffer(&cache.v_scale, 0, bytemuck::cast_slice(&h.v_scale));
 }
 
-fn download(ctx: &GpuContext, cache: &KvCache) -> HostCache {
+fn download(ctx: &GpuContext, cache: &KvBuffers) -> HostCache {
     let n = cache.layers * cache.kv_heads * cache.rows;
     let w = n * cache.words_per_vector();
     let words = |b: &wgpu::Buffer| -> Vec<u32> {
@@ -261,7 +261,7 @@ fn qk_store_matches_cpu() {
             let act_b = ctx.storage_init("act", bytemuck::cast_slice(&act));
             let vec_b = ctx.storage_init("vectors", bytemuck::cast_slice(&vectors));
             let step_b = ctx.storage_init("step", bytemuck::cast_slice(&sw));
-            let cache = KvCache::new(&ctx, layers, kv_heads, rows, hd).unwrap();
+            let cache = KvBuffers::new(&ctx, layers, kv_heads, rows, hd).unwrap();
             assert_eq!(cache.words_per_vector(), words);
             upload(&ctx, &cache, &before);
             let d = kern.qk_store(&ctx, &p, &act_b, &vec_b, &step_b, &cache);
@@ -373,7 +373,7 @@ fn cpu_attend(
     t: u64,
 ) -> Vec<f32> {
     let rows = sink + window;
-    let cache = CpuKvCache {
+    let cache = KvCache {
         layers: kc.len() / (kv_heads * rows * hd),
         kv_heads,
         rows,
@@ -436,7 +436,7 @@ fn attend_matches_cpu() {
 
                 let act_b = ctx.storage_init("act", bytemuck::cast_slice(&act));
                 let step_b = ctx.storage_init("step", bytemuck::cast_slice(&sw));
-                let cache = KvCache::new(&ctx, layers, kv_heads, rows, hd).unwrap();
+                let cache = KvBuffers::new(&ctx, layers, kv_heads, rows, hd).unwrap();
                 upload(&ctx, &cache, &host);
                 let scores = poisoned(&ctx, heads * rows);
                 let d = kern.attend(&ctx, &p, &act_b, &step_b, &cache, &scores);
@@ -531,7 +531,7 @@ fn run_crafted_ties(ctx: &GpuContext) -> TieRun {
     let act_b = ctx.storage_init("act", bytemuck::cast_slice(&act));
     let vec_b = ctx.storage_init("vectors", bytemuck::cast_slice(&vectors));
     let step_b = ctx.storage_init("step", bytemuck::cast_slice(&sw));
-    let cache = KvCache::new(ctx, 1, kv_heads, rows, hd).unwrap();
+    let cache = KvBuffers::new(ctx, 1, kv_heads, rows, hd).unwrap();
     let d = kern.qk_store(ctx, &p, &act_b, &vec_b, &step_b, &cache);
     run_dispatches(ctx, &[d]).unwrap();
     let after = download(ctx, &cache);
@@ -642,7 +642,7 @@ fn store_then_attend_over_steps(fused: bool) {
     let a = act_layout(heads, kv_heads, hd);
     let vectors = random_vec(&mut rng, 5 + 2 * hd, 0.5);
     let (qn, kn) = (&vectors[3..3 + hd], &vectors[5 + hd..5 + 2 * hd]);
-    let cache = KvCache::new(&ctx, 1, kv_heads, rows, hd).unwrap();
+    let cache = KvBuffers::new(&ctx, 1, kv_heads, rows, hd).unwrap();
     let vec_b = ctx.storage_init("vectors", bytemuck::cast_slice(&vectors));
     let act_b = poisoned(&ctx, a.len);
     let (sw0, _) = step_words(0, sink, window, hd);
@@ -780,7 +780,7 @@ fn store_then_attend_over_slots_of_distinct_sequences() {
     let step_stride = sw0.len() + 2;
     let vectors = random_vec(&mut rng, 5 + 2 * hd, 0.5);
     let (qn, kn) = (&vectors[3..3 + hd], &vectors[5 + hd..5 + 2 * hd]);
-    let cache = KvCache::with_seqs(&ctx, layers, kv_heads, rows, hd, seqs).unwrap();
+    let cache = KvBuffers::with_seqs(&ctx, layers, kv_heads, rows, hd, seqs).unwrap();
     let (code_stride, scale_stride) = (cache.code.1 as usize / 4, cache.scale.1 as usize / 4);
     let scores_stride = heads * rows + 5;
     let p = AttnParams {

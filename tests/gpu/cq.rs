@@ -5,7 +5,7 @@ use crate::common::gpu::{gpu, poisoned, rel_l2};
 use crate::common::random_vec;
 use cqlm::cq::CqMatrix;
 use cqlm::gpu::arena::ArenaBuilder;
-use cqlm::gpu::kernels::cq::{Batch, CqKernels, MatvecInput, PrepareMode, Reduction};
+use cqlm::gpu::kernels::cq::{CqKernels, MatvecInput, PrepareMode, Reduction, SlotStrides};
 use cqlm::gpu::{run_dispatches, GpuContext};
 use cqlm::kernels::prepare::pre_op;
 use cqlm::synth::random_cq;
@@ -78,7 +78,7 @@ fn matvec_case(ctx: &cqlm::gpu::GpuContext, k: &CqKernels) {
                 &items,
                 MatvecInput::Prepared(&xb, 0),
                 &out,
-                Batch::single(),
+                SlotStrides::single(),
             );
             assert_eq!(ds.len(), 1, "parts of one geometry fuse into one dispatch");
             ds.extend(k.matvec(
@@ -87,7 +87,7 @@ fn matvec_case(ctx: &cqlm::gpu::GpuContext, k: &CqKernels) {
                 &[(&gother, 0, 5, 56)],
                 MatvecInput::Prepared(&xb, prep.len()),
                 &out,
-                Batch::single(),
+                SlotStrides::single(),
             ));
             run_dispatches(ctx, &ds).unwrap();
             let got = ctx.read_f32(&out, 0, 64).unwrap();
@@ -141,7 +141,7 @@ fn matvec_splits_a_matrix_over_several_arenas() {
         &[(&g, 0, 300, 0)],
         MatvecInput::Prepared(&xb, 0),
         &out,
-        Batch::single(),
+        SlotStrides::single(),
     );
     run_dispatches(&ctx, &ds).unwrap();
     let got = ctx.read_f32(&out, 0, 300).unwrap();
@@ -312,7 +312,7 @@ fn matvec_of_a_raw_input_prepares_it_in_every_mode() {
                     &[(&g, 0, rows, 3)],
                     input,
                     &out,
-                    Batch::single(),
+                    SlotStrides::single(),
                 );
                 run_dispatches(&ctx, &ds).unwrap();
                 let got = ctx.read_f32(&out, 3, rows).unwrap();
@@ -360,7 +360,7 @@ fn tall_matrices_spread_rows_over_each_team_in_turn() {
             &[(&g, 0, rows, 0)],
             input,
             &out,
-            Batch::single(),
+            SlotStrides::single(),
         );
         run_dispatches(&ctx, &ds).unwrap();
         let got = ctx.read_f32(&out, 0, rows).unwrap();
@@ -437,12 +437,19 @@ fn batched_matvec_equals_one_dispatch_per_input_bit_for_bit() {
                 };
                 let what = format!("{red:?} {mode:?} n {n} bits {bits} group {group}");
                 let out = poisoned(&ctx, tokens * ys);
-                let batch = Batch {
+                let strides = SlotStrides {
                     tokens,
                     x_stride: xs,
                     y_stride: ys,
                 };
-                let ds = k.matvec(&ctx, &arenas, &[(&g, 0, rows, 1)], input_at(0), &out, batch);
+                let ds = k.matvec(
+                    &ctx,
+                    &arenas,
+                    &[(&g, 0, rows, 1)],
+                    input_at(0),
+                    &out,
+                    strides,
+                );
                 let batched_kernel = red == Reduction::RowPerInvocationSubgroup
                     && ctx.caps.subgroup_min >= 8
                     && mode.is_none()
@@ -464,7 +471,7 @@ fn batched_matvec_equals_one_dispatch_per_input_bit_for_bit() {
                         &[(&g, 0, rows, 1)],
                         input_at(t * xs),
                         &one,
-                        Batch::single(),
+                        SlotStrides::single(),
                     );
                     run_dispatches(&ctx, &ds).unwrap();
                     let single = ctx.read_f32(&one, 0, ys).unwrap();
@@ -509,7 +516,7 @@ fn prepare_inputs_match_the_cpu_prepare_in_every_mode() {
     // chunk of 4096 columns; with the input and gains in their own buffers and
     // in the destination's (read through its binding). The CPU twin: pre_op,
     // then prepare_into. The gaps between slots stay poisoned.
-    use cqlm::gpu::kernels::cq::Scratch;
+    use cqlm::gpu::kernels::cq::PrepScratch;
     let Some(ctx) = gpu() else { return };
     let k = CqKernels::new(&ctx);
     let mut rng = ChaCha8Rng::seed_from_u64(47);
@@ -557,18 +564,18 @@ fn prepare_inputs_match_the_cpu_prepare_in_every_mode() {
                     lane_stride: n,
                     gains,
                 };
-                let scratch = Scratch {
+                let scratch = PrepScratch {
                     buffer: &dst,
                     offset: base,
                     stride,
                 };
-                let batch = Batch {
+                let strides = SlotStrides {
                     tokens,
                     x_stride: xs,
                     y_stride: 0,
                 };
                 let d = k
-                    .prepare(&ctx, input, group, padded, scratch, batch)
+                    .prepare(&ctx, input, group, padded, scratch, strides)
                     .expect("a raw input needs a dispatch");
                 run_dispatches(&ctx, &[d]).unwrap();
                 let got = ctx.read_f32(&dst, 0, init.len()).unwrap();
@@ -611,7 +618,7 @@ fn matvec_prepared_once_equals_one_raw_dispatch_per_input_bit_for_bit() {
     // prepares the inputs first, it is because several workgroups would have
     // staged each input or the batched kernel reads them; one input (a decode
     // step) is never prepared apart.
-    use cqlm::gpu::kernels::cq::Scratch;
+    use cqlm::gpu::kernels::cq::PrepScratch;
     let Some(ctx) = gpu() else { return };
     if ctx.info.device_type != wgpu::DeviceType::Cpu {
         return;
@@ -648,33 +655,33 @@ fn matvec_prepared_once_equals_one_raw_dispatch_per_input_bit_for_bit() {
             let out = poisoned(&ctx, tokens * ys + tokens * stride);
             let scratch_buf = poisoned(&ctx, tokens * stride);
             let scratch = if own_scratch {
-                Scratch {
+                PrepScratch {
                     buffer: &scratch_buf,
                     offset: 0,
                     stride,
                 }
             } else {
-                Scratch {
+                PrepScratch {
                     buffer: &out,
                     offset: tokens * ys,
                     stride,
                 }
             };
-            let batch = Batch {
+            let strides = SlotStrides {
                 tokens,
                 x_stride: xs,
                 y_stride: ys,
             };
             let item = [(&g, 0, rows, 1)];
             let ds =
-                k.matvec_prepared_once(&ctx, &arenas, &item, input_at(0), &out, batch, scratch);
+                k.matvec_prepared_once(&ctx, &arenas, &item, input_at(0), &out, strides, scratch);
             let single = k.matvec_prepared_once(
                 &ctx,
                 &arenas,
                 &item,
                 input_at(0),
                 &out,
-                Batch::single(),
+                SlotStrides::single(),
                 scratch,
             );
             assert!(
@@ -683,7 +690,7 @@ fn matvec_prepared_once_equals_one_raw_dispatch_per_input_bit_for_bit() {
             );
             let prepared = ds[0].name == "prepare_inputs";
             let batched = ds.iter().any(|d| d.name.ends_with("_batch"));
-            let several = k.stagings(&ctx, &item, batch) > 1;
+            let several = k.stagings(&ctx, &item, strides) > 1;
             assert_eq!(
                 prepared,
                 several || batched,
@@ -704,7 +711,7 @@ fn matvec_prepared_once_equals_one_raw_dispatch_per_input_bit_for_bit() {
                     &item,
                     input_at(t * xs),
                     &one,
-                    Batch::single(),
+                    SlotStrides::single(),
                 );
                 run_dispatches(&ctx, &ds).unwrap();
                 let single = ctx.read_f32(&one, 0, ys).unwrap();
@@ -733,7 +740,7 @@ fn batched_matvec_equals_one_dispatch_per_input_within_rounding() {
     // for any adapter: each of `tokens` batched outputs within float rounding of the
     // one-input dispatch (the bit-exact test also checks the CPU), the gaps between
     // outputs still poisoned.
-    use cqlm::gpu::kernels::cq::{Batch, MatvecInput};
+    use cqlm::gpu::kernels::cq::{MatvecInput, SlotStrides};
     let Some(ctx) = gpu() else { return };
     let mut rng = ChaCha8Rng::seed_from_u64(42);
     let tokens = 9usize;
@@ -753,7 +760,7 @@ fn batched_matvec_equals_one_dispatch_per_input_within_rounding() {
             }
             let pb = ctx.storage_init("prepared", bytemuck::cast_slice(&prepared));
             let out = poisoned(&ctx, tokens * ys);
-            let batch = Batch {
+            let strides = SlotStrides {
                 tokens,
                 x_stride: xs,
                 y_stride: ys,
@@ -765,7 +772,7 @@ fn batched_matvec_equals_one_dispatch_per_input_within_rounding() {
                 &item,
                 MatvecInput::Prepared(&pb, 0),
                 &out,
-                batch,
+                strides,
             );
             run_dispatches(&ctx, &ds).unwrap();
             let got = ctx.read_f32(&out, 0, tokens * ys).unwrap();
@@ -777,7 +784,7 @@ fn batched_matvec_equals_one_dispatch_per_input_within_rounding() {
                     &item,
                     MatvecInput::Prepared(&pb, t * xs),
                     &one,
-                    Batch::single(),
+                    SlotStrides::single(),
                 );
                 run_dispatches(&ctx, &ds).unwrap();
                 let single = ctx.read_f32(&one, 0, ys).unwrap();

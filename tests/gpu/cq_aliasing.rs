@@ -7,7 +7,7 @@
 use crate::common::gpu::{gpu, poisoned};
 use cqlm::cq::BitsPlan;
 use cqlm::gpu::arena::ArenaBuilder;
-use cqlm::gpu::kernels::cq::{Batch, CqKernels, MatvecInput, PrepareMode, Reduction};
+use cqlm::gpu::kernels::cq::{CqKernels, MatvecInput, PrepareMode, Reduction, SlotStrides};
 use cqlm::gpu::{run_dispatches, GpuContext, GpuOptions};
 use cqlm::synth::{random_cq, synth_model};
 use cqlm::{Config, Engine, GpuEngine};
@@ -44,7 +44,7 @@ fn an_input_or_gains_in_the_output_buffer_give_the_same_bits() {
             ];
             for mode in modes {
                 for tokens in [1usize, 3] {
-                    let batch = Batch {
+                    let strides = SlotStrides {
                         tokens,
                         x_stride: s,
                         y_stride: s,
@@ -64,7 +64,7 @@ fn an_input_or_gains_in_the_output_buffer_give_the_same_bits() {
                             None => MatvecInput::Prepared(xb, 0),
                         };
                         let item = [(&g, 0, rows, 5 * n)];
-                        let ds = k.matvec(&ctx, &arenas, &item, input, &act, batch);
+                        let ds = k.matvec(&ctx, &arenas, &item, input, &act, strides);
                         run_dispatches(&ctx, &ds).unwrap();
                         let all = ctx.read_f32(&act, 0, 3 * s).unwrap();
                         (0..tokens)
@@ -107,7 +107,7 @@ fn an_arena_as_the_output_is_a_device_error_not_a_panic() {
         &[(&g, 0, 8, 0)],
         input,
         &arenas[0],
-        Batch::single(),
+        SlotStrides::single(),
     );
     let e = ctx.check_errors().unwrap_err().to_string();
     assert!(e.contains("binds one buffer at bindings 5 and 7"), "{e}");

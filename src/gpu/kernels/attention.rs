@@ -18,13 +18,14 @@ pub const SOURCE: &str = concat!(
 /// Largest `head_dim` the shaders handle (workgroup staging of one head).
 pub const MAX_HEAD_DIM: usize = 1024;
 
-/// int8 KV cache resident on the GPU: codes packed four to a u32 (little-endian
+/// The int8 KV cache's buffers on the GPU (the CPU's is
+/// [`crate::kernels::kv::KvCache`]): codes packed four to a u32 (little-endian
 /// bytes, code `i` of a vector in byte `i % 4` of word `i / 4`; a vector takes
 /// `ceil(head_dim / 4)` words, padding bytes zero), per-vector f32 scales.
 /// Layout `[layers, kv_heads, rows, words]` for codes and `[layers, kv_heads, rows]`
 /// for scales.
 #[derive(Debug)]
-pub struct KvCache {
+pub struct KvBuffers {
     /// Key codes, `[layers, kv_heads, rows, words]` u32.
     pub k_codes: wgpu::Buffer,
     /// Value codes, `[layers, kv_heads, rows, words]` u32.
@@ -42,13 +43,13 @@ pub struct KvCache {
     /// Elements per head vector.
     pub head_dim: usize,
     /// Bytes of one sequence's codes, and from one sequence's to the next's
-    /// ([`KvCache::with_seqs`]), per code buffer.
+    /// ([`KvBuffers::with_seqs`]), per code buffer.
     pub code: (u64, u64),
     /// The same for the scale buffers.
     pub scale: (u64, u64),
 }
 
-impl KvCache {
+impl KvBuffers {
     /// A zero-filled cache.
     ///
     /// # Errors
@@ -60,19 +61,19 @@ impl KvCache {
         kv_heads: usize,
         rows: usize,
         head_dim: usize,
-    ) -> Result<KvCache> {
+    ) -> Result<KvBuffers> {
         Self::with_seqs(ctx, layers, kv_heads, rows, head_dim, 1)
     }
 
     /// A zero-filled cache for each of `seqs` sequences, side by side in each
     /// buffer: sequence `s`'s cache starts at `s ·` the stride of
-    /// [`KvCache::code`] bytes of the code buffers and `s ·` that of
-    /// [`KvCache::scale`] of the scale ones (multiples of the device's storage
+    /// [`KvBuffers::code`] bytes of the code buffers and `s ·` that of
+    /// [`KvBuffers::scale`] of the scale ones (multiples of the device's storage
     /// offset alignment), so a dispatch
     /// bound to that window sees exactly one sequence's cache.
     ///
     /// # Errors
-    /// As [`KvCache::new`], for all sequences together.
+    /// As [`KvBuffers::new`], for all sequences together.
     pub fn with_seqs(
         ctx: &GpuContext,
         layers: usize,
@@ -80,7 +81,7 @@ impl KvCache {
         rows: usize,
         head_dim: usize,
         seqs: usize,
-    ) -> Result<KvCache> {
+    ) -> Result<KvBuffers> {
         if head_dim > MAX_HEAD_DIM {
             return Err(Error::Gpu(format!(
                 "head_dim {head_dim} exceeds the GPU attention limit of {MAX_HEAD_DIM}"
@@ -101,7 +102,7 @@ impl KvCache {
             }
             ctx.storage_zeroed(label, bytes)
         };
-        Ok(KvCache {
+        Ok(KvBuffers {
             k_codes: make("kv k_codes", code_stride * (n - 1) + code_bytes)?,
             v_codes: make("kv v_codes", code_stride * (n - 1) + code_bytes)?,
             k_scale: make("kv k_scale", scale_stride * (n - 1) + scale_bytes)?,
@@ -217,7 +218,7 @@ impl AttentionKernels {
         act: &wgpu::Buffer,
         vectors: &wgpu::Buffer,
         step: &wgpu::Buffer,
-        cache: &KvCache,
+        cache: &KvBuffers,
     ) -> Dispatch {
         debug_check(p, cache);
         let ub = ctx.uniform_init("qk_store params", bytemuck::bytes_of(p));
@@ -260,7 +261,7 @@ impl AttentionKernels {
         p: &AttnParams,
         act: &wgpu::Buffer,
         step: &wgpu::Buffer,
-        cache: &KvCache,
+        cache: &KvBuffers,
         scores: &wgpu::Buffer,
     ) -> Dispatch {
         debug_check(p, cache);
@@ -305,7 +306,7 @@ impl AttentionKernels {
         act: &wgpu::Buffer,
         vectors: &wgpu::Buffer,
         step: &wgpu::Buffer,
-        cache: &KvCache,
+        cache: &KvBuffers,
         scores: &wgpu::Buffer,
     ) -> Dispatch {
         debug_check(p, cache);
@@ -335,7 +336,7 @@ impl AttentionKernels {
 }
 
 /// Debug-build consistency checks between the params and the cache.
-fn debug_check(p: &AttnParams, cache: &KvCache) {
+fn debug_check(p: &AttnParams, cache: &KvBuffers) {
     debug_assert!(p.head_dim as usize <= MAX_HEAD_DIM && p.head_dim.is_multiple_of(2));
     debug_assert_eq!(p.head_dim as usize, cache.head_dim);
     debug_assert_eq!(p.words as usize, cache.words_per_vector());

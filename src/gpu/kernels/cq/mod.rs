@@ -1,6 +1,6 @@
 //! GPU twins of the CQ kernels of [`crate::cq`]: multi-part `matvec` (which
 //! prepares its own input, SPEC §2's `prepare` with the step's pre-ops, or reads
-//! inputs that `prepare_inputs` prepared once for a batch) and row `gather`
+//! inputs that `prepare_inputs` prepared once for several token slots) and row `gather`
 //! (shaders/cq.wgsl). This file compiles the pipelines and picks the
 //! matvec variant ([`Reduction`]); [`plan`] decides a matvec's dispatches,
 //! [`params`] mirrors the shader's params, `gather.rs` builds the gathers.
@@ -65,11 +65,11 @@ const XW: usize = 4096;
 /// Most inputs `matvec_rows_sgb` takes together (the size of its accumulator arrays).
 const MAX_TB: usize = 8;
 
-/// The inputs of a batched matvec dispatch: `tokens` inputs, input `t` at the
-/// [`MatvecInput`]'s offset plus `t · x_stride` elements, its outputs at each
-/// item's output offset plus `t · y_stride`.
+/// The token slots a matvec dispatch reads and writes: `tokens` inputs, input
+/// `t` at the [`MatvecInput`]'s offset plus `t · x_stride` elements, its outputs
+/// at each item's output offset plus `t · y_stride`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Batch {
+pub struct SlotStrides {
     /// Number of inputs (at least 1).
     pub tokens: usize,
     /// Elements between consecutive inputs.
@@ -78,10 +78,10 @@ pub struct Batch {
     pub y_stride: usize,
 }
 
-impl Batch {
+impl SlotStrides {
     /// One input: a decode step's matvec.
-    pub const fn single() -> Batch {
-        Batch {
+    pub const fn single() -> SlotStrides {
+        SlotStrides {
             tokens: 1,
             x_stride: 0,
             y_stride: 0,
@@ -123,21 +123,23 @@ pub struct CqKernels {
     /// Matvec pipelines for bits 1, 2, 4, 8.
     matvec: [Kernel; 4],
     /// `matvec_rows_sgb` for bits 2 and 4 (with [`Reduction::RowPerInvocationSubgroup`]
-    /// on subgroups of at least 8): batches share each decoded word.
+    /// on subgroups of at least 8): several inputs share each decoded word.
     batched: Option<[Kernel; 2]>,
     gather: Kernel,
     gather_many: Kernel,
-    /// `prepare_inputs`: a batch's raw inputs prepared once ([`CqKernels::prepare`]).
+    /// `prepare_inputs`: the raw inputs of several token slots prepared once
+    /// ([`CqKernels::prepare`]).
     prepare: Kernel,
     /// A small read-only storage buffer bound where `prepare_inputs` reads
     /// nothing (its input or gains in the destination's buffer, or no gains).
     placeholder: wgpu::Buffer,
 }
 
-/// Where [`CqKernels::matvec_prepared_once`] may write prepared inputs: a buffer,
-/// the element offset of input 0's and the elements between inputs.
+/// Scratch space for prepared matvec inputs: where
+/// [`CqKernels::matvec_prepared_once`] may write them, as a buffer, the element
+/// offset of input 0's and the elements between inputs.
 #[derive(Debug, Clone, Copy)]
-pub struct Scratch<'a> {
+pub struct PrepScratch<'a> {
     /// The buffer.
     pub buffer: &'a wgpu::Buffer,
     /// Element offset of input 0's prepared columns.
@@ -221,10 +223,10 @@ impl CqKernels {
         }
     }
 
-    /// The dispatches of one matvec: for each of `batch.tokens` inputs (one for a
-    /// decode step, [`Batch::single`]), rows `first .. first + rows` of each item's
+    /// The dispatches of one matvec: for each of `strides.tokens` inputs (one for a
+    /// decode step, [`SlotStrides::single`]), rows `first .. first + rows` of each item's
     /// matrix times the input, written to `out` at the item's output offset (plus
-    /// `t · batch.y_stride` for input `t`). Row parts that share an arena, bits
+    /// `t · strides.y_stride` for input `t`). Row parts that share an arena, bits
     /// and group are fused four at a time ([`plan_matvec`]). With a
     /// [`MatvecInput::Raw`] input every workgroup prepares it itself, so no prepare
     /// dispatch runs before. Every output equals what the single-input dispatch
@@ -240,9 +242,9 @@ impl CqKernels {
         items: &[MatvecItem<'_>],
         input: MatvecInput<'_>,
         out: &wgpu::Buffer,
-        batch: Batch,
+        strides: SlotStrides,
     ) -> Vec<Dispatch> {
-        let tokens = batch.tokens.max(1);
+        let tokens = strides.tokens.max(1);
         let (x_buf, gains_buf, mode, x_off, n, lane_stride, w_off, raw) = match input {
             MatvecInput::Prepared(b, off) => (b, None, PREPARED, off, 0, 0, 0, None),
             MatvecInput::Raw {
@@ -283,9 +285,9 @@ impl CqKernels {
         let vec4_input = raw.is_none()
             && !x_in_out
             && x_off.is_multiple_of(4)
-            && (tokens == 1 || batch.x_stride.is_multiple_of(4));
+            && (tokens == 1 || strides.x_stride.is_multiple_of(4));
         let caps = PlanCaps::of(&ctx.caps);
-        let launches = plan_matvec(items, batch, self.reduction, caps, vec4_input);
+        let launches = plan_matvec(items, strides, self.reduction, caps, vec4_input);
         launches
             .into_iter()
             .map(|l| {
@@ -360,23 +362,34 @@ impl CqKernels {
 }
 
 impl CqKernels {
-    /// How many workgroups of a matvec of `items` over `batch` stage each input
+    /// How many workgroups of a matvec of `items` over `strides` stage each input
     /// (every workgroup of rows prepares the inputs it reads raw itself), summed
     /// over its dispatches. Above one, a [`CqKernels::prepare`] dispatch first
     /// does that work once ([`CqKernels::matvec_prepared_once`]).
-    pub fn stagings(&self, ctx: &GpuContext, items: &[MatvecItem<'_>], batch: Batch) -> usize {
-        plan_matvec(items, batch, self.reduction, PlanCaps::of(&ctx.caps), false)
-            .iter()
-            .map(|l| l.groups[0] as usize * l.groups[1] as usize)
-            .sum()
+    pub fn stagings(
+        &self,
+        ctx: &GpuContext,
+        items: &[MatvecItem<'_>],
+        strides: SlotStrides,
+    ) -> usize {
+        plan_matvec(
+            items,
+            strides,
+            self.reduction,
+            PlanCaps::of(&ctx.caps),
+            false,
+        )
+        .iter()
+        .map(|l| l.groups[0] as usize * l.groups[1] as usize)
+        .sum()
     }
 
-    /// The dispatch that prepares `batch.tokens` raw inputs once: SPEC §2's
+    /// The dispatch that prepares `strides.tokens` raw inputs once: SPEC §2's
     /// `prepare` with the input's pre-op, computed as every matvec workgroup
     /// stages a raw input (the same operations in the same order, so a matvec
     /// reading the result as [`MatvecInput::Prepared`] gives the same outputs,
     /// bit for bit). Input `t` is read at the input's offset plus `t ·
-    /// batch.x_stride`; its `padded` columns (groups of `group`) are written to
+    /// strides.x_stride`; its `padded` columns (groups of `group`) are written to
     /// `dst` from `dst.offset + t · dst.stride` on. `None` for an input already
     /// prepared. The destination must not overlap the input or the gains.
     pub fn prepare(
@@ -385,8 +398,8 @@ impl CqKernels {
         input: MatvecInput<'_>,
         group: usize,
         padded: usize,
-        dst: Scratch<'_>,
-        batch: Batch,
+        dst: PrepScratch<'_>,
+        strides: SlotStrides,
     ) -> Option<Dispatch> {
         let MatvecInput::Raw {
             mode,
@@ -398,7 +411,7 @@ impl CqKernels {
         else {
             return None;
         };
-        let tokens = batch.tokens.max(1);
+        let tokens = strides.tokens.max(1);
         let lanes = if mode == PrepareMode::MeanLanesZcrms {
             4
         } else {
@@ -432,7 +445,7 @@ impl CqKernels {
             team_rows: 0,
             tokens: tokens as u32,
             tb: tb as u32,
-            x_tstride: batch.x_stride as u32,
+            x_tstride: strides.x_stride as u32,
             y_tstride: dst.stride as u32,
             in_out: x_in_out as u32 | (gains_in_out as u32) << 1,
             prep_len: padded as u32,
@@ -456,7 +469,7 @@ impl CqKernels {
         Some(Dispatch::new_at(ctx, &self.prepare, &at, [groups, 1, 1]).with_bytes(bytes))
     }
 
-    /// [`CqKernels::matvec`], with the raw inputs of a batch (two or more; a
+    /// [`CqKernels::matvec`], with the raw inputs of several token slots (two or more; a
     /// decode step's one input stays staged by each workgroup, which keeps its
     /// dispatch count) first prepared once into `scratch`
     /// ([`CqKernels::prepare`]) when the items share one group width and padded
@@ -464,7 +477,7 @@ impl CqKernels {
     /// input ([`CqKernels::stagings`]) or the batched kernel takes the prepared
     /// inputs (on CPU adapters with subgroups); else the matvec's own dispatches
     /// alone. The outputs are the same bit for bit either way. `scratch` must
-    /// hold `batch.tokens` inputs of the padded length and overlap neither the
+    /// hold `strides.tokens` inputs of the padded length and overlap neither the
     /// input, the gains nor the outputs; the batched kernel needs it in another
     /// buffer than `out`, at an offset and a stride that are multiples of 4.
     #[allow(clippy::too_many_arguments)]
@@ -475,37 +488,37 @@ impl CqKernels {
         items: &[MatvecItem<'_>],
         input: MatvecInput<'_>,
         out: &wgpu::Buffer,
-        batch: Batch,
-        scratch: Scratch<'_>,
+        strides: SlotStrides,
+        scratch: PrepScratch<'_>,
     ) -> Vec<Dispatch> {
         let geometry = |m: &MatvecItem<'_>| (m.0.group, m.0.padded());
         let shared = items
             .first()
             .map(geometry)
             .filter(|g| items.iter().all(|m| geometry(m) == *g));
-        let prepared_batch = Batch {
+        let prepared_strides = SlotStrides {
             x_stride: scratch.stride,
-            ..batch
+            ..strides
         };
         let vec4 = scratch.buffer != out
             && scratch.offset.is_multiple_of(4)
             && scratch.stride.is_multiple_of(4);
         let caps = PlanCaps::of(&ctx.caps);
         let batched = || {
-            plan_matvec(items, prepared_batch, self.reduction, caps, vec4)
+            plan_matvec(items, prepared_strides, self.reduction, caps, vec4)
                 .iter()
                 .any(|l| l.batched)
         };
         let prep = shared
-            .filter(|_| batch.tokens > 1)
-            .filter(|_| self.stagings(ctx, items, batch) > 1 || batched())
-            .and_then(|(group, padded)| self.prepare(ctx, input, group, padded, scratch, batch));
+            .filter(|_| strides.tokens > 1)
+            .filter(|_| self.stagings(ctx, items, strides) > 1 || batched())
+            .and_then(|(group, padded)| self.prepare(ctx, input, group, padded, scratch, strides));
         let Some(prep) = prep else {
-            return self.matvec(ctx, arenas, items, input, out, batch);
+            return self.matvec(ctx, arenas, items, input, out, strides);
         };
         let prepared = MatvecInput::Prepared(scratch.buffer, scratch.offset);
         let mut ds = vec![prep];
-        ds.extend(self.matvec(ctx, arenas, items, prepared, out, prepared_batch));
+        ds.extend(self.matvec(ctx, arenas, items, prepared, out, prepared_strides));
         ds
     }
 }

@@ -3,7 +3,7 @@
 //! without a GPU. [`super::CqKernels::matvec`] turns each [`Launch`] into a dispatch.
 
 use super::params::MatvecParams;
-use super::{Batch, Reduction, MAX_TB};
+use super::{Reduction, SlotStrides, MAX_TB};
 use crate::gpu::arena::{CqPart, GpuCq};
 use crate::gpu::{grid, Capabilities};
 
@@ -73,8 +73,8 @@ pub struct Launch {
     pub row_groups: usize,
 }
 
-/// Whether a device with `caps` runs `matvec_rows_sgb` for the batches of a
-/// `reduction` (after [`super::CqKernels::with_reduction`]'s fallbacks).
+/// Whether a device with `caps` runs `matvec_rows_sgb` (several inputs at once) under
+/// a `reduction` (after [`super::CqKernels::with_reduction`]'s fallbacks).
 pub fn has_batched(reduction: Reduction, caps: PlanCaps) -> bool {
     reduction == Reduction::RowPerInvocationSubgroup && caps.subgroup_min >= 8
 }
@@ -89,7 +89,7 @@ fn rows_per_workgroup(reduction: Reduction, team_rows: u32) -> u32 {
     }
 }
 
-/// The dispatches of a matvec of `items` for `batch`'s inputs: the items' rows
+/// The dispatches of a matvec of `items` for the inputs of `strides`: the items' rows
 /// flattened to arena parts, parts of one geometry (arena, bits, group, groups)
 /// fused four at a time in the order geometries first appear, each with its
 /// `team_rows`, grid and (on devices with the batched kernel) inputs per block.
@@ -98,12 +98,12 @@ fn rows_per_workgroup(reduction: Reduction, team_rows: u32) -> u32 {
 /// batched kernel (`matvec_rows_sgb`, which reads them as vec4s) needs.
 pub fn plan_matvec(
     items: &[MatvecItem<'_>],
-    batch: Batch,
+    strides: SlotStrides,
     reduction: Reduction,
     caps: PlanCaps,
     vec4_input: bool,
 ) -> Vec<Launch> {
-    let tokens = batch.tokens.max(1);
+    let tokens = strides.tokens.max(1);
     // Flatten to parts with their output offsets.
     let mut flat: Vec<(&GpuCq, CqPart, usize, usize, usize)> = Vec::new();
     for &(m, first, count, out_off) in items {
@@ -146,8 +146,8 @@ pub fn plan_matvec(
             team_rows: 1,
             tokens: tokens as u32,
             tb: 1,
-            x_tstride: batch.x_stride as u32,
-            y_tstride: batch.y_stride as u32,
+            x_tstride: strides.x_stride as u32,
+            y_tstride: strides.y_stride as u32,
             in_out: 0,
             prep_len: 0,
             prep_out: 0,

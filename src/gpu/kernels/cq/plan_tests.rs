@@ -76,7 +76,7 @@ fn find(ms: &[GpuCq], arena: usize, packed_off: u32) -> (usize, CqPart) {
 fn check(
     ms: &[GpuCq],
     items: &[(usize, usize, usize, usize)],
-    batch: Batch,
+    strides: SlotStrides,
     red: Reduction,
     caps: PlanCaps,
     vec4_input: bool,
@@ -106,7 +106,7 @@ fn check(
     }
     let mut launches_of = BTreeMap::new();
     let mut last_seen = 0;
-    let tokens = batch.tokens.max(1);
+    let tokens = strides.tokens.max(1);
     for l in launches {
         let p = &l.params;
         assert!((1..=4).contains(&p.n_parts), "{p:?}");
@@ -157,9 +157,9 @@ fn check(
         // The batch and the batched kernel.
         assert_eq!(
             (p.tokens as usize, p.x_tstride as usize),
-            (tokens, batch.x_stride)
+            (tokens, strides.x_stride)
         );
-        assert_eq!(p.y_tstride as usize, batch.y_stride);
+        assert_eq!(p.y_tstride as usize, strides.y_stride);
         let eligible = red == Reduction::RowPerInvocationSubgroup
             && caps.subgroup_min >= 8
             && vec4_input
@@ -218,7 +218,7 @@ fn plans_cover_every_row_once_within_the_grid_and_fuse_by_four() {
             .iter()
             .map(|&(m, a, b, o)| (&ms[m], a, b, o))
             .collect();
-        let batch = Batch {
+        let strides = SlotStrides {
             tokens: g.pick(&[0usize, 1, 2, 3, 7, 8, 9, 32]),
             x_stride: g.range(0, 5000),
             y_stride: g.range(0, 5000),
@@ -230,8 +230,8 @@ fn plans_cover_every_row_once_within_the_grid_and_fuse_by_four() {
             parallel: g.pick(&[1u32, 2, 16]),
         };
         let vec4_input = case % 8 < 4;
-        let launches = plan_matvec(&refs, batch, red, caps, vec4_input);
-        check(&ms, &items, batch, red, caps, vec4_input, &launches);
+        let launches = plan_matvec(&refs, strides, red, caps, vec4_input);
+        check(&ms, &items, strides, red, caps, vec4_input, &launches);
     }
 }
 
@@ -265,7 +265,7 @@ fn a_split_matrix_fuses_its_parts_and_a_small_grid_wraps() {
     };
     let l = plan_matvec(
         &[(&m, 10, 280, 5)],
-        Batch::single(),
+        SlotStrides::single(),
         Reduction::Portable,
         caps,
         false,
@@ -277,7 +277,7 @@ fn a_split_matrix_fuses_its_parts_and_a_small_grid_wraps() {
     assert_eq!(l[1].params.parts[0], [400, 0, 0, 0, 50, 235, 0, 0]);
     assert_eq!(l[0].groups, [2, 29, 1]);
     // Row kernels: 256 rows per workgroup; 8 prepared inputs a block.
-    let b = Batch {
+    let b = SlotStrides {
         tokens: 20,
         x_stride: 300,
         y_stride: 400,

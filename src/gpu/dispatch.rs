@@ -1,4 +1,5 @@
-//! Buffer creation, readback and the compute-kernel wrapper shared by every GPU kernel family.
+//! The core of every GPU kernel family: the compute-kernel wrapper ([`Kernel`])
+//! and the prebuilt [`Dispatch`] it makes, with buffer creation and readback.
 
 use super::context::GpuContext;
 use crate::error::{Error, Result};

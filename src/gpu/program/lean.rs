@@ -10,47 +10,19 @@
 //! The engram convolutions run in layer 0's `layer_step`.
 //!
 //! The prefill keeps the standard program's kernels (its matvecs batch a chunk;
-//! [`super::prefill`]); both leave the same cache and rings. Which program a
-//! step runs: [`ProgramKind::choose`].
+//! [`crate::gpu::prefill`]); both leave the same cache and rings. Which program a
+//! step runs: [`ProgramKind::choose`](super::ProgramKind::choose).
 
-use super::capture::{CapturePoint, Source};
-use super::kernels::attention::AttnParams;
-use super::kernels::cq::{Batch, MatvecInput, PrepareMode};
-use super::kernels::layer::{flags, CqRef, LayerBuffers, LayerParams, MAX_STAGED};
-use super::kernels::mlp::MlpParams;
-use super::program::{Parts, StepProgram};
-use super::{Dispatch, GpuContext};
+use super::params::{attn_params, mlp_params, Fault, Parts};
+use super::plan::{ProgramKind, StepProgram};
+use crate::gpu::arena::GpuCq;
+use crate::gpu::capture::{CapturePoint, Source};
+use crate::gpu::kernels::attention::AttnParams;
+use crate::gpu::kernels::cq::{MatvecInput, PrepareMode, SlotStrides};
+use crate::gpu::kernels::layer::{flags, CqRef, LayerBuffers, LayerParams, MAX_STAGED};
+use crate::gpu::kernels::mlp::MlpParams;
+use crate::gpu::Dispatch;
 use crate::profile::bytes;
-
-/// Which dispatch lists a decode step records.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProgramKind {
-    /// 8 dispatches per layer, each kernel on its own (what suits lavapipe, whose
-    /// threads run a workgroup as a loop: a single-workgroup kernel there is one
-    /// CPU thread).
-    Standard,
-    /// 3 dispatches per layer (this module's doc).
-    Lean,
-}
-
-impl ProgramKind {
-    /// `CQLM_GPU_PROGRAM=lean|standard` when set (an unknown value is ignored
-    /// with a warning), else lean on a hardware GPU and standard on a software
-    /// adapter (wgpu's `DeviceType::Cpu`).
-    pub fn choose(ctx: &GpuContext) -> ProgramKind {
-        match std::env::var("CQLM_GPU_PROGRAM").as_deref() {
-            Ok("lean") => return ProgramKind::Lean,
-            Ok("standard") => return ProgramKind::Standard,
-            Ok(other) => log::warn!("CQLM_GPU_PROGRAM={other}: expected lean or standard"),
-            Err(_) => {}
-        }
-        if ctx.info.device_type == wgpu::DeviceType::Cpu {
-            ProgramKind::Standard
-        } else {
-            ProgramKind::Lean
-        }
-    }
-}
 
 /// Replace `prog`'s decode lists by the lean program's, when the model fits it;
 /// `false` (and `prog` untouched) when it does not: a matrix the kernel reads
@@ -131,7 +103,7 @@ fn head(
                 gains: (&w.vectors, 0),
             },
             &s.act,
-            Batch::single(),
+            SlotStrides::single(),
         ));
         let after = head.len();
         caps.push(point(after, "engram.e".into(), Source::Act, a.e, e.e_dim()));
@@ -142,7 +114,7 @@ fn head(
             values.push(point(1, value, Source::Act, at.value, h));
         }
     }
-    if p.fault == Some(super::program::Fault::InvalidDispatch) {
+    if p.fault == Some(Fault::InvalidDispatch) {
         let mut bad = head[0].clone();
         bad.groups = [ctx.caps.max_workgroups_per_dim.saturating_add(1), 1, 1];
         head.push(bad);
@@ -168,7 +140,7 @@ fn layer_lists(p: &Parts<'_>, prog: &StepProgram) -> Option<Lists> {
     }
     // Arena bindings: the arenas of every wo and Φ, at most two.
     let mut arenas: Vec<usize> = Vec::new();
-    let mut binding = |m: &super::arena::GpuCq, first: usize, rows: usize| -> Option<CqRef> {
+    let mut binding = |m: &GpuCq, first: usize, rows: usize| -> Option<CqRef> {
         let part = m.parts_for(first, rows).first()?.0;
         let b = match arenas.iter().position(|&x| x == part.arena) {
             Some(i) => i,
@@ -241,7 +213,6 @@ fn layer_lists(p: &Parts<'_>, prog: &StepProgram) -> Option<Lists> {
         lp.b_res = (m.b_res + 16 * prev) as u32;
         lp.wo = wo[prev];
     };
-    let mlp_params = |prev: usize| super::program::mlp_params(p, prev);
     let step_bytes = |lp: &LayerParams| -> u64 {
         let mut b = 0;
         let mv = |r: &CqRef, rows: usize| {
@@ -322,7 +293,7 @@ fn layer_lists(p: &Parts<'_>, prog: &StepProgram) -> Option<Lists> {
             }
         } else {
             with_prev(&mut lp, l - 1);
-            mp = mlp_params(l - 1);
+            mp = mlp_params(p, l - 1);
         }
         let mut d = vec![k
             .layer
@@ -338,7 +309,7 @@ fn layer_lists(p: &Parts<'_>, prog: &StepProgram) -> Option<Lists> {
         d.extend(prog.plan[l].qkvg.dispatches(&k.cq, ctx, &w.arenas, 1));
         let ap = AttnParams {
             kn_off: a.kn as u32,
-            ..super::program::attn_params(p, l)
+            ..attn_params(p, l)
         };
         d.push(
             k.attention
@@ -359,7 +330,7 @@ fn layer_lists(p: &Parts<'_>, prog: &StepProgram) -> Option<Lists> {
     lp.flags |= flags::LOGITS;
     let mut tail = vec![k
         .layer
-        .layer_step(ctx, &lp, &mlp_params(last), &bufs)
+        .layer_step(ctx, &lp, &mlp_params(p, last), &bufs)
         .with_bytes(step_bytes(&lp))];
     let tail_caps = prev_points(1, last);
     tail.extend(k.cq.matvec(
@@ -368,7 +339,7 @@ fn layer_lists(p: &Parts<'_>, prog: &StepProgram) -> Option<Lists> {
         &[(&w.embed, 0, c.vocab, 0)],
         MatvecInput::Prepared(&s.act, a.lprep),
         &s.logits,
-        Batch::single(),
+        SlotStrides::single(),
     ));
     Some((lists, caps, tail, tail_caps))
 }
