@@ -521,17 +521,7 @@ impl ItemOuts {
         if k >= self.count {
             return StepOut::None;
         }
-        let it = &self.items[k];
-        match it.kind {
-            OutKind::None => StepOut::None,
-            OutKind::Logits => StepOut::Logits(&it.logits),
-            OutKind::Token(t) => StepOut::Token(t),
-            OutKind::Candidates => StepOut::Candidates(&it.candidates),
-            OutKind::Nucleus(nucleus) => StepOut::Nucleus {
-                candidates: &it.candidates,
-                nucleus,
-            },
-        }
+        self.items[k].as_out()
     }
 
     /// Whether the last step has an item `k`.
@@ -541,6 +531,20 @@ impl ItemOuts {
 }
 
 impl ItemOut {
+    /// The readout this item holds.
+    pub(crate) fn as_out(&self) -> StepOut<'_> {
+        match self.kind {
+            OutKind::None => StepOut::None,
+            OutKind::Logits => StepOut::Logits(&self.logits),
+            OutKind::Token(t) => StepOut::Token(t),
+            OutKind::Candidates => StepOut::Candidates(&self.candidates),
+            OutKind::Nucleus(nucleus) => StepOut::Nucleus {
+                candidates: &self.candidates,
+                nucleus,
+            },
+        }
+    }
+
     /// Keep a copy of `out` (the buffers are reused).
     pub(crate) fn keep(&mut self, out: StepOut<'_>) {
         self.kind = match out {

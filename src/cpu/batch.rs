@@ -12,9 +12,18 @@ use crate::constrain::TokenMask;
 use crate::engine::{host_readout_masked, BatchEngine, ItemOuts, Readout, SlotStep, StepOut};
 use crate::error::{Error, Result};
 use crate::precision::Precision;
-use crate::profile::{KernelTally, KernelTimer};
+use crate::profile::KernelTally;
 use crate::weights::Model;
 use std::sync::Arc;
+
+/// One item of the last step: its slot, its row of the logits (none without
+/// logits), and whether its readout is that row as it is.
+#[derive(Debug, Clone, Copy)]
+struct Item {
+    slot: usize,
+    row: Option<usize>,
+    direct: bool,
+}
 
 /// Sequences of one model in slots, stepped together by [`CpuBatch::step`].
 pub struct CpuBatch {
@@ -23,9 +32,9 @@ pub struct CpuBatch {
     scratch: Scratch,
     /// The logits of the last step's items that computed them, `[rows, vocab]`.
     logits: Vec<f32>,
-    /// Per item of the last step, its row of `logits` (none without logits).
-    rows: Vec<Option<usize>>,
-    /// The last step's readouts.
+    /// The last step's items.
+    items: Vec<Item>,
+    /// The last step's readouts (those that are not a row as it is).
     outs: ItemOuts,
     /// Buffers of a masked or top-k host readout.
     masked: Vec<f32>,
@@ -45,27 +54,25 @@ impl CpuBatch {
     /// `precision`.
     ///
     /// # Errors
-    /// [`Error::Alloc`](crate::Error::Alloc) if a KV cache or the buffers can't be allocated.
+    /// [`Error::Alloc`] if a KV cache or the buffers can't be allocated.
     pub fn new(model: Arc<Model>, slots: usize, precision: Precision) -> Result<CpuBatch> {
         let mut scratch = Scratch::default();
-        scratch.grow(&model.config, slots.max(1))?;
-        scratch.prep.precision = precision;
-        if precision == Precision::Fast {
-            super::fast::fast_set(&model);
-        }
+        scratch.grow(&model.config, 1)?;
         let states = (0..slots.max(1))
             .map(|_| State::new(&model))
             .collect::<Result<Vec<_>>>()?;
-        Ok(CpuBatch {
-            logits: alloc("logits", model.config.vocab * slots.max(1))?,
+        let mut b = CpuBatch {
+            logits: alloc("logits", model.config.vocab)?,
             model,
             states,
             scratch,
-            rows: Vec::new(),
+            items: Vec::new(),
             outs: ItemOuts::default(),
             masked: Vec::new(),
             candidates: Vec::new(),
-        })
+        };
+        b.set_precision(precision);
+        Ok(b)
     }
 
     /// Number of slots.
@@ -78,12 +85,33 @@ impl CpuBatch {
         &self.model
     }
 
-    /// Empty slot `slot` (its next token is at position 0).
+    /// The arithmetic of the CQ matvecs.
+    pub fn precision(&self) -> Precision {
+        self.scratch.prep.precision
+    }
+
+    /// Run the CQ matvecs in `precision` from the next step on (SPEC §6.1 fast:
+    /// int8 activations inside the 1, 2 and 4-bit matvecs; default exact). The
+    /// first fast batch or engine of a model repacks its matrices for the fast
+    /// kernels here (once; later ones share them).
+    pub fn set_precision(&mut self, precision: Precision) {
+        if precision == Precision::Fast {
+            super::fast::fast_set(&self.model);
+        }
+        self.scratch.prep.precision = precision;
+    }
+
+    /// Empty slot `slot` (its next token is at position 0); the last step's
+    /// readouts go with it when it had an item of this slot.
     ///
     /// # Panics
     /// If `slot >= slots`.
     pub fn reset(&mut self, slot: usize) {
         self.states[slot].reset();
+        if self.items.iter().any(|it| it.slot == slot) {
+            self.items.clear();
+            self.outs.begin(0);
+        }
     }
 
     /// Tokens processed by slot `slot` since its reset.
@@ -102,7 +130,7 @@ impl CpuBatch {
     /// # Errors
     /// As [`BatchEngine::step`].
     pub fn step(&mut self, work: &[SlotStep<'_>]) -> Result<()> {
-        self.step_hooked(work, None)
+        self.step_hooked(work, StepHooks::new(None, None))
     }
 
     /// [`CpuBatch::step`] with its kernels timed into `tally` (timers at the
@@ -111,24 +139,37 @@ impl CpuBatch {
     /// # Errors
     /// As [`CpuBatch::step`].
     pub fn step_timed(&mut self, work: &[SlotStep<'_>], tally: &mut KernelTally) -> Result<()> {
-        self.step_hooked(work, Some(tally))
+        self.step_hooked(work, StepHooks::new(None, Some(tally)))
     }
 
     /// What the last step read out for its item `item` ([`StepOut::None`] past
     /// its items or for an item that asked for none).
     pub fn out(&self, item: usize) -> StepOut<'_> {
-        self.outs.get(item)
+        match self.items.get(item) {
+            Some(&Item { direct: true, .. }) => {
+                self.logits(item).map_or(StepOut::None, StepOut::Logits)
+            }
+            _ => self.outs.get(item),
+        }
     }
 
-    fn step_hooked(
+    /// The logits the last step computed for its item `item`, if it did.
+    pub(super) fn logits(&self, item: usize) -> Option<&[f32]> {
+        let vocab = self.model.config.vocab;
+        let row = self.items.get(item)?.row.filter(|_| self.outs.has(item))?;
+        Some(&self.logits[row * vocab..(row + 1) * vocab])
+    }
+
+    /// [`CpuBatch::step`] with `hooks` (probes, timers) seeing its kernels.
+    pub(super) fn step_hooked(
         &mut self,
         work: &[SlotStep<'_>],
-        tally: Option<&mut KernelTally>,
+        mut hooks: StepHooks,
     ) -> Result<()> {
         let vocab = self.model.config.vocab;
         crate::engine::check_batch_work(work, self.states.len(), vocab)?;
         self.outs.begin(work.len());
-        self.rows.clear();
+        self.items.clear();
         let wanted = work.iter().filter(|w| w.readout.needs_logits()).count();
         if self.logits.len() < wanted * vocab {
             self.logits = alloc("logits", wanted * vocab)?;
@@ -147,27 +188,34 @@ impl CpuBatch {
             &self.model,
             &mut segs,
             &mut self.scratch,
-            &mut StepHooks::new(None, tally.map(|t| t as &mut dyn KernelTimer)),
+            &mut hooks,
             Some(&mut self.logits[..wanted * vocab]),
         )?;
         let mut row = 0;
         for (k, w) in work.iter().enumerate() {
-            if !w.readout.needs_logits() {
-                self.rows.push(None);
+            let needs = w.readout.needs_logits();
+            // Unmasked logits are handed over from their row, not copied.
+            let direct = w.readout == Readout::Logits && w.mask.is_none();
+            self.items.push(Item {
+                slot: w.slot,
+                row: needs.then_some(row),
+                direct,
+            });
+            if !needs {
                 continue;
             }
-            self.rows.push(Some(row));
             let logits = &self.logits[row * vocab..(row + 1) * vocab];
             row += 1;
-            let it = self.outs.item(k);
-            let out = host_readout_masked(
-                logits,
-                w.readout,
-                w.mask,
-                &mut self.masked,
-                &mut self.candidates,
-            )?;
-            it.keep(out);
+            if !direct {
+                let out = host_readout_masked(
+                    logits,
+                    w.readout,
+                    w.mask,
+                    &mut self.masked,
+                    &mut self.candidates,
+                )?;
+                self.outs.item(k).keep(out);
+            }
         }
         self.outs.end(work.len());
         Ok(())
@@ -186,14 +234,13 @@ impl CpuBatch {
         readout.validate()?;
         let vocab = self.model.config.vocab;
         let Some(row) = self
-            .rows
+            .items
             .get(item)
-            .copied()
-            .flatten()
+            .and_then(|it| it.row)
             .filter(|_| self.outs.has(item))
         else {
             return Err(Error::InvalidArgument(format!(
-                "batch readout: the last step computed no logits for item {item}"
+                "readout: the last step computed no logits for item {item}"
             )));
         };
         host_readout_masked(
@@ -240,12 +287,12 @@ impl BatchEngine for CpuBatch {
         tally: &mut KernelTally,
     ) -> Result<String> {
         CpuBatch::step_timed(self, work, tally)?;
-        Ok(super::profile::METHOD.to_string())
+        Ok(super::timing::METHOD.to_string())
     }
     fn describe(&self) -> String {
-        super::engine::describe(self.scratch.prep.precision)
+        super::engine::describe(self.precision())
     }
     fn precision(&self) -> Precision {
-        self.scratch.prep.precision
+        CpuBatch::precision(self)
     }
 }

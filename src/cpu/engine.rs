@@ -1,14 +1,14 @@
-//! [`CpuEngine`]: the SPEC §4 token step in plain f32 on the CPU, composed from
-//! the parts of [`super`]: one [`forward`] driver for a decode step (one token)
-//! and the batched prefill (chunks of tokens), its state, scratch and hooks.
+//! [`CpuEngine`]: the SPEC §4 token step in plain f32 on the CPU, as the
+//! one-slot view of [`CpuBatch`]: every step, prefill chunk and readout of the
+//! engine is a batch step of one item, so a sequence alone and a sequence in a
+//! server's batch run the same code.
 
-use super::forward::forward;
+use super::batch::CpuBatch;
 use super::hooks::{Probe, StepHooks};
-use super::scratch::{chunk_len, Scratch, DEFAULT_CHUNK};
-use super::state::{alloc, State};
+use super::scratch::{chunk_len, DEFAULT_CHUNK};
 use crate::config::Config;
 use crate::constrain::TokenMask;
-use crate::engine::{host_readout, host_readout_masked, Engine, Readout, StepOut};
+use crate::engine::{Engine, Readout, SlotStep, StepOut};
 use crate::error::{Error, Result};
 use crate::precision::Precision;
 use crate::profile::{KernelProfile, KernelTimer};
@@ -19,19 +19,10 @@ use std::sync::Arc;
 /// engines (sessions) can run one loaded model.
 #[derive(Debug)]
 pub struct CpuEngine {
-    model: Arc<Model>,
-    state: State,
-    /// Work buffers of the forward pass, sized for the longest chunk so far.
-    scratch: Scratch,
-    logits: Vec<f32>,
-    /// Whether `logits` hold the last step's logits.
-    logits_valid: bool,
+    /// The sequence, in slot 0.
+    batch: CpuBatch,
     /// Tokens per prefill chunk.
     prefill_chunk: usize,
-    /// The candidates of the last top-k or nucleus readout.
-    candidates: Vec<(f32, u32)>,
-    /// The logits of the last masked readout.
-    masked: Vec<f32>,
 }
 
 impl CpuEngine {
@@ -40,24 +31,15 @@ impl CpuEngine {
     /// # Errors
     /// [`Error::Alloc`] if the KV cache or scratch buffers can't be allocated.
     pub fn new(model: Arc<Model>) -> Result<CpuEngine> {
-        let c = &model.config;
-        let mut scratch = Scratch::default();
-        scratch.grow(c, 1)?;
         Ok(CpuEngine {
-            state: State::new(&model)?,
-            scratch,
-            logits: alloc("logits", c.vocab)?,
-            logits_valid: false,
+            batch: CpuBatch::new(model, 1, Precision::Exact)?,
             prefill_chunk: DEFAULT_CHUNK,
-            candidates: Vec::new(),
-            masked: Vec::new(),
-            model,
         })
     }
 
     /// The model this engine runs.
     pub fn model(&self) -> &Arc<Model> {
-        &self.model
+        self.batch.model()
     }
 
     /// Run the CQ matvecs in `precision` from the next step on (SPEC §6.1 fast:
@@ -65,15 +47,12 @@ impl CpuEngine {
     /// first fast engine of a model repacks its matrices for the fast kernels
     /// here (once; later engines of the model share them).
     pub fn set_precision(&mut self, precision: Precision) {
-        if precision == Precision::Fast {
-            super::fast::fast_set(&self.model);
-        }
-        self.scratch.prep.precision = precision;
+        self.batch.set_precision(precision);
     }
 
     /// Tokens per chunk of the batched prefill ([`crate::Engine::step_many`]):
     /// `n ≥ 1` (0 is taken as 1). Any value gives the same logits; larger chunks
-    /// share each weight pass among more tokens (default 64).
+    /// share each weight pass among more tokens (default 256).
     pub fn set_prefill_chunk(&mut self, n: usize) {
         self.prefill_chunk = n.max(1);
     }
@@ -88,7 +67,12 @@ impl CpuEngine {
         want_logits: bool,
         probe: Option<&mut dyn Probe>,
     ) -> Result<Option<&[f32]>> {
-        self.step_hooked(token, want_logits, StepHooks::new(probe, None))
+        self.run(
+            &[token],
+            Readout::logits_if(want_logits),
+            StepHooks::new(probe, None),
+        )?;
+        Ok(self.batch.logits(0))
     }
 
     /// [`Engine::step`] that reports each kernel of the step to `timer` with its wall
@@ -104,7 +88,12 @@ impl CpuEngine {
         want_logits: bool,
         timer: &mut dyn KernelTimer,
     ) -> Result<Option<&[f32]>> {
-        self.step_hooked(token, want_logits, StepHooks::new(None, Some(timer)))
+        self.run(
+            &[token],
+            Readout::logits_if(want_logits),
+            StepHooks::new(None, Some(timer)),
+        )?;
+        Ok(self.batch.logits(0))
     }
 
     /// Step every id of `tokens` with logits (real decode steps: the position
@@ -114,7 +103,7 @@ impl CpuEngine {
     /// # Errors
     /// As [`crate::Engine::step`]; steps before a failing one stay processed.
     pub fn profile(&mut self, tokens: &[u32]) -> Result<KernelProfile> {
-        super::profile::profile(tokens, |t, tally| {
+        super::timing::profile(tokens, |t, tally| {
             self.step_timed(t, true, tally).map(|_| ())
         })
     }
@@ -127,116 +116,47 @@ impl CpuEngine {
     /// [`Error::TokenOutOfRange`] naming the first id `>= vocab` (nothing runs),
     /// else as [`crate::Engine::step_many`].
     pub fn profile_prefill(&mut self, ids: &[u32]) -> Result<KernelProfile> {
-        let vocab = self.model.config.vocab;
+        let vocab = self.config().vocab;
         if let Some(&token) = ids.iter().find(|&&t| t as usize >= vocab) {
             return Err(Error::TokenOutOfRange { token, vocab });
         }
-        let chunk = chunk_len(&self.model.config, self.prefill_chunk);
-        let parts: Vec<&[u32]> = ids.chunks(chunk).collect();
-        let last = parts.len().saturating_sub(1);
-        self.logits_valid = false;
+        let parts: Vec<&[u32]> = ids.chunks(self.chunk()).collect();
         let mut i = 0;
-        let profile = super::profile::profile_runs(ids.len(), parts.len(), |tally| {
-            let (st, s) = (&mut self.state, &mut self.scratch);
-            let out = (i == last).then_some(&mut self.logits[..]);
-            let r = forward(
-                &self.model,
-                st,
-                s,
-                parts[i],
-                &mut StepHooks::new(None, Some(tally)),
-                out,
-            );
+        super::timing::profile_runs(ids.len(), parts.len(), |tally| {
+            let readout = Readout::logits_if(i + 1 == parts.len());
+            let r = self.run(parts[i], readout, StepHooks::new(None, Some(tally)));
             i += 1;
             r
-        })?;
-        self.logits_valid = true;
-        Ok(profile)
+        })
     }
 
-    fn step_hooked(
-        &mut self,
-        token: u32,
-        want_logits: bool,
-        mut hooks: StepHooks,
-    ) -> Result<Option<&[f32]>> {
-        let (st, s) = (&mut self.state, &mut self.scratch);
-        let out = want_logits.then_some(&mut self.logits[..]);
-        if token as usize >= self.model.config.vocab {
-            return Err(Error::TokenOutOfRange {
-                token,
-                vocab: self.model.config.vocab,
-            });
-        }
-        self.logits_valid = false;
-        forward(&self.model, st, s, &[token], &mut hooks, out)?;
-        self.logits_valid = want_logits;
-        Ok(want_logits.then_some(&self.logits[..]))
+    /// Tokens per chunk, as the model's width allows.
+    fn chunk(&self) -> usize {
+        chunk_len(&self.batch.model().config, self.prefill_chunk)
     }
 
-    /// Append `ids` (all `< vocab`) by the batched prefill, a [`forward`] pass
-    /// per chunk; logits after the last one when asked.
-    ///
-    /// # Errors
-    /// As [`forward`], for the first chunk that fails (later ones don't run).
-    fn prefill_ids(&mut self, ids: &[u32], want_logits: bool) -> Result<()> {
-        self.logits_valid = false;
-        let chunk = chunk_len(&self.model.config, self.prefill_chunk);
-        let (st, s) = (&mut self.state, &mut self.scratch);
-        for (i, part) in ids.chunks(chunk).enumerate() {
-            let last = (i + 1) * chunk >= ids.len();
-            let out = (want_logits && last).then_some(&mut self.logits[..]);
-            forward(
-                &self.model,
-                st,
-                s,
-                part,
-                &mut StepHooks::new(None, None),
-                out,
-            )?;
-        }
-        self.logits_valid = want_logits;
-        Ok(())
-    }
-
-    /// The readout of the last step's logits (none for [`Readout::None`]).
-    fn read_out(&mut self, readout: Readout) -> Result<StepOut<'_>> {
-        if !(readout.needs_logits() && self.logits_valid) {
-            return Ok(StepOut::None);
-        }
-        host_readout(&self.logits, readout, &mut self.candidates)
+    /// One batch step of `ids` (all `< vocab`) in slot 0, with `readout`.
+    fn run(&mut self, ids: &[u32], readout: Readout, hooks: StepHooks) -> Result<()> {
+        self.batch
+            .step_hooked(&[SlotStep::new(0, ids, readout)], hooks)
     }
 }
 
 impl Engine for CpuEngine {
     fn config(&self) -> &Config {
-        &self.model.config
+        &self.batch.model().config
     }
 
     fn step(&mut self, token: u32, readout: Readout) -> Result<StepOut<'_>> {
-        readout.validate()?;
-        self.step_probed(token, readout.needs_logits(), None)?;
-        self.read_out(readout)
+        self.step_many(&[token], readout)
     }
 
     fn last_logits(&mut self) -> Result<Option<&[f32]>> {
-        Ok(self.logits_valid.then_some(&self.logits[..]))
+        Ok(self.batch.logits(0))
     }
 
     fn readout(&mut self, readout: Readout, mask: Option<&TokenMask>) -> Result<StepOut<'_>> {
-        readout.validate()?;
-        if !self.logits_valid {
-            return Err(Error::InvalidArgument(
-                "readout: the last step computed no logits".into(),
-            ));
-        }
-        host_readout_masked(
-            &self.logits,
-            readout,
-            mask,
-            &mut self.masked,
-            &mut self.candidates,
-        )
+        self.batch.reread(0, readout, mask)
     }
 
     /// The batched prefill (see [`CpuEngine::set_prefill_chunk`]): the same
@@ -246,12 +166,15 @@ impl Engine for CpuEngine {
     /// reported (as [`Error::NonFinite`] at its position) after the whole chunk.
     fn step_many(&mut self, ids: &[u32], readout: Readout) -> Result<StepOut<'_>> {
         readout.validate()?;
-        let want_logits = readout.needs_logits();
-        let vocab = self.model.config.vocab;
+        let vocab = self.config().vocab;
         let bad = ids.iter().position(|&t| t as usize >= vocab);
         let ok = &ids[..bad.unwrap_or(ids.len())];
-        if !ok.is_empty() {
-            self.prefill_ids(ok, want_logits && bad.is_none())?;
+        let chunk = self.chunk();
+        let parts = ok.len().div_ceil(chunk);
+        for (i, part) in ok.chunks(chunk).enumerate() {
+            let last = i + 1 == parts && bad.is_none();
+            let r = if last { readout } else { Readout::None };
+            self.run(part, r, StepHooks::new(None, None))?;
         }
         if let Some(i) = bad {
             return Err(Error::TokenOutOfRange {
@@ -262,7 +185,7 @@ impl Engine for CpuEngine {
         if ids.is_empty() {
             return Ok(StepOut::None);
         }
-        self.read_out(readout)
+        Ok(self.batch.out(0))
     }
 
     fn computes_on_host(&self) -> bool {
@@ -274,20 +197,19 @@ impl Engine for CpuEngine {
     }
 
     fn precision(&self) -> Precision {
-        self.scratch.prep.precision
+        self.batch.precision()
     }
 
     fn reset(&mut self) {
-        self.logits_valid = false;
-        self.state.reset();
+        self.batch.reset(0);
     }
 
     fn position(&self) -> u64 {
-        self.state.pos
+        self.batch.position(0)
     }
 
     fn describe(&self) -> String {
-        describe(self.scratch.prep.precision)
+        describe(self.precision())
     }
 }
 

@@ -1,5 +1,5 @@
 //! The SPEC §4 program on the CPU, one driver for a decode step and a prefill
-//! chunk alike: [`forward`] takes `n ≥ 1` tokens through the embedding, the
+//! chunk alike, for one sequence or several: [`forward_many`] takes `n ≥ 1` tokens through the embedding, the
 //! engram sites and every layer, layer by layer, composing the twins of
 //! [`crate::kernels`] in the order the GPU dispatches them, with the
 //! [`StepHooks`] watching.
@@ -45,48 +45,21 @@ pub(super) struct Segment<'a> {
     pub(super) logits: bool,
 }
 
-/// Append `ids` (`1 ≤ n`, all `< vocab`, which the caller has checked) at
-/// positions `st.pos ..`, advancing the state; with `logits`, the logits after
-/// the last id into it (`vocab` values).
-///
-/// # Errors
-/// [`crate::Error::Alloc`] if a buffer can't grow; [`crate::Error::NonFinite`]
-/// naming the first non-finite tensor of the first bad position (the state has
-/// advanced over all of `ids`).
-pub(super) fn forward(
-    model: &Model,
-    st: &mut State,
-    s: &mut Scratch,
-    ids: &[u32],
-    hooks: &mut StepHooks,
-    logits: Option<&mut [f32]>,
-) -> Result<()> {
-    let want = logits.is_some();
-    forward_many(
-        model,
-        &mut [Segment {
-            st,
-            ids,
-            logits: want,
-        }],
-        s,
-        hooks,
-        logits,
-    )
-}
-
-/// [`forward`] for several sequences in one pass: every segment's ids appended
-/// to its own state, the CQ matvecs serving the tokens of all of them at once
-/// (one pass over each matrix), everything per sequence (engram history and
-/// rings, positions, KV cache, attention) on its own state. With `logits`, the
-/// logits after the last id of each segment that asks for them
-/// ([`Segment::logits`]), `[such segments, vocab]` in segment order. Each segment's
-/// values are bit-identical to [`forward`] of it alone (the batched matvec is
-/// bit-identical to the single one). Hooks see positions from the first
+/// Append every segment's ids (`1 ≤ n` each, all `< vocab`, which the caller
+/// has checked) to its own state in one pass, advancing the states: the CQ
+/// matvecs serve the tokens of all of them at once (one pass over each matrix),
+/// everything per sequence (engram history and rings, positions, KV cache,
+/// attention) runs on its own state. With `logits`, the logits after the last
+/// id of each segment that asks for them ([`Segment::logits`]), `[such
+/// segments, vocab]` in segment order. Each segment's values are bit-identical
+/// to a pass of it alone (the batched matvec is bit-identical to the single
+/// one), whatever the number of its ids. Hooks see positions from the first
 /// segment's; probes are meant for one segment.
 ///
 /// # Errors
-/// As [`forward`].
+/// [`crate::Error::Alloc`] if a buffer can't grow; [`crate::Error::NonFinite`]
+/// naming the first non-finite tensor of the first bad position (the states
+/// have advanced over all the ids).
 pub(super) fn forward_many(
     model: &Model,
     segs: &mut [Segment<'_>],

@@ -1,4 +1,4 @@
-//! [`Scratch`]: the work buffers of one forward pass ([`super::forward`]) of
+//! [`Scratch`]: the work buffers of one forward pass ([`super::forward::forward_many`]) of
 //! `n` tokens, token-major (`[n, width]`), grown on demand and never shrunk, so
 //! a decode step (`n = 1`) after a long prefill allocates nothing; and the
 //! chunk length of the prefill ([`chunk_len`]).

@@ -1,12 +1,16 @@
 //! The wgpu backend: device setup, upload, WGSL kernels and the one-encoder token step.
 //!
-//! The engine ([`GpuEngine`], `engine.rs`) composes parts that own their data
-//! and never import it: `upload` (weights), `layout` (activation offsets and
-//! token slots), `state` (device buffers), `program` (the step's dispatch lists
-//! and capture points: the standard program and the lean 3-dispatch-per-layer
-//! one for hardware GPUs), `readback`, `prefill` (chunked prompts), `batch` ([`GpuBatch`]:
-//! several sequences in one pass), `capture`, and
-//! `recorder`, the one recorder every way of running the step goes through.
+//! [`GpuBatch`] (`batch.rs`) steps several sequences in one pass and
+//! [`GpuEngine`] (`engine.rs`) is its one-slot view. The batch owns a `model`
+//! ([`model::GpuModel`]: context, kernels, weights, token slots, device state,
+//! program) and composes parts that own their data and never import it:
+//! `upload` (weights), `layout` (activation offsets and token slots), `state`
+//! (device buffers), `program` (the step's dispatch lists and capture points:
+//! the standard program and the lean 3-dispatch-per-layer one for hardware
+//! GPUs), `prefill` (a pass's dispatches for chunks and several sequences),
+//! `readout` (what each item reads back: device argmax, top-k, masks, logits),
+//! `capture` (the captured step of the parity ladder), and `recorder`, the one
+//! recorder every way of running a step goes through (plain, captured, timed).
 
 pub mod arena;
 mod batch;
@@ -17,15 +21,16 @@ mod engine;
 pub mod kernels;
 mod layout;
 mod matvec_plan;
+mod model;
 mod prefill;
-pub mod profile;
 mod program;
-mod readback;
+mod readout;
 mod recorder;
 mod selftest;
 pub mod shader_check;
 mod state;
 pub mod step_input;
+pub mod timing;
 mod upload;
 
 pub use batch::GpuBatch;

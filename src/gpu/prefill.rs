@@ -114,21 +114,6 @@ impl PrefillPlan {
         }
     }
 
-    /// Build the per-slot dispatches (once) and the batched ones for chunks of
-    /// `n` tokens (once per `n`).
-    pub(crate) fn prepare(
-        &mut self,
-        ctx: &GpuContext,
-        program: &StepProgram,
-        kernels: &Kernels,
-        weights: &GpuWeights,
-        state: &DeviceState,
-        n: usize,
-    ) {
-        self.prepare_slots(ctx, program, state);
-        self.prepare_batched(ctx, program, kernels, weights, state, n);
-    }
-
     /// Build the per-slot dispatches (once; none for [`SeqBinding::Batched`]).
     pub(crate) fn prepare_slots(
         &mut self,
@@ -292,15 +277,6 @@ impl PrefillPlan {
         ];
         ws.extend(s.seq_windows(seq));
         ws
-    }
-
-    /// The ops of a chunk of `n` tokens (after [`PrefillPlan::prepare`] for `n`),
-    /// with the vocabulary projection of the last token when `tail`; `None` if
-    /// the chunk was not prepared.
-    pub(crate) fn ops(&self, n: usize, tail: bool) -> Option<Vec<Op<'_>>> {
-        let plans = vec![self; n];
-        let tails = if tail { vec![n - 1] } else { Vec::new() };
-        mixed_ops(self, &plans, &tails, false)
     }
 }
 

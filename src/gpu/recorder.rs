@@ -215,3 +215,49 @@ fn record<'a>(
         }
     }
 }
+
+/// One dispatch's timing in a [`submit_timed`]: its kernel name, byte
+/// estimate and seconds.
+pub(crate) type Timed = (&'static str, u64, f64);
+
+/// [`submit`] with every dispatch timed: with timestamp queries inside the
+/// pass when `timestamps`, else one submit and wait per dispatch (which
+/// includes that overhead). Returns each dispatch's timing in order.
+///
+/// # Errors
+/// [`Error::Gpu`] when the queries can't be made or read, or a wait fails.
+pub(crate) fn submit_timed(
+    ctx: &GpuContext,
+    ops: Vec<Op<'_>>,
+    timestamps: bool,
+    finish: impl FnOnce(&mut wgpu::CommandEncoder),
+) -> Result<Vec<Timed>> {
+    let meta: Vec<(&'static str, u64)> = ops
+        .iter()
+        .filter_map(|op| match op {
+            Op::Run(d) => Some((d.name, d.bytes)),
+            Op::Copy { .. } => None,
+        })
+        .collect();
+    let secs = if timestamps {
+        let q = Queries::new(ctx, meta.len())?;
+        submit(ctx, ops, Observer::Timestamps(&q), finish)?;
+        q.seconds(ctx)?
+    } else {
+        let mut secs = Vec::with_capacity(meta.len());
+        submit(ctx, ops, Observer::PerDispatch(&mut secs), finish)?;
+        secs
+    };
+    if secs.len() != meta.len() {
+        return Err(Error::Gpu(format!(
+            "profile: {} timings for {} dispatches",
+            secs.len(),
+            meta.len()
+        )));
+    }
+    Ok(meta
+        .into_iter()
+        .zip(secs)
+        .map(|((n, b), s)| (n, b, s))
+        .collect())
+}

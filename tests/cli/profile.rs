@@ -390,7 +390,7 @@ fn batch_profiles_time_real_passes_with_every_kernel_once_a_pass() {
         // (after its 5-token prompt), every layer, as a single step counts them.
         let attend: u64 = (0..passes as u64)
             .map(|t| {
-                let rows = cqlm::gpu::profile::attended(5 + t, c.sink, c.window);
+                let rows = cqlm::gpu::timing::attended(5 + t, c.sink, c.window);
                 3 * layers as u64 * cqlm::profile::bytes::attend(c.heads, c.head_dim, rows)
             })
             .sum();

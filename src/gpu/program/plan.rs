@@ -99,12 +99,4 @@ impl StepProgram {
         let base = self.head.len() + self.layers.iter().map(Vec::len).sum::<usize>();
         (base, base + self.tail.len())
     }
-
-    /// Every dispatch of a step with logits, in recording order.
-    pub(crate) fn all(&self) -> impl Iterator<Item = &Dispatch> {
-        self.head
-            .iter()
-            .chain(self.layers.iter().flatten())
-            .chain(&self.tail)
-    }
 }

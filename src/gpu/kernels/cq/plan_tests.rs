@@ -1,6 +1,8 @@
 //! Tests of the matvec planner against independent counts (no GPU).
 
-use super::*;
+use super::{plan_matvec, Launch, MatvecItem, PlanCaps};
+use crate::gpu::arena::{CqPart, GpuCq};
+use crate::gpu::kernels::cq::{Reduction, SlotStrides, MAX_TB};
 use std::collections::BTreeMap;
 
 /// A small deterministic generator (SplitMix64), so the cases need no GPU or seed crate.

@@ -1,8 +1,8 @@
-//! How `GpuEngine::profile` times a step's dispatches: timestamp queries written
-//! around every dispatch inside the step's compute pass (`TIMESTAMP_QUERY` +
-//! `TIMESTAMP_QUERY_INSIDE_PASSES`), or, on a device without them, one submit
-//! and wait per dispatch (`GpuEngine::time_dispatches`). Both are modes of the
-//! one step recorder (`gpu/recorder.rs`).
+//! How the GPU times a step's dispatches for a profile: timestamp queries
+//! written around every dispatch inside the step's compute pass
+//! (`TIMESTAMP_QUERY` + `TIMESTAMP_QUERY_INSIDE_PASSES`), or, on a device
+//! without them, one submit and wait per dispatch. Both are modes of the one
+//! step recorder (`gpu/recorder.rs`, `submit_timed`).
 
 use super::GpuContext;
 use crate::error::{Error, Result};
