@@ -25,6 +25,16 @@
 //! println!("next token: {}", cqlm::sample::argmax(&logits));
 //! # Ok::<(), cqlm::Error>(())
 //! ```
+//!
+//! ## Cargo features
+//!
+//! * `cli` (default; turns on `server`): the `cqlm` binary (clap, env_logger,
+//!   indicatif, plotters, ctrlc, npyz, anyhow);
+//! * `server`: the `serve` module, the OpenAI-compatible HTTP server (axum,
+//!   tokio, minijinja, prometheus-client).
+//!
+//! `cqlm = { version = "0.1", default-features = false }` links the engine alone:
+//! every module but `serve`, none of those crates.
 
 #![warn(missing_docs)]
 
@@ -47,6 +57,7 @@ pub mod pool;
 pub mod precision;
 pub mod profile;
 pub mod sample;
+#[cfg(feature = "server")]
 pub mod serve;
 pub mod session;
 pub mod simd;
