@@ -58,9 +58,9 @@ fn report(what: &str, slots: usize, rate: f64, one: f64) {
 }
 
 fn main() {
-    let builtin = Arc::new(cqlm::builtin::model().expect("built-in"));
+    let builtin = Arc::new(cqlm::model::builtin::model().expect("built-in"));
     let default = Arc::new(
-        cqlm::synth::synth_model(
+        cqlm::make::synth::synth_model(
             &cqlm::Config::preset("default").expect("preset"),
             &cqlm::cq::plan_for_preset("default"),
             2026,

@@ -6,11 +6,11 @@
 //!
 //! `cargo bench --bench constrain`
 
-use cqlm::builder::EngineBuilder;
 use cqlm::constrain::{ConstraintSpec, TokenSpace, ToolChoice, ToolSet};
-use cqlm::sample::Sampler;
+use cqlm::session::builder::EngineBuilder;
+use cqlm::session::sample::Sampler;
+use cqlm::session::tokenizer::TextTokenizer;
 use cqlm::session::{Backend, Session};
-use cqlm::tokenizer::TextTokenizer;
 use cqlm::Precision;
 use serde_json::Value;
 use std::sync::Arc;
@@ -26,7 +26,7 @@ fn main() {
         Ok("gpu") => Backend::Gpu(Default::default()),
         _ => Backend::Cpu,
     };
-    let model = Arc::new(cqlm::builtin::model().expect("built-in model"));
+    let model = Arc::new(cqlm::model::builtin::model().expect("built-in model"));
     let tok = TextTokenizer::for_model(&model).expect("tokenizer");
     let t0 = Instant::now();
     let space = TokenSpace::for_model(&model).expect("token space");

@@ -5,8 +5,8 @@
 //! KV head's attention (`attend_group`) at `default`'s head width.
 
 use cqlm::cq::{prepare, FastInput, FastKernel, FastMatrix};
-use cqlm::simd::CpuSimd;
-use cqlm::synth::random_cq;
+use cqlm::host::simd::CpuSimd;
+use cqlm::make::synth::random_cq;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;

@@ -2,7 +2,7 @@
 //! (decode) and without (prefill).
 
 use cqlm::cq::BitsPlan;
-use cqlm::synth::synth_model;
+use cqlm::make::synth::synth_model;
 use cqlm::Readout;
 use cqlm::{Config, CpuEngine, Engine};
 use criterion::{criterion_group, criterion_main, Criterion};

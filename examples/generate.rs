@@ -5,9 +5,9 @@
 //! built-in trained model and a line of Austen). An archive without a tokenizer
 //! is prompted with its BOS and prints ids.
 
-use cqlm::sample::{Sampler, SamplerConfig};
+use cqlm::session::sample::{Sampler, SamplerConfig};
+use cqlm::session::tokenizer::{TextStream, TextTokenizer};
 use cqlm::session::{Backend, Generation, Session};
-use cqlm::tokenizer::{TextStream, TextTokenizer};
 use cqlm::Model;
 use std::io::Write;
 use std::sync::Arc;
@@ -16,7 +16,7 @@ fn main() -> Result<(), cqlm::Error> {
     let mut args = std::env::args().skip(1);
     let model = Arc::new(match args.next() {
         Some(path) => Model::load(path.as_ref())?,
-        None => cqlm::builtin::model()?,
+        None => cqlm::model::builtin::model()?,
     });
     let prompt = args
         .next()

@@ -1,28 +1,39 @@
 //! # cqlm
 //!
 //! Token-by-token inference of small codebook-quantized (CQ) language models.
-//! `../shared/SPEC.md` (shipped beside the repository) defines every number:
+//! `../shared/SPEC.md` (shipped beside the repository) defines every number.
+//! The modules, from the bottom up:
 //!
-//! * [`config`]: the model config (SPEC §1) and presets;
-//! * [`simd`]: CPU feature detection ([`simd::CpuSimd`], the SIMD level of the CPU paths);
+//! * [`host`]: the CPU substrate: the engine's thread pool and SIMD feature
+//!   detection ([`host::simd::CpuSimd`]);
+//! * [`model`]: the model: its config (SPEC §1) and presets, the typed
+//!   [`Model`], the engram history and hashing, the built-in trained model;
 //! * [`cq`]: CQ matrices, the Hadamard transform, CPU matvec and the quantizer (SPEC §2);
 //! * [`archive`]: the safetensors archive, read (memory-mapped, validated) and written (SPEC §3, §5);
-//! * [`weights`]: the typed [`Model`];
-//! * [`kernels`]: the CPU reference kernels of the token step (SPEC §4);
-//! * [`cpu`]: [`CpuEngine`], the reference step;
-//! * [`engine`]: the [`Engine`] trait every backend implements, and its [`Readout`]s;
-//! * [`builder`]: [`EngineBuilder`], which chooses and configures the engine;
-//! * [`profile`]: per-kernel timings of a decode step on either backend;
-//! * [`synth`]: random well-conditioned archives (and float checkpoints) for tests and benchmarks;
-//! * [`pack`]: float checkpoint → archive, through the quantizer.
+//! * [`kernels`]: the CPU reference kernels of the token step (SPEC §4), the
+//!   twin of every GPU kernel;
+//! * [`engine`]: the [`Engine`] and [`BatchEngine`] traits every backend
+//!   implements, their [`Readout`]s, the precision and kernel profiles;
+//! * [`cpu`], [`gpu`]: [`CpuBatch`] and [`GpuBatch`], several sequences stepped
+//!   together, and [`CpuEngine`] and [`GpuEngine`], their one-slot views;
+//! * [`constrain`]: structured output and tool calls through llguidance;
+//! * [`session`]: what runs on an engine: [`EngineBuilder`], the sampler, the
+//!   tokenizer and streamed text, and [`session::Generation`], the one
+//!   generation loop of the CLI, the library ([`session::Session`]) and the server;
+//! * `serve` (feature `server`): the OpenAI-compatible HTTP server;
+//! * [`make`]: archives made here: random well-conditioned ones (synth) and
+//!   float checkpoints packed through the quantizer (pack);
+//! * [`diag`]: diagnostics: the GPU-vs-CPU parity ladder, perplexity and bits
+//!   per byte, statistics of benchmark samples.
 //!
 //! ```no_run
-//! use cqlm::{Config, CpuEngine, Engine, synth};
+//! use cqlm::{Config, CpuEngine, Engine};
 //! use std::sync::Arc;
-//! let model = synth::synth_model(&Config::preset_tiny(), &cqlm::cq::BitsPlan::mixed(), 7)?;
+//! let plan = cqlm::cq::BitsPlan::mixed();
+//! let model = cqlm::make::synth::synth_model(&Config::preset_tiny(), &plan, 7)?;
 //! let mut engine = CpuEngine::new(Arc::new(model))?;
 //! let logits = engine.prefill(&[1, 42, 7])?;
-//! println!("next token: {}", cqlm::sample::argmax(&logits));
+//! println!("next token: {}", cqlm::session::sample::argmax(&logits));
 //! # Ok::<(), cqlm::Error>(())
 //! ```
 //!
@@ -39,38 +50,26 @@
 #![warn(missing_docs)]
 
 pub mod archive;
-pub mod builder;
-pub mod builtin;
-pub mod config;
 pub mod constrain;
 pub mod cpu;
 pub mod cq;
+pub mod diag;
 pub mod engine;
-pub mod engram;
 pub mod error;
-pub mod eval;
 pub mod gpu;
+pub mod host;
 pub mod kernels;
-pub mod pack;
-pub mod parity;
-pub mod pool;
-pub mod precision;
-pub mod profile;
-pub mod sample;
+pub mod make;
+pub mod model;
 #[cfg(feature = "server")]
 pub mod serve;
 pub mod session;
-pub mod simd;
-pub mod stats;
-pub mod synth;
-pub mod tokenizer;
-pub mod weights;
 
-pub use builder::{Backend, EngineBuilder};
-pub use config::{Config, EngramConfig};
 pub use cpu::{CpuBatch, CpuEngine};
+pub use engine::precision::Precision;
 pub use engine::{BatchEngine, Engine, HostTime, Readout, StepOut};
 pub use error::{ArchiveError, ConfigError, Error, Result};
 pub use gpu::{GpuBatch, GpuEngine};
-pub use precision::Precision;
-pub use weights::Model;
+pub use model::config::{Config, EngramConfig};
+pub use model::weights::Model;
+pub use session::builder::{Backend, EngineBuilder};

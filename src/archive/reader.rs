@@ -2,11 +2,11 @@
 
 use super::spec::{cq_parts, expected_tensors, TensorKind};
 use super::{Tensor, CONFIG_KEY, TOKENIZER_KEY};
-use crate::config::dupcheck::NoDuplicateKeys;
-use crate::config::Config;
 use crate::constrain::ToolMarkers;
 use crate::cq::CqMatrix;
 use crate::error::{ArchiveError, Error, Result};
+use crate::model::config::dupcheck::NoDuplicateKeys;
+use crate::model::config::Config;
 use half::f16;
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensorError, SafeTensors};

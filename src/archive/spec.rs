@@ -1,6 +1,6 @@
 //! SPEC §3: the tensors an archive must hold for a config.
 
-use crate::config::Config;
+use crate::model::config::Config;
 
 /// What one logical tensor of SPEC §3 must be.
 #[derive(Debug, Clone, PartialEq, Eq)]

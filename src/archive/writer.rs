@@ -2,8 +2,8 @@
 
 use super::spec::cq_parts;
 use super::{Tensor, CONFIG_KEY, TOKENIZER_KEY};
-use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::model::config::Config;
 use safetensors::tensor::View;
 use safetensors::Dtype;
 use std::borrow::Cow;

@@ -2,8 +2,8 @@
 
 use super::{make_engine, peak_rss_bytes, rss_bytes, BackendArgs, ModelArgs};
 use anyhow::{bail, Context, Result};
-use cqlm::sample::argmax;
-use cqlm::stats::median;
+use cqlm::diag::stats::median;
+use cqlm::session::sample::argmax;
 use cqlm::Readout;
 use std::time::Instant;
 

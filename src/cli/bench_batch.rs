@@ -4,8 +4,8 @@
 
 use super::{BackendArgs, ModelArgs};
 use anyhow::{bail, Result};
+use cqlm::diag::stats::median;
 use cqlm::engine::SlotStep;
-use cqlm::stats::median;
 use cqlm::Readout;
 use std::time::Instant;
 

@@ -2,8 +2,8 @@
 
 use super::{make_engine, BackendArgs, ModelArgs};
 use anyhow::{bail, Context, Result};
-use cqlm::eval::score_stream;
-use cqlm::tokenizer::TextTokenizer;
+use cqlm::diag::eval::score_stream;
+use cqlm::session::tokenizer::TextTokenizer;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::path::PathBuf;
 use std::time::Instant;

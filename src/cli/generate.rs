@@ -3,9 +3,9 @@
 use super::{parse_ids, BackendArgs, Ids, ModelArgs};
 use anyhow::{bail, Context, Result};
 use cqlm::constrain::{ConstraintSpec, JsonWhitespace, TokenSpace, ToolMarkers, ToolSet};
-use cqlm::sample::{Sampler, SamplerConfig};
+use cqlm::session::sample::{Sampler, SamplerConfig};
+use cqlm::session::tokenizer::{TextStream, TextTokenizer};
 use cqlm::session::{Finish, Generation, Session};
-use cqlm::tokenizer::{TextStream, TextTokenizer};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::Write;
 use std::path::{Path, PathBuf};

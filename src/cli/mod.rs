@@ -17,7 +17,7 @@ mod synth;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use cqlm::cq::plan_for_preset;
-use cqlm::synth::synth_model;
+use cqlm::make::synth::synth_model;
 use cqlm::{Config, Engine, EngineBuilder, Model};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -119,7 +119,7 @@ impl ModelArgs {
             return Ok(Arc::new(Model::load(path)?));
         }
         let Some(name) = self.preset.as_deref() else {
-            return Ok(Arc::new(cqlm::builtin::model()?));
+            return Ok(Arc::new(cqlm::model::builtin::model()?));
         };
         let Some(config) = Config::preset(name) else {
             bail!("unknown preset `{name}` (expected tiny, default or large)");
@@ -258,7 +258,7 @@ pub fn build_batch(
     model: Arc<Model>,
     b: &BackendArgs,
     slots: usize,
-) -> Result<cqlm::builder::BuiltBatch> {
+) -> Result<cqlm::session::builder::BuiltBatch> {
     b.check()?;
     let built = b.builder(model, cqlm::Precision::Fast).build_batch(slots)?;
     report_notice(built.notice.as_deref(), true);

@@ -3,7 +3,7 @@
 use anyhow::{bail, Context, Result};
 use cqlm::archive::read_float_checkpoint;
 use cqlm::constrain::ToolMarkers;
-use cqlm::pack::{bits_per_weight, pack, PackPlan, PackProgress};
+use cqlm::make::pack::{bits_per_weight, pack, PackPlan, PackProgress};
 use cqlm::{ArchiveError, Config, Error};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::Write;

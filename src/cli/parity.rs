@@ -2,8 +2,8 @@
 
 use super::{parse_ids, Ids, ModelArgs};
 use anyhow::{bail, Result};
+use cqlm::diag::parity::run_ladder;
 use cqlm::gpu::{GpuContext, GpuEngine, GpuOptions};
-use cqlm::parity::run_ladder;
 use std::sync::Arc;
 
 #[derive(Debug, clap::Args)]
@@ -31,7 +31,9 @@ pub fn run(a: Args) -> Result<()> {
     let model = a.model.load()?;
     let ids = match (&a.ids, &a.prompt) {
         (Some(ids), _) => ids.0.clone(),
-        (None, Some(text)) => cqlm::tokenizer::TextTokenizer::for_model(&model)?.encode(text)?,
+        (None, Some(text)) => {
+            cqlm::session::tokenizer::TextTokenizer::for_model(&model)?.encode(text)?
+        }
         (None, None) => bail!("give --ids or --prompt"),
     };
     if let Some(&bad) = ids.iter().find(|&&t| t as usize >= model.config.vocab) {

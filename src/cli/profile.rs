@@ -2,10 +2,10 @@
 
 use super::{BackendArgs, ModelArgs};
 use anyhow::{bail, Context, Result};
-use cqlm::builder::AnyEngine;
+use cqlm::engine::profile::{KernelProfile, KernelTally, Timing};
 use cqlm::engine::SlotStep;
-use cqlm::profile::{KernelProfile, KernelTally, Timing};
-use cqlm::weights::Model;
+use cqlm::model::weights::Model;
+use cqlm::session::builder::AnyEngine;
 use cqlm::Engine;
 use cqlm::Readout;
 use std::path::{Path, PathBuf};

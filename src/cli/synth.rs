@@ -4,7 +4,7 @@
 use anyhow::{bail, Context, Result};
 use cqlm::archive::{write_float_checkpoint, FloatDtype};
 use cqlm::cq::{plan_for_preset, BitsPlan};
-use cqlm::synth::{synth_float_tensors, synth_tensors};
+use cqlm::make::synth::{synth_float_tensors, synth_tensors};
 use cqlm::Config;
 use std::path::PathBuf;
 

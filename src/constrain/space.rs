@@ -5,7 +5,7 @@
 use super::spec::{Constraint, ConstraintSpec};
 use super::tools::{CallGrammars, Grammars, ToolMarkers};
 use crate::error::{Error, Result};
-use crate::weights::Model;
+use crate::model::weights::Model;
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory};

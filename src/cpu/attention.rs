@@ -20,11 +20,11 @@
 
 use super::hooks::RowScan;
 use super::par::per_token_weighted;
-use crate::config::Config;
 use crate::error::Result;
+use crate::host::pool::SharedSlice;
 use crate::kernels::attention::{attend, attend_kv_head, reads_wide_rows};
 use crate::kernels::kv::{attended_ranges, grow, physical_slot, KvCache, WideRows};
-use crate::pool::SharedSlice;
+use crate::model::config::Config;
 use std::mem::take;
 
 /// The placement and attended rows of one chunk; reused across chunks.

@@ -9,11 +9,11 @@ use super::hooks::StepHooks;
 use super::scratch::Scratch;
 use super::state::{alloc, State};
 use crate::constrain::TokenMask;
+use crate::engine::precision::Precision;
+use crate::engine::profile::KernelTally;
 use crate::engine::{host_readout_masked, BatchEngine, ItemOuts, Readout, SlotStep, StepOut};
 use crate::error::{Error, Result};
-use crate::precision::Precision;
-use crate::profile::KernelTally;
-use crate::weights::Model;
+use crate::model::weights::Model;
 use std::sync::Arc;
 
 /// One item of the last step: its slot, its row of the logits (none without
@@ -283,7 +283,7 @@ impl BatchEngine for CpuBatch {
     fn step_timed(
         &mut self,
         work: &[SlotStep<'_>],
-        _timing: crate::profile::Timing,
+        _timing: crate::engine::profile::Timing,
         tally: &mut KernelTally,
     ) -> Result<String> {
         CpuBatch::step_timed(self, work, tally)?;

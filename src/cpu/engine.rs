@@ -6,13 +6,13 @@
 use super::batch::CpuBatch;
 use super::hooks::{Probe, StepHooks};
 use super::scratch::{chunk_len, DEFAULT_CHUNK};
-use crate::config::Config;
 use crate::constrain::TokenMask;
+use crate::engine::precision::Precision;
+use crate::engine::profile::{KernelProfile, KernelTimer};
 use crate::engine::{Engine, Readout, SlotStep, StepOut};
 use crate::error::{Error, Result};
-use crate::precision::Precision;
-use crate::profile::{KernelProfile, KernelTimer};
-use crate::weights::Model;
+use crate::model::config::Config;
+use crate::model::weights::Model;
 use std::sync::Arc;
 
 /// The CPU reference engine. Weights are shared through an [`Arc`], so many
@@ -77,7 +77,7 @@ impl CpuEngine {
 
     /// [`Engine::step`] that reports each kernel of the step to `timer` with its wall
     /// time and byte estimate, cut where the GPU step has its dispatches (see
-    /// [`crate::profile`]). Host work with no GPU kernel (RoPE table, attended
+    /// [`crate::engine::profile`]). Host work with no GPU kernel (RoPE table, attended
     /// slots) is not reported.
     ///
     /// # Errors
@@ -214,9 +214,9 @@ impl Engine for CpuEngine {
 }
 
 /// What a CPU engine or batch in `precision` says it is.
-pub(super) fn describe(precision: crate::precision::Precision) -> String {
+pub(super) fn describe(precision: crate::engine::precision::Precision) -> String {
     format!(
         "cpu ({} threads, {precision} precision)",
-        crate::pool::Pool::global().threads()
+        crate::host::pool::Pool::global().threads()
     )
 }

@@ -4,7 +4,7 @@
 //! found by [`Product`].
 
 use crate::cq::{CqMatrix, FastProduct, FastSet};
-use crate::weights::Model;
+use crate::model::weights::Model;
 use std::ops::{Deref, Range};
 use std::sync::Arc;
 

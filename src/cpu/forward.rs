@@ -21,8 +21,10 @@ use super::prep::ChunkPrep;
 use super::scratch::Scratch;
 use super::state::State;
 use crate::cq::FastSet;
-use crate::engram::table_rows_for;
+use crate::engine::precision::Precision;
+use crate::engine::profile::bytes;
 use crate::error::Result;
+use crate::host::pool::SharedSlice;
 use crate::kernels::attention::qk_norm_rope;
 use crate::kernels::engram::conv;
 use crate::kernels::gather::gather;
@@ -30,10 +32,8 @@ use crate::kernels::mhc::{mix_lanes, post_gates, premix, sinkhorn_routes, Engram
 use crate::kernels::mlp;
 use crate::kernels::prepare::{pre_op, PrepareMode};
 use crate::kernels::rope::rope_table_at;
-use crate::pool::SharedSlice;
-use crate::precision::Precision;
-use crate::profile::bytes;
-use crate::weights::{LayerWeights, Model};
+use crate::model::engram::table_rows_for;
+use crate::model::weights::{LayerWeights, Model};
 
 /// One sequence's part of a [`forward_many`] pass: its state and its ids.
 pub(super) struct Segment<'a> {
@@ -546,7 +546,7 @@ fn fast_set<'m>(model: &'m Model, prep: &ChunkPrep) -> Option<&'m FastSet> {
 /// Run two independent works that do not use the pool themselves on two pool
 /// parts at once (one after the other without a second thread).
 fn beside(a: impl FnOnce() + Send, b: impl FnOnce() + Send) {
-    let pool = crate::pool::Pool::global();
+    let pool = crate::host::pool::Pool::global();
     if pool.threads() < 2 {
         a();
         b();

@@ -4,8 +4,8 @@
 
 use super::prep::ChunkPrep;
 use crate::cq::CqMatrix;
+use crate::engine::profile::{bytes, KernelTimer};
 use crate::error::{Error, Result};
-use crate::profile::{bytes, KernelTimer};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::Instant;
 
@@ -244,7 +244,7 @@ impl<'a> Clock<'a> {
     }
 }
 
-crate::simd::simd_fn! {
+crate::host::simd::simd_fn! {
     /// The first of the first `limit` rows (of width `w`) of `data` that holds
     /// a NaN or an infinity: a branch-free scan per row, vectorized (the
     /// largest magnitude's bits reach the all-ones exponent exactly when one

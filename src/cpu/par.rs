@@ -2,7 +2,7 @@
 //! tokens over the pool, [`row`] hands each its row of a shared buffer, and
 //! [`per_rows`] does both for a set of output buffers.
 
-use crate::pool::{Pool, SharedSlice};
+use crate::host::pool::{Pool, SharedSlice};
 
 /// Below this many floats of work in all, [`per_token`] runs on the caller alone
 /// (a hand-out to the pool costs more than small models' per-token work).

@@ -7,11 +7,11 @@
 
 use super::par::{per_token, row};
 use crate::cq::{prepare_into, ChunkIn, ChunkLayout, CqMatrix, FastInput, FastKernel, FastProduct};
+use crate::engine::precision::Precision;
 use crate::error::Result;
+use crate::host::pool::{Pool, SharedSlice};
+use crate::host::simd::CpuSimd;
 use crate::kernels::kv::grow;
-use crate::pool::{Pool, SharedSlice};
-use crate::precision::Precision;
-use crate::simd::CpuSimd;
 use std::ops::Range;
 
 /// How many floats of [`super::par::per_token`]'s work one value of a fast

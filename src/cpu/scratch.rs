@@ -5,11 +5,11 @@
 
 use super::attention::{ChunkAttention, SegmentWork};
 use super::prep::ChunkPrep;
-use crate::config::Config;
 use crate::error::Result;
+use crate::host::pool::Pool;
 use crate::kernels::kv::grow;
 use crate::kernels::rope::rope_freqs;
-use crate::pool::Pool;
+use crate::model::config::Config;
 
 /// Tokens per prefill chunk unless `CpuEngine::set_prefill_chunk` says otherwise.
 pub(super) const DEFAULT_CHUNK: usize = 256;
@@ -74,7 +74,7 @@ pub(super) struct Scratch {
     /// Engram: each token's table rows (`tables`), gathered rows (`e_dim`),
     /// value projection (`hidden`), and per site its keys and values.
     pub(super) table_idx: Vec<usize>,
-    /// One token's table rows, as [`crate::engram::table_rows_for`] fills them.
+    /// One token's table rows, as [`crate::model::engram::table_rows_for`] fills them.
     pub(super) idx: Vec<usize>,
     pub(super) e: Vec<f32>,
     pub(super) site_v: Vec<f32>,

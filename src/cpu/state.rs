@@ -1,10 +1,10 @@
 //! [`State`]: everything a step reads from earlier steps (position, token
 //! history, the int8 KV cache, the engram rings), and [`alloc`].
 
-use crate::engram::TokenHistory;
 use crate::error::Result;
 use crate::kernels::kv::{grow, KvCache};
-use crate::weights::Model;
+use crate::model::engram::TokenHistory;
+use crate::model::weights::Model;
 
 /// A zeroed vector of `n` values, reporting an allocation failure (naming
 /// `what`) as [`crate::Error::Alloc`] instead of aborting.

@@ -1,8 +1,8 @@
 //! The CPU side of `cqlm profile`: per-kernel wall times of real decode steps,
-//! cut at the GPU's dispatch boundaries (see [`crate::profile`]).
+//! cut at the GPU's dispatch boundaries (see [`crate::engine::profile`]).
 
+use crate::engine::profile::{KernelProfile, KernelTally};
 use crate::error::Result;
-use crate::profile::{KernelProfile, KernelTally};
 use std::time::Instant;
 
 /// How the CPU times its kernels (the profile's `method`).

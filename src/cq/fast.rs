@@ -33,8 +33,8 @@
 //! horizontal sums, and one conversion and `fma` per block and input.
 
 use super::matrix::CqMatrix;
+use crate::host::pool::Pool;
 use crate::kernels::kv::quantize_int8_scalar;
-use crate::pool::Pool;
 use std::ops::Range;
 
 mod product;
@@ -154,8 +154,8 @@ impl FastKernel {
     /// The best kernel this CPU runs at `simd`: `Scalar` there; at `Avx2` the
     /// AVX2 kernel, or 256-bit VNNI where AVX-VNNI is present; at `Avx512` the
     /// 512-bit VNNI one where AVX-512 VNNI is present, else the best 256-bit one.
-    pub fn for_simd(simd: crate::simd::CpuSimd) -> FastKernel {
-        use crate::simd::CpuSimd;
+    pub fn for_simd(simd: crate::host::simd::CpuSimd) -> FastKernel {
+        use crate::host::simd::CpuSimd;
         let avail = FastKernel::available();
         let has = |k| avail.contains(&k);
         match simd {
@@ -176,7 +176,7 @@ impl FastKernel {
             #[allow(unused_mut)]
             let mut v = vec![FastKernel::Scalar];
             #[cfg(target_arch = "x86_64")]
-            if crate::simd::CpuSimd::available().contains(&crate::simd::CpuSimd::Avx2) {
+            if crate::host::simd::CpuSimd::available().contains(&crate::host::simd::CpuSimd::Avx2) {
                 v.push(FastKernel::Avx2);
                 if x86::vnni() != x86::Vnni::None {
                     v.push(FastKernel::Vnni);

@@ -4,7 +4,7 @@
 ///
 /// `x.len()` must be a power of two (a length of 0 or 1 is the identity).
 /// `fwht(fwht(x)) = n · x`. Uses 8-lane AVX2 butterflies where the CPU has them
-/// (and [`crate::simd::CpuSimd::selected`] allows), bit-identical to
+/// (and [`crate::host::simd::CpuSimd::selected`] allows), bit-identical to
 /// [`fwht_scalar`]: every output is the same `u + v` or `u − v` of the same inputs.
 ///
 /// # Panics
@@ -23,7 +23,7 @@ fn fwht_then_scale(x: &mut [f32], scale: Option<f32>) {
     );
     #[cfg(target_arch = "x86_64")]
     {
-        use crate::simd::CpuSimd;
+        use crate::host::simd::CpuSimd;
         match CpuSimd::selected() {
             CpuSimd::Avx512 if n >= 16 => {
                 // SAFETY: the selection implies AVX-512F; n is a power of two >= 16.
@@ -165,7 +165,9 @@ pub fn nfwht(x: &mut [f32]) {
 pub fn nfwht_into(src: &[f32], dst: &mut [f32]) {
     assert_eq!(src.len(), dst.len(), "nfwht_into: lengths");
     #[cfg(target_arch = "x86_64")]
-    if src.len() >= 16 && crate::simd::CpuSimd::selected() == crate::simd::CpuSimd::Avx512 {
+    if src.len() >= 16
+        && crate::host::simd::CpuSimd::selected() == crate::host::simd::CpuSimd::Avx512
+    {
         assert!(
             src.len().is_power_of_two(),
             "fwht length {} is not a power of two",

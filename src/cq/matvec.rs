@@ -4,8 +4,8 @@
 
 use super::matrix::CqMatrix;
 use super::simd::{self, Plan};
-use crate::pool::{Pool, SharedSlice};
-use crate::simd::CpuSimd;
+use crate::host::pool::{Pool, SharedSlice};
+use crate::host::simd::CpuSimd;
 
 /// How the batched kernel wants a chunk's inputs (several tokens through one
 /// pass over the rows): each prepared input permuted for an 8-lane plan at a

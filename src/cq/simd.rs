@@ -22,7 +22,7 @@
 //! needs 64 bytes per group (4-bit group ≥ 128, 2-bit ≥ 256, 1-bit ≥ 512), AVX2
 //! 32 bytes (4-bit ≥ 64, 2-bit ≥ 128, 1-bit ≥ 256); others use the scalar path.
 
-use crate::simd::CpuSimd;
+use crate::host::simd::CpuSimd;
 
 /// A SIMD kernel choice for one matrix: lanes per vector (8 or 16).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -34,10 +34,10 @@ use super::step_input::StepInput;
 use super::timing::{describe_method, use_timestamps};
 use super::{GpuContext, ProgramKind};
 use crate::constrain::TokenMask;
+use crate::engine::profile::{KernelTally, KernelTimer, Timing};
 use crate::engine::{BatchEngine, HostTime, Readout, SlotStep, StepOut};
 use crate::error::{Error, Result};
-use crate::profile::{KernelTally, KernelTimer, Timing};
-use crate::weights::Model;
+use crate::model::weights::Model;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -379,8 +379,8 @@ impl GpuBatch {
             self.words[j * stride..j * stride + words].copy_from_slice(&s.input.words[..words]);
             if timed {
                 let rows = super::timing::attended(s.pos, c.sink, c.window);
-                attend_bytes +=
-                    c.layers as u64 * crate::profile::bytes::attend(c.heads, c.head_dim, rows);
+                attend_bytes += c.layers as u64
+                    * crate::engine::profile::bytes::attend(c.heads, c.head_dim, rows);
             }
             s.pos += 1;
         }

@@ -8,12 +8,12 @@
 
 use super::batch::GpuBatch;
 use super::{Captured, Fault, GpuContext, GpuOptions, ProgramKind};
-use crate::config::Config;
 use crate::constrain::TokenMask;
+use crate::engine::profile::{KernelProfile, KernelTally, Timing};
 use crate::engine::{Engine, HostTime, Readout, SlotStep, StepOut};
 use crate::error::{Error, Result};
-use crate::profile::{KernelProfile, KernelTally, Timing};
-use crate::weights::Model;
+use crate::model::config::Config;
+use crate::model::weights::Model;
 use std::sync::Arc;
 use std::time::Instant;
 

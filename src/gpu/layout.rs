@@ -3,7 +3,7 @@
 //! ([`Slots`]) that a prefill chunk runs its tokens in.
 
 use super::GpuContext;
-use crate::config::Config;
+use crate::model::config::Config;
 
 /// Most token slots a prefill chunk uses (fewer where the device's storage
 /// binding limit can't hold that many copies of the per-token buffers).

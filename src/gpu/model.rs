@@ -10,7 +10,7 @@ use super::step_input::StepInput;
 use super::upload::GpuWeights;
 use super::{GpuContext, ProgramKind};
 use crate::error::Result;
-use crate::weights::Model;
+use crate::model::weights::Model;
 use std::sync::Arc;
 
 /// A model on a device, with room for some sequences.

@@ -7,8 +7,8 @@
 use super::kernels::attention::KvBuffers;
 use super::layout::{seq_stride, Slots};
 use super::{GpuContext, Window};
-use crate::config::Config;
 use crate::error::Result;
+use crate::model::config::Config;
 
 /// The step's device buffers, allocated once per engine.
 pub(crate) struct DeviceState {

@@ -7,10 +7,10 @@
 //! sequence the token belongs to (0 in an engine of one sequence; a
 //! [`super::GpuBatch`]'s slot), whose KV cache and scores attention uses.
 
-use crate::config::Config;
-use crate::engram::{table_rows_for, TokenHistory};
 use crate::kernels::kv::physical_slot;
 use crate::kernels::rope::rope_table;
+use crate::model::config::Config;
+use crate::model::engram::{table_rows_for, TokenHistory};
 
 /// Word offsets inside the step buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,7 +121,7 @@ impl StepInput {
     }
 
     /// The input of `model`'s steps (its engram tables' rows).
-    pub(crate) fn for_model(model: &crate::weights::Model, rope_at_slot: bool) -> StepInput {
+    pub(crate) fn for_model(model: &crate::model::weights::Model, rope_at_slot: bool) -> StepInput {
         let table_rows = model
             .weights
             .engram

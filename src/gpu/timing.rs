@@ -5,9 +5,9 @@
 //! step recorder (`gpu/recorder.rs`, `submit_timed`).
 
 use super::GpuContext;
+use crate::engine::profile::Timing;
 use crate::error::{Error, Result};
 use crate::kernels::kv::attended_ranges;
-use crate::profile::Timing;
 
 /// Whether `timing` uses timestamp queries on `ctx`.
 ///

@@ -7,7 +7,7 @@ use super::kernels::cq::MAX_GROUP;
 use super::GpuContext;
 use crate::cq::CqMatrix;
 use crate::error::{Error, Result};
-use crate::weights::Model;
+use crate::model::weights::Model;
 
 /// Packs every F32 tensor into one buffer and remembers where each went.
 #[derive(Default)]

@@ -9,7 +9,7 @@ pub use super::kv::{KvHeadView, WideRows};
 use super::norm::zcrms_in_place;
 use super::rope::apply_rope;
 use super::vmath::gate_in_place;
-use crate::pool::{Pool, SharedSlice};
+use crate::host::pool::{Pool, SharedSlice};
 
 /// ZCRMS (`q_norm`, `k_norm`) and RoPE (the position's `cos`/`sin` table,
 /// `head_dim / 2` each) on every query head of `q` and key head of `k`, in place:
@@ -38,7 +38,7 @@ pub fn qk_norm_rope(
     #[cfg(target_arch = "x86_64")]
     if hd > 0
         && cos.len().is_multiple_of(16)
-        && crate::simd::CpuSimd::selected() == crate::simd::CpuSimd::Avx512
+        && crate::host::simd::CpuSimd::selected() == crate::host::simd::CpuSimd::Avx512
     {
         // SAFETY: the AVX-512 selection implies AVX-512F/VL and AVX2; the
         // lengths are checked above.
@@ -52,7 +52,7 @@ pub fn qk_norm_rope(
     norm_rope_plain(k, k_norm, cos, sin);
 }
 
-crate::simd::simd_fn! {
+crate::host::simd::simd_fn! {
     /// [`qk_norm_rope`]'s work on one tensor of heads `x` with gains `w`, as
     /// plain loops over each head (the reference of the AVX-512 form).
     fn norm_rope_plain(x: &mut [f32], w: &[f32], cos: &[f32], sin: &[f32]) {
@@ -168,7 +168,7 @@ pub fn reads_wide_rows(head_dim: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         x86::runs_width(head_dim)
-            && crate::simd::CpuSimd::selected() == crate::simd::CpuSimd::Avx512
+            && crate::host::simd::CpuSimd::selected() == crate::host::simd::CpuSimd::Avx512
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -220,7 +220,7 @@ pub fn attend_head(
 /// `g = qs.len() / head_dim` query heads back to back, `out` receives their outputs
 /// in the same layout, and `scores` is scratch of at least `g · slots.len()`.
 /// Equal to [`attend_head`] per head up to float rounding; with AVX2 (and
-/// [`crate::simd::CpuSimd::selected`] allowing it) the key and value codes are
+/// [`crate::host::simd::CpuSimd::selected`] allowing it) the key and value codes are
 /// read once for all `g` heads, 8 lanes at a time.
 ///
 /// # Panics
@@ -254,14 +254,18 @@ pub fn attend_group(
         );
     }
     #[cfg(target_arch = "x86_64")]
-    if d.is_multiple_of(16) && crate::simd::CpuSimd::selected() == crate::simd::CpuSimd::Avx512 {
+    if d.is_multiple_of(16)
+        && crate::host::simd::CpuSimd::selected() == crate::host::simd::CpuSimd::Avx512
+    {
         // SAFETY: the AVX-512 selection implies AVX-512F/BW, AVX2 and FMA;
         // lengths and slots checked above.
         unsafe { x86::attend_group_512(qs, d, kv, slots, &mut scores[..g * n], out) };
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if d.is_multiple_of(8) && crate::simd::CpuSimd::selected() != crate::simd::CpuSimd::Scalar {
+    if d.is_multiple_of(8)
+        && crate::host::simd::CpuSimd::selected() != crate::host::simd::CpuSimd::Scalar
+    {
         // SAFETY: a non-scalar selection implies AVX2 and FMA; lengths and slots checked above.
         unsafe { x86::attend_group(qs, d, kv, slots, &mut scores[..g * n], out) };
         return;

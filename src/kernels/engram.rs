@@ -6,7 +6,7 @@ use super::vmath::silu_in_place;
 /// Columns [`conv`] handles per pass (its accumulators live on the stack).
 const COLS: usize = 64;
 
-crate::simd::simd_fn! {
+crate::host::simd::simd_fn! {
     /// CPU twin of the GPU `conv` entry point (shaders/engram.wgsl,
     /// `EngramKernels::conv`, inputs as `EngramConvParams`) at logical position `t`:
     /// writes `v` (`hidden` values, `v = wv · e`) at row `t mod rows` of the site's

@@ -3,7 +3,7 @@
 
 use crate::cq::CqMatrix;
 
-crate::simd::simd_fn! {
+crate::host::simd::simd_fn! {
     /// CPU twin of the GPU `gather` entry point (inputs as `GatherParams`):
     /// `dequantize_row(m, row) · scale` written `copies` times, `copy_stride` apart,
     /// into `out` (copy `i` at `i · copy_stride`, `m.cols()` values each). The

@@ -3,7 +3,7 @@
 //! ([`KvHeadView`]).
 
 use crate::error::{Error, Result};
-use crate::pool::{Pool, SharedSlice};
+use crate::host::pool::{Pool, SharedSlice};
 
 /// Physical cache row of logical position `t`: `t` inside the sink, else
 /// `sink + (t − sink) mod window`.
@@ -27,7 +27,7 @@ pub fn physical_slot(t: u64, sink: usize, window: usize) -> usize {
 pub fn quantize_int8(x: &[f32], codes: &mut [i8]) -> f32 {
     assert_eq!(x.len(), codes.len());
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::CpuSimd::selected() != crate::simd::CpuSimd::Scalar {
+    if crate::host::simd::CpuSimd::selected() != crate::host::simd::CpuSimd::Scalar {
         // SAFETY: the selected level implies AVX2.
         return unsafe { quantize_int8_avx2(x, codes) };
     }
@@ -354,7 +354,7 @@ impl KvHeadView<'_> {
     }
 }
 
-crate::simd::simd_fn! {
+crate::host::simd::simd_fn! {
     /// [`KvHeadView::widen_into`]'s loops: `kw = kc as f32`, `vw = vc as f32 ·
     /// v_scale[row]`, rows of `d`.
     fn widen_rows(kc: &[i8], vc: &[i8], v_scale: &[f32], d: usize, kw: &mut [f32], vw: &mut [f32]) {

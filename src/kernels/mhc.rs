@@ -20,7 +20,7 @@ pub struct EngramGate<'a> {
     pub norm_k: &'a [f32],
 }
 
-crate::simd::simd_fn! {
+crate::host::simd::simd_fn! {
     /// CPU twin of the GPU `premix` entry point (shaders/mhc.wgsl,
     /// `MhcKernels::premix`, inputs as `PremixParams`): SPEC §4.3 step 3,
     /// `hpre[i] = σ(a_pre·p_pre[i] + b_pre[i] + off(i))` and
@@ -103,7 +103,7 @@ pub fn route(
     r
 }
 
-crate::simd::simd_fn! {
+crate::host::simd::simd_fn! {
     /// SPEC §4.3 step 9 in place on the 4 lanes (`4 · hidden`, `hidden =
     /// update.len()`): `lanes'[i] = Σ_j route[i][j] · lanes[j] + hpost[i] · update`
     /// (the sum in `j` order, then the update).
@@ -180,7 +180,7 @@ pub fn sinkhorn_routes(a: f32, p: &[f32], b: &[f32], iters: usize, out: &mut [f3
         "sinkhorn: lengths"
     );
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::CpuSimd::selected() != crate::simd::CpuSimd::Scalar {
+    if crate::host::simd::CpuSimd::selected() != crate::host::simd::CpuSimd::Scalar {
         // SAFETY: a non-scalar selection implies AVX2 and FMA (AVX-512F for
         // the wide form).
         unsafe { x86::sinkhorn_routes(a, p, &b[..16], iters, out) };
@@ -385,7 +385,7 @@ mod x86 {
         out: &mut [f32],
     ) {
         unsafe {
-            if crate::simd::CpuSimd::selected() == crate::simd::CpuSimd::Avx512 {
+            if crate::host::simd::CpuSimd::selected() == crate::host::simd::CpuSimd::Avx512 {
                 // Up to 3 tokens: each in one register (latency-bound, but 1/4 of
                 // the work of a register of tokens for one token; measured on Zen 5:
                 // 1.66 µs a token alone, 5.2-5.3 µs for a register of 4 to 16).

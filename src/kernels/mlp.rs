@@ -6,7 +6,7 @@ use super::norm::{inv_rms_wide, zcrms_into};
 use super::vmath::silu_of_product;
 use crate::cq::fwht;
 
-crate::simd::simd_fn! {
+crate::host::simd::simd_fn! {
     /// `out = after + (d3 ⊙ nfwht(silu(d2 ⊙ nfwht(d1 ⊙ pad(zcrms(after, norm))))))[..hidden]`.
     /// `z` is scratch of `hadamard_dim = d1.len()` entries.
     ///
@@ -46,7 +46,7 @@ crate::simd::simd_fn! {
         #[cfg(target_arch = "x86_64")]
         if m >= 16
             && n / m <= x86::MAX_COPIES
-            && crate::simd::CpuSimd::selected() == crate::simd::CpuSimd::Avx512
+            && crate::host::simd::CpuSimd::selected() == crate::host::simd::CpuSimd::Avx512
         {
             // SAFETY: the selection implies AVX-512F; lengths checked above.
             unsafe { x86::hadamard_mlp_512(after, norm, [d1, d2, d3], m, z, out) };
@@ -93,7 +93,7 @@ fn fold_blocks(z: &mut [f32], m: usize) {
     }
 }
 
-crate::simd::simd_fn! {
+crate::host::simd::simd_fn! {
     /// CPU twin of the GPU `mlp` entry point (shaders/mlp.wgsl, `MlpKernels::mlp`,
     /// inputs as `MlpParams`) for one token: SPEC §4.3 end of step 5,
     /// `after = b + out_scale · zcrms(attn, post_norm)`; step 6,
@@ -312,7 +312,7 @@ mod tests {
             let m = h.next_power_of_two().max(16).min(n);
             #[cfg(target_arch = "x86_64")]
             if n / m <= x86::MAX_COPIES
-                && crate::simd::CpuSimd::selected() == crate::simd::CpuSimd::Avx512
+                && crate::host::simd::CpuSimd::selected() == crate::host::simd::CpuSimd::Avx512
             {
                 let mut z2 = vec![f32::NAN; n];
                 let mut fused = vec![f32::NAN; h];

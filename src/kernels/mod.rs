@@ -16,7 +16,7 @@
 //! | `qk_attend` (attention.wgsl; the lean program) | [`attention::qk_store`] then [`attention::attend`] | `attention.rs`: `qk_attend_over_steps_*` |
 //! | `gather_many` (cq.wgsl; the lean head, every slot of a prefill or batch pass) | [`gather::gather`] per entry | `cq.rs`: `gather_many_*`; `lean.rs` (captured `x0`, `engram.e`) |
 //! | `layer_step` (layer.wgsl; the lean program) | [`engram::conv`], matvec, [`mlp::block`], [`mhc::route`], [`mhc::premix`], [`prepare::pre_op`] in turn | `lean.rs`: every captured tensor against the CPU probe's |
-//! | `argmax`, `topk` (sample.wgsl) | [`crate::sample::argmax`], [`crate::sample::top_k_into`] | `sample.rs` |
+//! | `argmax`, `topk` (sample.wgsl) | [`crate::session::sample::argmax`], [`crate::session::sample::top_k_into`] | `sample.rs` |
 //!
 //! Composed into the step, the twins are checked against an independent f64 step
 //! (`tests/cpu/reference_step.rs`); their pieces (norms, RoPE, int8, hashing)

@@ -37,7 +37,7 @@ const WIDE: usize = 64;
 pub fn inv_rms_wide(x: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     {
-        use crate::simd::CpuSimd;
+        use crate::host::simd::CpuSimd;
         match CpuSimd::selected() {
             // SAFETY: the selected level implies the features.
             CpuSimd::Avx512 => return unsafe { x86::inv_rms_wide_512(x) },
@@ -123,7 +123,7 @@ mod x86 {
     }
 }
 
-crate::simd::simd_fn! {
+crate::host::simd::simd_fn! {
     /// `out = rms_unit(x) = x / sqrt(mean(x²) + ε)` (the sum of [`inv_rms_wide`]).
     ///
     /// # Panics
@@ -137,7 +137,7 @@ crate::simd::simd_fn! {
     }
 }
 
-crate::simd::simd_fn! {
+crate::host::simd::simd_fn! {
     /// `out = zcrms(x, w) = rms_unit(x) ⊙ (1 + w)` (the sum of [`inv_rms_wide`]).
     ///
     /// # Panics

@@ -21,7 +21,7 @@ pub enum PrepareMode {
     MeanLanesZcrms = 3,
 }
 
-crate::simd::simd_fn! {
+crate::host::simd::simd_fn! {
     /// CPU twin of the matvec pre-op of `mode` (the GPU's `MatvecInput::Raw`): `out`
     /// (`n` values) from `src`, which holds the `n` inputs (or, for
     /// [`PrepareMode::MeanLanesZcrms`], lane `i` at `i · lane_stride`), with gains

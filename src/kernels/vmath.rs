@@ -1,6 +1,6 @@
 //! Slice-wide `exp`, `σ` and `silu` for the step's elementwise work, 8 lanes at a
 //! time with AVX2+FMA (16 with AVX-512, the same arithmetic lane by lane) where
-//! [`crate::simd::CpuSimd::selected`] allows, else the scalar functions of
+//! [`crate::host::simd::CpuSimd::selected`] allows, else the scalar functions of
 //! [`super`] (the reference).
 //!
 //! The vector `exp` is the Cephes single-precision scheme: `n = round(x·log2 e)`,
@@ -9,7 +9,7 @@
 //! `f32::exp` returns (`+∞` above 88.72, `0` below −103.97, NaN for NaN).
 
 use super::{sigmoid, silu};
-use crate::simd::CpuSimd;
+use crate::host::simd::CpuSimd;
 
 fn vector() -> bool {
     cfg!(target_arch = "x86_64") && CpuSimd::selected() != CpuSimd::Scalar

@@ -9,12 +9,12 @@
 
 use super::job::{panics_on, Event, Job, Shared};
 use super::metrics::TokenClock;
-use crate::builder::BatchFactory;
 use crate::engine::{BatchEngine, Readout, SlotStep};
 use crate::error::Result;
-use crate::sample::Sampler;
+use crate::session::builder::BatchFactory;
+use crate::session::sample::Sampler;
+use crate::session::tokenizer::{TextStream, TextTokenizer};
 use crate::session::{Generation, Next, Progress};
-use crate::tokenizer::{TextStream, TextTokenizer};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 

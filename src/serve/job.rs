@@ -4,12 +4,12 @@
 //! hangs up closes its channel, and its job stops at the next pass.
 
 use super::metrics::Metrics;
-use crate::builder::BatchFactory;
 use crate::constrain::Constraint;
 use crate::error::{Error, Result};
-use crate::sample::SamplerConfig;
+use crate::session::builder::BatchFactory;
+use crate::session::sample::SamplerConfig;
+use crate::session::tokenizer::TextTokenizer;
 use crate::session::Output;
-use crate::tokenizer::TextTokenizer;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use tokio::sync::mpsc::UnboundedSender;

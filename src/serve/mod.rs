@@ -20,10 +20,10 @@ mod respond;
 use request::{chat_constraint, parse, prepare};
 use respond::{respond, Kind};
 
-use crate::builder::BuiltBatch;
 use crate::constrain::{TokenSpace, ToolMarkers};
-use crate::tokenizer::TextTokenizer;
-use crate::weights::Model;
+use crate::model::weights::Model;
+use crate::session::builder::BuiltBatch;
+use crate::session::tokenizer::TextTokenizer;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Extension, MatchedPath, Request, State};

@@ -7,7 +7,7 @@ use super::metrics::Tracked;
 use super::wire::{ChatRequest, Sampling};
 use super::{AppState, MAX_BODY};
 use crate::constrain::{Constraint, ConstraintSpec, ToolChoice, ToolSet};
-use crate::sample::{Sampler, SamplerConfig};
+use crate::session::sample::{Sampler, SamplerConfig};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;

@@ -15,8 +15,8 @@
 use crate::constrain::{Constraint, TokenMask, ToolCall};
 use crate::engine::{Readout, StepOut};
 use crate::error::{Error, Result};
-use crate::sample::Sampler;
-use crate::tokenizer::TextStream;
+use crate::session::sample::Sampler;
+use crate::session::tokenizer::TextStream;
 use std::time::Instant;
 
 /// Why a generation ended.

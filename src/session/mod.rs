@@ -1,9 +1,15 @@
-//! [`Session`]: a model, an engine and the tokens so far — prefill, then
-//! generate, each generation a [`Generation`] driven over the engine.
+//! What runs on an engine: [`builder::EngineBuilder`] chooses and builds it,
+//! [`sample::Sampler`] chooses tokens, [`tokenizer`] turns text into ids and
+//! ids into streamed text, [`Generation`] is one sequence's generation (the one
+//! loop of the CLI, the library and the server), and [`Session`] holds a model,
+//! an engine and the tokens so far: prefill, then run generations.
 
+pub mod builder;
 mod generation;
+pub mod sample;
+pub mod tokenizer;
 
-pub use crate::builder::Backend;
+pub use builder::Backend;
 pub use generation::{ConstraintStats, Finish, Generation, Next, Output, Progress};
 
 /// What a generation emitted since the driver last looked
@@ -17,12 +23,12 @@ pub struct Emitted<'a> {
     pub text: &'a str,
 }
 
-use crate::builder::EngineBuilder;
 use crate::constrain::Constraint;
 use crate::engine::{Engine, Readout};
 use crate::error::{Error, Result};
-use crate::sample::Sampler;
-use crate::weights::Model;
+use crate::model::weights::Model;
+use builder::EngineBuilder;
+use sample::Sampler;
 use std::sync::Arc;
 
 /// Prompt tokens handed to the engine per [`Engine::step_many`] call by

@@ -3,10 +3,10 @@
 //! errors.
 
 use crate::common::cli::{assert_ok, cqlm, text};
-use cqlm::builder::AnyEngine;
 use cqlm::cq::BitsPlan;
 use cqlm::gpu::{list_adapters, GpuOptions};
-use cqlm::synth::synth_model;
+use cqlm::make::synth::synth_model;
+use cqlm::session::builder::AnyEngine;
 use cqlm::{Backend, Config, EngineBuilder, Readout};
 use std::sync::Arc;
 

@@ -4,8 +4,8 @@
 use cqlm::archive::read_archive_file;
 use cqlm::archive::Tensor;
 use cqlm::cq::plan_for_preset;
-use cqlm::sample::argmax;
-use cqlm::synth::synth_model;
+use cqlm::make::synth::synth_model;
+use cqlm::session::sample::argmax;
 use cqlm::{Config, CpuEngine, Engine, Model};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -442,7 +442,8 @@ fn logits_corrupt_archive() {
     let err = logits_fails(dir.path(), &["--model", "garbled.cqlm", "--ids", "1"], true);
     assert!(err.contains("garbled.cqlm"), "{err}");
     // A tensor missing: the message names it.
-    let mut t = cqlm::synth::synth_tensors(&Config::preset_tiny(), &plan_for_preset("tiny"), 3);
+    let mut t =
+        cqlm::make::synth::synth_tensors(&Config::preset_tiny(), &plan_for_preset("tiny"), 3);
     t.remove("layers.2.wv");
     cqlm::archive::write_archive_file(
         &dir.path().join("missing.cqlm"),

@@ -3,9 +3,9 @@
 use crate::common::gpu::gpu;
 use crate::common::StepLogits;
 use cqlm::cq::BitsPlan;
-use cqlm::sample::{argmax, top2_margin, Sampler, SamplerConfig};
+use cqlm::make::synth::synth_model;
+use cqlm::session::sample::{argmax, top2_margin, Sampler, SamplerConfig};
 use cqlm::session::{Backend, Finish, Session};
-use cqlm::synth::synth_model;
 use cqlm::{Config, CpuEngine, Engine, GpuEngine};
 use std::sync::Arc;
 
@@ -238,7 +238,7 @@ fn cli_generates_text_deterministically_and_honours_stop_strings() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("words.cqlm");
     let c = Config::preset_tiny();
-    let tensors = cqlm::synth::synth_tensors(&c, &BitsPlan::mixed(), 6);
+    let tensors = cqlm::make::synth::synth_tensors(&c, &BitsPlan::mixed(), 6);
     cqlm::archive::write_archive_file(&path, &c, Some(&word_tokenizer()), &tensors).unwrap();
     let p = path.to_str().unwrap();
     let base = [

@@ -6,9 +6,9 @@ use crate::common::StepLogits;
 use cqlm::archive::{write_archive, Tensor};
 use cqlm::cq::BitsPlan;
 use cqlm::cq::CqMatrix;
+use cqlm::diag::parity::run_ladder;
 use cqlm::gpu::GpuEngine;
-use cqlm::parity::run_ladder;
-use cqlm::synth::synth_tensors;
+use cqlm::make::synth::synth_tensors;
 use cqlm::Readout;
 use cqlm::{Config, CpuEngine, Engine, Error, Model};
 use half::f16;
@@ -134,8 +134,9 @@ fn run(engine: &mut dyn Engine, ids: &[u32]) -> Vec<Vec<f32>> {
 
 #[test]
 fn two_sessions_in_two_threads_match_running_alone() {
-    let model =
-        Arc::new(cqlm::synth::synth_model(&Config::preset_tiny(), &BitsPlan::mixed(), 2).unwrap());
+    let model = Arc::new(
+        cqlm::make::synth::synth_model(&Config::preset_tiny(), &BitsPlan::mixed(), 2).unwrap(),
+    );
     let a_ids: Vec<u32> = (0..24).map(|i| (i * 37 + 5) % 256).collect();
     let b_ids: Vec<u32> = (0..24).map(|i| (i * 91 + 11) % 256).collect();
     let ctx = gpu();
@@ -176,7 +177,7 @@ fn an_archive_larger_than_memory_fails_cleanly() {
 /// `tiny` with random weights (mixed bit widths, engram on).
 fn tiny_model(seed: u64) -> Arc<Model> {
     let c = Config::preset_tiny();
-    Arc::new(cqlm::synth::synth_model(&c, &BitsPlan::mixed(), seed).unwrap())
+    Arc::new(cqlm::make::synth::synth_model(&c, &BitsPlan::mixed(), seed).unwrap())
 }
 
 /// The message of an expected [`Error::Gpu`].

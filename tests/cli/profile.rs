@@ -6,9 +6,9 @@ use crate::common::cli::{assert_ok, cqlm, text};
 use crate::common::gpu::{gpu, rel_l2};
 use crate::common::StepLogits;
 use cqlm::cq::BitsPlan;
-use cqlm::profile::KernelProfile;
-use cqlm::profile::Timing;
-use cqlm::synth::synth_model;
+use cqlm::engine::profile::KernelProfile;
+use cqlm::engine::profile::Timing;
+use cqlm::make::synth::synth_model;
 use cqlm::{Config, CpuEngine, Engine, GpuEngine, Model};
 use std::collections::BTreeSet;
 use std::process::Output;
@@ -305,7 +305,7 @@ fn cli_profile_on_the_gpu_counts_every_dispatch() {
 fn batch_pass(
     b: &mut dyn cqlm::BatchEngine,
     t: usize,
-    tally: Option<&mut cqlm::profile::KernelTally>,
+    tally: Option<&mut cqlm::engine::profile::KernelTally>,
 ) -> (Vec<f32>, String) {
     let vocab = b.model().config.vocab;
     let toks: Vec<[u32; 1]> = (0..b.slots())
@@ -371,7 +371,7 @@ fn batch_profiles_time_real_passes_with_every_kernel_once_a_pass() {
     }
     for (what, make) in engines {
         let (mut timed, mut plain) = (primed(make()), primed(make()));
-        let mut tally = cqlm::profile::KernelTally::default();
+        let mut tally = cqlm::engine::profile::KernelTally::default();
         let passes = 3;
         let (mut how, mut wall) = (String::new(), 0.0);
         for t in 0..passes {
@@ -391,7 +391,7 @@ fn batch_profiles_time_real_passes_with_every_kernel_once_a_pass() {
         let attend: u64 = (0..passes as u64)
             .map(|t| {
                 let rows = cqlm::gpu::timing::attended(5 + t, c.sink, c.window);
-                3 * layers as u64 * cqlm::profile::bytes::attend(c.heads, c.head_dim, rows)
+                3 * layers as u64 * cqlm::engine::profile::bytes::attend(c.heads, c.head_dim, rows)
             })
             .sum();
         let got = p.rows.iter().find(|r| r.name == "attend").unwrap();

@@ -465,11 +465,12 @@ fn the_official_openai_client_works_unmodified() {
 fn an_archive_chat_template_is_stored_and_rendered() {
     // The built-in model with a custom template: the server's prompt is the
     // template's text (so its token count is the tokenizer's count of it).
-    let b = cqlm::builtin::model().unwrap();
+    let b = cqlm::model::builtin::model().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t.cqlm");
     let template = "{% for m in messages %}<<{{ m.role }}>>{{ m.content }}{% endfor %}[answer]";
-    let tensors = cqlm::synth::synth_tensors(&b.config, &cqlm::cq::BitsPlan::uniform(4, 128), 1);
+    let tensors =
+        cqlm::make::synth::synth_tensors(&b.config, &cqlm::cq::BitsPlan::uniform(4, 128), 1);
     cqlm::archive::write_archive_file_with_chat(
         &path,
         &b.config,
@@ -488,7 +489,7 @@ fn an_archive_chat_template_is_stored_and_rendered() {
         &json!({"messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 1, "temperature": 0}),
     );
     assert_eq!(status, 200, "{v}");
-    let tok = cqlm::tokenizer::TextTokenizer::for_model(&m).unwrap();
+    let tok = cqlm::session::tokenizer::TextTokenizer::for_model(&m).unwrap();
     let want = tok.encode("<<user>>Hello there[answer]").unwrap().len();
     assert_eq!(v["usage"]["prompt_tokens"], want, "{v}");
 }
@@ -498,11 +499,11 @@ fn an_engine_failure_is_a_500_for_that_request_and_the_server_keeps_serving() {
     // A model whose logits are NaN (final_norm poisoned): every generation fails
     // in the engine; each request gets a 500 in the OpenAI shape (streamed: an
     // error event), and the server still answers the next one.
-    let b = cqlm::builtin::model().unwrap();
+    let b = cqlm::model::builtin::model().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("nan.cqlm");
     let mut tensors =
-        cqlm::synth::synth_tensors(&b.config, &cqlm::cq::BitsPlan::uniform(4, 128), 2);
+        cqlm::make::synth::synth_tensors(&b.config, &cqlm::cq::BitsPlan::uniform(4, 128), 2);
     match tensors.get_mut("final_norm") {
         Some(cqlm::archive::Tensor::F32 { data, .. }) => {
             data.iter_mut().for_each(|v| *v = f32::NAN)
@@ -612,8 +613,8 @@ fn a_worker_that_panics_is_replaced_and_the_server_keeps_serving() {
     // The test hook CQLM_SERVE_PANIC_TOKEN makes an engine pass fed that token
     // panic: that request gets a 500 in the OpenAI shape, the worker (session or
     // batch) is rebuilt, and requests before and after are answered.
-    let b = cqlm::builtin::model().unwrap();
-    let tok = cqlm::tokenizer::TextTokenizer::for_model(&b).unwrap();
+    let b = cqlm::model::builtin::model().unwrap();
+    let tok = cqlm::session::tokenizer::TextTokenizer::for_model(&b).unwrap();
     let id = *tok.encode(" Zyzzyva").unwrap().last().unwrap();
     let args = vec!["--parallel", "2"];
     let s = start_with_env(&args, &[("CQLM_SERVE_PANIC_TOKEN", &id.to_string())]);

@@ -117,7 +117,7 @@ fn a_greedy_request_reads_back_no_logits_and_a_full_sample_does() {
         return;
     }
     let s = start_on("gpu", &["--parallel", "2"], &[]);
-    let vocab = cqlm::builtin::model().unwrap().config.vocab as f64;
+    let vocab = cqlm::model::builtin::model().unwrap().config.vocab as f64;
     let tokens = 12.0;
     let before = read_back(&s.addr);
     let body = json!({"prompt": "In the beginning", "max_tokens": 12, "temperature": 0});

@@ -17,7 +17,7 @@
 use cqlm::archive::engram_table_names;
 use cqlm::archive::FloatTensor;
 use cqlm::cq::CqMatrix;
-use cqlm::weights::SiteWeights;
+use cqlm::model::weights::SiteWeights;
 use cqlm::{Config, Model};
 use std::collections::BTreeMap;
 

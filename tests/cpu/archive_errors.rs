@@ -5,7 +5,7 @@
 
 use cqlm::archive::{read_archive, write_archive, Tensor, CONFIG_KEY};
 use cqlm::cq::BitsPlan;
-use cqlm::synth::{synth_archive, synth_tensors};
+use cqlm::make::synth::{synth_archive, synth_tensors};
 use cqlm::{ArchiveError, Config, ConfigError, CpuEngine, Engine, Error, Model};
 use half::f16;
 use serde_json::{json, Value};

@@ -17,7 +17,7 @@ fn batched_sequences_match_each_sequence_alone() {
         sink: 2,
         ..Config::preset_tiny()
     };
-    let model = Arc::new(cqlm::synth::synth_model(&config, &BitsPlan::mixed(), 12).unwrap());
+    let model = Arc::new(cqlm::make::synth::synth_model(&config, &BitsPlan::mixed(), 12).unwrap());
     let vocab = model.config.vocab as u32;
     for precision in [Precision::Exact, Precision::Fast] {
         let mut batch = CpuBatch::new(Arc::clone(&model), 3, precision).unwrap();
@@ -56,7 +56,7 @@ fn batched_sequences_match_each_sequence_alone() {
                     "{precision:?} step {step} slot {slot}"
                 );
                 assert_eq!(batch.position(*slot), alone[*slot].position());
-                let tok = cqlm::sample::argmax(row);
+                let tok = cqlm::session::sample::argmax(row);
                 if (step + slot) % 3 != 0 || step == 0 {
                     next.push((*slot, vec![tok]));
                 }

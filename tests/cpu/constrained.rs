@@ -7,26 +7,26 @@
 
 use cqlm::constrain::{ConstraintSpec, JsonWhitespace, TokenSpace, ToolChoice, ToolSet};
 use cqlm::cq::BitsPlan;
-use cqlm::sample::{Sampler, SamplerConfig};
+use cqlm::model::weights::Model;
+use cqlm::session::sample::{Sampler, SamplerConfig};
+use cqlm::session::tokenizer::TextTokenizer;
 use cqlm::session::{Backend, Finish, Session};
-use cqlm::tokenizer::TextTokenizer;
-use cqlm::weights::Model;
 use cqlm::{Config, CpuEngine, Engine, Readout};
 use serde_json::{json, Value};
 use std::sync::Arc;
 
 fn builtin() -> Arc<Model> {
-    Arc::new(cqlm::builtin::model().unwrap())
+    Arc::new(cqlm::model::builtin::model().unwrap())
 }
 
 /// A random `tiny`-shaped model with the built-in model's vocabulary and tokenizer.
 fn random_with_tokenizer() -> Arc<Model> {
-    let b = cqlm::builtin::model().unwrap();
+    let b = cqlm::model::builtin::model().unwrap();
     let config = Config {
         vocab: b.config.vocab,
         ..Config::preset_tiny()
     };
-    let mut m = cqlm::synth::synth_model(&config, &BitsPlan::mixed(), 17).unwrap();
+    let mut m = cqlm::make::synth::synth_model(&config, &BitsPlan::mixed(), 17).unwrap();
     m.tokenizer = b.tokenizer.clone();
     Arc::new(m)
 }
@@ -461,7 +461,7 @@ fn bad_constraints_are_clean_errors() {
     });
     assert!(e.contains("no such tool"), "{e}");
     // A model without a tokenizer cannot be constrained.
-    let m = cqlm::synth::synth_model(&Config::preset_tiny(), &BitsPlan::mixed(), 3).unwrap();
+    let m = cqlm::make::synth::synth_model(&Config::preset_tiny(), &BitsPlan::mixed(), 3).unwrap();
     assert!(TokenSpace::for_model(&m).is_err());
 }
 

@@ -2,7 +2,7 @@
 //! independently of the crate's transform and inner loops.
 
 use cqlm::cq::{cq_matvec, cq_matvec_rows, dequantize_row, prepare, CqMatrix};
-use cqlm::simd::CpuSimd;
+use cqlm::host::simd::CpuSimd;
 use half::f16;
 use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -298,7 +298,7 @@ fn batched_matmul_is_bit_identical_to_one_matvec_per_input() {
     // below, at and above the batched threshold (4 per pool thread). Each value
     // must equal the single-input matvec's bit for bit, and the naive f64 rows
     // within SPEC §6; outputs start as NaN.
-    let threads = cqlm::pool::Pool::global().threads();
+    let threads = cqlm::host::pool::Pool::global().threads();
     let mut rng = ChaCha8Rng::seed_from_u64(23);
     for bits in [1u32, 2, 4, 8] {
         for group in [32usize, 128, 256] {

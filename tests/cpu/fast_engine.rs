@@ -5,8 +5,8 @@
 
 use crate::common::{token_ids, StepLogits};
 use cqlm::cq::BitsPlan;
-use cqlm::sample::argmax;
-use cqlm::synth::synth_model;
+use cqlm::make::synth::synth_model;
+use cqlm::session::sample::argmax;
 use cqlm::{Config, CpuEngine, Engine, Precision, Readout};
 use std::sync::Arc;
 

@@ -5,7 +5,7 @@
 
 use crate::cq_kernels::random_matrix;
 use cqlm::cq::{prepare, CqMatrix, FastInput, FastKernel, FastMatrix, FastProduct};
-use cqlm::simd::CpuSimd;
+use cqlm::host::simd::CpuSimd;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 

@@ -7,9 +7,9 @@
 
 use cqlm::constrain::{ConstraintSpec, TokenMask, TokenSpace};
 use cqlm::engine::{host_readout, host_readout_masked};
-use cqlm::sample::{Sampler, SamplerConfig};
+use cqlm::session::sample::{Sampler, SamplerConfig};
+use cqlm::session::tokenizer::{TextStream, TextTokenizer};
 use cqlm::session::{Emitted, Finish, Generation, Session};
-use cqlm::tokenizer::{TextStream, TextTokenizer};
 use cqlm::{Config, Engine, Model, Readout, StepOut};
 use std::sync::{Arc, Mutex};
 
@@ -89,7 +89,7 @@ impl Engine for Scripted {
 }
 
 fn builtin() -> Arc<Model> {
-    Arc::new(cqlm::builtin::model().unwrap())
+    Arc::new(cqlm::model::builtin::model().unwrap())
 }
 
 /// A session over a scripted engine that, after the `prompt`, chooses

@@ -37,7 +37,7 @@ fn walk(space: &TokenSpace, fresh: &TokenSpace, spec: &ConstraintSpec, seed: u64
 
 #[test]
 fn cached_grammars_give_the_masks_of_a_fresh_compile() {
-    let model = Arc::new(cqlm::builtin::model().unwrap());
+    let model = Arc::new(cqlm::model::builtin::model().unwrap());
     let vocab = model.config.vocab;
     let space = TokenSpace::for_model(&model).unwrap();
     let schema = json!({"type": "object", "properties": {

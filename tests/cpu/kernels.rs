@@ -1,11 +1,11 @@
 //! Unit checks of the small kernels of SPEC §4 against hand computations.
 
-use cqlm::config::EngramConfig;
-use cqlm::engram::{fnv1a64_bytes, table_rows_for, TokenHistory, PAD_TOKEN};
 use cqlm::kernels::kv::{attended_ranges, physical_slot, quantize_int8};
 use cqlm::kernels::mhc::sinkhorn_route;
 use cqlm::kernels::norm::{rms_unit_into, zcrms_into};
 use cqlm::kernels::rope::{apply_rope, rope_table};
+use cqlm::model::config::EngramConfig;
+use cqlm::model::engram::{fnv1a64_bytes, table_rows_for, TokenHistory, PAD_TOKEN};
 
 #[test]
 fn fnv1a64_published_vectors() {

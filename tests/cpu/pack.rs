@@ -9,8 +9,8 @@ use cqlm::archive::{
     expected_tensors, read_archive_file, read_float_checkpoint, write_archive,
     write_float_checkpoint, FloatDtype, FloatTensor, Tensor, TensorKind,
 };
-use cqlm::pack::{pack, PackPlan, PackReportRow};
-use cqlm::synth::synth_float_tensors;
+use cqlm::make::pack::{pack, PackPlan, PackReportRow};
+use cqlm::make::synth::synth_float_tensors;
 use cqlm::Readout;
 use cqlm::{Config, CpuEngine, Engine, Error, Model};
 use std::collections::BTreeMap;
@@ -32,7 +32,7 @@ fn assert_one_error(out: &Output, what: &str) -> String {
 }
 
 fn median(v: &[f64]) -> f64 {
-    cqlm::stats::median(&mut v.to_vec())
+    cqlm::diag::stats::median(&mut v.to_vec())
 }
 
 /// A pack and the per-position relative L2 error of its logits (CpuEngine) against

@@ -6,7 +6,7 @@ use cqlm::cq::quantize::quantize;
 use cqlm::cq::{cq_matvec, dequantize_row, prepare};
 use cqlm::kernels::kv::{attended_ranges, physical_slot, quantize_int8};
 use cqlm::kernels::mhc::sinkhorn_route;
-use cqlm::synth::random_cq;
+use cqlm::make::synth::random_cq;
 use proptest::prelude::*;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;

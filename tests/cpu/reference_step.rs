@@ -7,7 +7,7 @@ use crate::common::naive::{argmax_margin, rel_l2, NaiveModel, NaiveState};
 use crate::common::token_ids;
 use cqlm::cpu::Probe;
 use cqlm::cq::BitsPlan;
-use cqlm::synth::synth_model;
+use cqlm::make::synth::synth_model;
 use cqlm::Readout;
 use cqlm::{Config, CpuEngine, Engine, EngramConfig, Error, Model};
 use std::collections::BTreeMap;
@@ -42,7 +42,7 @@ impl Recorder {
 }
 
 fn median(v: &[f64]) -> f64 {
-    cqlm::stats::median(&mut v.to_vec())
+    cqlm::diag::stats::median(&mut v.to_vec())
 }
 
 /// The engine's and the reference's logits at every position of `ids`, with the
@@ -153,7 +153,7 @@ fn check_argmax(label: &str, run: &Run) -> usize {
         if margin > 1e-2 {
             checked += 1;
             assert_eq!(
-                cqlm::sample::argmax(e) as usize,
+                cqlm::session::sample::argmax(e) as usize,
                 best,
                 "{label}: argmax differs at position {t} (reference margin {margin:.3e})"
             );
@@ -570,11 +570,11 @@ fn logits_are_finite_and_well_scaled() {
 
 #[test]
 fn kernel_selection_follows_cqlm_cpu_kernels() {
-    let avail = cqlm::simd::CpuSimd::available();
-    let sel = cqlm::simd::CpuSimd::selected();
+    let avail = cqlm::host::simd::CpuSimd::available();
+    let sel = cqlm::host::simd::CpuSimd::selected();
     eprintln!("CPU kernels: {} (available: {avail:?})", sel.name());
     match std::env::var("CQLM_CPU_KERNELS").as_deref() {
-        Ok("scalar") => assert_eq!(sel, cqlm::simd::CpuSimd::Scalar),
+        Ok("scalar") => assert_eq!(sel, cqlm::host::simd::CpuSimd::Scalar),
         _ => assert_eq!(Some(&sel), avail.last()),
     }
 }

@@ -5,12 +5,12 @@
 
 use cqlm::constrain::{ConstraintSpec, TokenMask, TokenSpace, ToolChoice, ToolMarkers, ToolSet};
 use cqlm::cq::BitsPlan;
-use cqlm::tokenizer::TextTokenizer;
+use cqlm::session::tokenizer::TextTokenizer;
 use cqlm::{Config, Model};
 use serde_json::json;
 
 fn config() -> Config {
-    let b = cqlm::builtin::model().unwrap();
+    let b = cqlm::model::builtin::model().unwrap();
     Config {
         vocab: b.config.vocab,
         eos: b.config.eos,
@@ -20,11 +20,11 @@ fn config() -> Config {
 
 /// An archive with these markers, and its folder.
 fn archive_with(markers: (&str, &str)) -> (tempfile::TempDir, std::path::PathBuf) {
-    let b = cqlm::builtin::model().unwrap();
+    let b = cqlm::model::builtin::model().unwrap();
     let c = config();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("m.cqlm");
-    let tensors = cqlm::synth::synth_tensors(&c, &BitsPlan::uniform(4, 128), 3);
+    let tensors = cqlm::make::synth::synth_tensors(&c, &BitsPlan::uniform(4, 128), 3);
     cqlm::archive::write_archive_file_with_chat(
         &path,
         &c,
@@ -46,12 +46,12 @@ fn markers_are_stored_and_read_back() {
         ToolMarkers::new("[[call]]", "[[/call]]").unwrap()
     );
     // The built-in model names the default markers; an archive without any gets them.
-    let plain = cqlm::builtin::model().unwrap();
+    let plain = cqlm::model::builtin::model().unwrap();
     assert_eq!(plain.tool_markers, ToolMarkers::default());
     let c = config();
     let dir = tempfile::tempdir().unwrap();
     let none = dir.path().join("none.cqlm");
-    let tensors = cqlm::synth::synth_tensors(&c, &BitsPlan::uniform(4, 128), 3);
+    let tensors = cqlm::make::synth::synth_tensors(&c, &BitsPlan::uniform(4, 128), 3);
     cqlm::archive::write_archive_file(&none, &c, None, &tensors).unwrap();
     assert_eq!(
         Model::load(&none).unwrap().tool_markers,

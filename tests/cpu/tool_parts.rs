@@ -116,9 +116,9 @@ fn spec(tools: &Value) -> ConstraintSpec {
 
 #[test]
 fn auto_parts_in_turn_are_the_single_grammar() {
-    let model = cqlm::builtin::model().unwrap();
+    let model = cqlm::model::builtin::model().unwrap();
     let vocab = model.config.vocab;
-    let tok = cqlm::tokenizer::TextTokenizer::for_model(&model).unwrap();
+    let tok = cqlm::session::tokenizer::TextTokenizer::for_model(&model).unwrap();
     let text = |t: u32| tok.decode(&[t]).unwrap_or_default();
     let space = TokenSpace::for_model(&model).unwrap();
     let tools: Value = serde_json::from_str(include_str!("../../tools/train/tools.json")).unwrap();
@@ -155,7 +155,7 @@ fn auto_parts_in_turn_are_the_single_grammar() {
 fn a_token_across_the_end_marker_falls_back_to_the_single_grammar() {
     // The built-in tokenizer with one more token, `}<`: the call's last `}` and
     // the end marker's `<` in one token, which only the single grammar allows.
-    let b = cqlm::builtin::model().unwrap();
+    let b = cqlm::model::builtin::model().unwrap();
     let mut json: Value = serde_json::from_str(b.tokenizer.as_deref().unwrap()).unwrap();
     let added = json["added_tokens"].as_array_mut().unwrap();
     let id = added
@@ -175,11 +175,11 @@ fn a_token_across_the_end_marker_falls_back_to_the_single_grammar() {
     };
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("m.cqlm");
-    let tensors = cqlm::synth::synth_tensors(&c, &BitsPlan::uniform(4, 128), 3);
+    let tensors = cqlm::make::synth::synth_tensors(&c, &BitsPlan::uniform(4, 128), 3);
     let tokenizer = json.to_string();
     cqlm::archive::write_archive_file(&path, &c, Some(&tokenizer), &tensors).unwrap();
     let model = Model::load(&path).unwrap();
-    let tok = cqlm::tokenizer::TextTokenizer::for_model(&model).unwrap();
+    let tok = cqlm::session::tokenizer::TextTokenizer::for_model(&model).unwrap();
     let text = |t: u32| tok.decode(&[t]).unwrap_or_default();
     let space = TokenSpace::for_model(&model).unwrap();
     let tools = json!([{"type": "function", "function": {"name": "pick", "parameters": {

@@ -11,11 +11,11 @@
 
 use crate::common::gpu::gpu;
 use cqlm::constrain::{ConstraintSpec, TokenSpace, ToolChoice, ToolSet};
-use cqlm::sample::{Sampler, SamplerConfig};
 use cqlm::serve::chat::ChatTemplate;
 use cqlm::serve::wire::Message;
+use cqlm::session::sample::{Sampler, SamplerConfig};
+use cqlm::session::tokenizer::TextTokenizer;
 use cqlm::session::Session;
-use cqlm::tokenizer::TextTokenizer;
 use cqlm::{CpuEngine, Engine, GpuEngine, Model};
 use serde_json::Value;
 use std::path::PathBuf;
@@ -129,7 +129,7 @@ fn pct(a: usize, b: usize) -> f64 {
 
 #[test]
 fn heldout_tool_calls_on_the_cpu_engine() {
-    let model = Arc::new(cqlm::builtin::model().unwrap());
+    let model = Arc::new(cqlm::model::builtin::model().unwrap());
     let cases = heldout(60);
     let s = score(&model, &cases, || {
         Box::new(CpuEngine::new(Arc::clone(&model)).unwrap())
@@ -147,7 +147,7 @@ fn heldout_tool_calls_on_the_cpu_engine() {
 #[test]
 fn heldout_tool_calls_on_the_gpu_engine() {
     let Some(ctx) = gpu() else { return };
-    let model = Arc::new(cqlm::builtin::model().unwrap());
+    let model = Arc::new(cqlm::model::builtin::model().unwrap());
     // lavapipe is slow: the first 6 conversations (tools and small talk).
     let cases = heldout(6);
     let s = score(&model, &cases, || {

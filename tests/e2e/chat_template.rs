@@ -9,7 +9,7 @@
 
 use cqlm::serve::chat::ChatTemplate;
 use cqlm::serve::wire::Message;
-use cqlm::tokenizer::TextTokenizer;
+use cqlm::session::tokenizer::TextTokenizer;
 use serde_json::Value;
 use std::path::PathBuf;
 
@@ -37,7 +37,7 @@ fn ids(v: &Value) -> Vec<u32> {
 
 #[test]
 fn rust_renders_and_tokenizes_conversations_as_python_did() {
-    let model = cqlm::builtin::model().unwrap();
+    let model = cqlm::model::builtin::model().unwrap();
     let tok = TextTokenizer::for_model(&model).unwrap();
     let (bos, eos) = (
         tok.decode_special(model.config.bos),

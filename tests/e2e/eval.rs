@@ -1,4 +1,4 @@
-//! `cqlm eval` and [`cqlm::eval::score_stream`] on the shipped held-out text
+//! `cqlm eval` and [`cqlm::diag::eval::score_stream`] on the shipped held-out text
 //! (`tools/train/heldout.txt`), against the bits per byte the PyTorch
 //! implementation computed for the same archive (`tests/fixtures/trained/reference.json`,
 //! written by `tools/train/evaluate.py fixtures`: the archive dequantized to f64
@@ -6,8 +6,8 @@
 
 use crate::common::cli::{assert_ok, cqlm, text};
 use crate::common::gpu::gpu;
-use cqlm::eval::score_stream;
-use cqlm::tokenizer::TextTokenizer;
+use cqlm::diag::eval::score_stream;
+use cqlm::session::tokenizer::TextTokenizer;
 use cqlm::{CpuEngine, Engine};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -53,7 +53,7 @@ fn python(key: &str) -> (usize, usize, f64) {
 #[test]
 fn heldout_bits_per_byte_reproduce_the_pytorch_figure() {
     let _serial = serial();
-    let model = Arc::new(cqlm::builtin::model().unwrap());
+    let model = Arc::new(cqlm::model::builtin::model().unwrap());
     let text = std::fs::read_to_string(heldout()).unwrap();
     let ids = TextTokenizer::for_model(&model)
         .unwrap()

@@ -12,7 +12,7 @@
 
 use crate::common::cli::{assert_ok, cqlm};
 use crate::common::gpu::{gpu, rel_l2};
-use cqlm::tokenizer::TextTokenizer;
+use cqlm::session::tokenizer::TextTokenizer;
 use cqlm::Readout;
 use cqlm::{CpuEngine, Engine, GpuEngine, Model};
 use std::path::{Path, PathBuf};
@@ -72,7 +72,7 @@ fn code_margins() -> Vec<f64> {
 }
 
 fn model() -> Arc<Model> {
-    Arc::new(cqlm::builtin::model().expect("the built-in archive parses"))
+    Arc::new(cqlm::model::builtin::model().expect("the built-in archive parses"))
 }
 
 fn argmax_margin(v: &[f32]) -> (usize, f32) {

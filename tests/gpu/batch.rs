@@ -33,7 +33,7 @@ fn batched_sequences_match_each_sequence_alone() {
         sink: 2,
         ..Config::preset_tiny()
     };
-    let model = Arc::new(cqlm::synth::synth_model(&config, &BitsPlan::mixed(), 21).unwrap());
+    let model = Arc::new(cqlm::make::synth::synth_model(&config, &BitsPlan::mixed(), 21).unwrap());
     let vocab = model.config.vocab;
     // The adapter's program (`CQLM_GPU_PROGRAM`): CI runs this binary with each.
     for program in [ProgramKind::choose(&ctx)] {
@@ -75,7 +75,7 @@ fn batched_sequences_match_each_sequence_alone() {
                 let reference = logits_after(&mut cpu[*slot], ids);
                 worst = worst.max(rel_l2(row, &reference));
                 assert_eq!(batch.position(*slot), alone[*slot].position());
-                pending[*slot] = Some(vec![cqlm::sample::argmax(row)]);
+                pending[*slot] = Some(vec![cqlm::session::sample::argmax(row)]);
             }
         }
         assert!(
@@ -103,8 +103,9 @@ fn batched_sequences_match_each_sequence_alone() {
 #[test]
 fn bad_batch_work_is_an_error_and_steps_nothing() {
     let Some(ctx) = gpu() else { return };
-    let model =
-        Arc::new(cqlm::synth::synth_model(&Config::preset_tiny(), &BitsPlan::mixed(), 3).unwrap());
+    let model = Arc::new(
+        cqlm::make::synth::synth_model(&Config::preset_tiny(), &BitsPlan::mixed(), 3).unwrap(),
+    );
     let vocab = model.config.vocab as u32;
     let mut b = GpuBatch::new(Arc::clone(&model), ctx, 2, None).unwrap();
     assert!(matches!(
@@ -186,8 +187,9 @@ fn device_readouts_of_a_batch_equal_the_host_readouts_of_its_logits() {
     use cqlm::engine::SlotStep;
     use cqlm::StepOut;
     let Some(ctx) = gpu() else { return };
-    let model =
-        Arc::new(cqlm::synth::synth_model(&Config::preset_tiny(), &BitsPlan::mixed(), 5).unwrap());
+    let model = Arc::new(
+        cqlm::make::synth::synth_model(&Config::preset_tiny(), &BitsPlan::mixed(), 5).unwrap(),
+    );
     let vocab = model.config.vocab;
     let mut device = GpuBatch::new(Arc::clone(&model), Arc::clone(&ctx), 4, None).unwrap();
     let mut host = GpuBatch::new(Arc::clone(&model), Arc::clone(&ctx), 4, None).unwrap();

@@ -8,7 +8,7 @@ use cqlm::gpu::arena::ArenaBuilder;
 use cqlm::gpu::kernels::cq::{CqKernels, MatvecInput, PrepareMode, Reduction, SlotStrides};
 use cqlm::gpu::{run_dispatches, GpuContext};
 use cqlm::kernels::prepare::pre_op;
-use cqlm::synth::random_cq;
+use cqlm::make::synth::random_cq;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 

@@ -9,7 +9,7 @@ use cqlm::cq::BitsPlan;
 use cqlm::gpu::arena::ArenaBuilder;
 use cqlm::gpu::kernels::cq::{CqKernels, MatvecInput, PrepareMode, Reduction, SlotStrides};
 use cqlm::gpu::{run_dispatches, GpuContext, GpuOptions};
-use cqlm::synth::{random_cq, synth_model};
+use cqlm::make::synth::{random_cq, synth_model};
 use cqlm::{Config, Engine, GpuEngine};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

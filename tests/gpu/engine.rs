@@ -4,8 +4,8 @@ use crate::common::gpu::{gpu, rel_l2};
 use crate::common::{token_ids, StepLogits};
 use cqlm::cpu::Probe;
 use cqlm::cq::BitsPlan;
-use cqlm::sample::{argmax, top2_margin};
-use cqlm::synth::synth_model;
+use cqlm::make::synth::synth_model;
+use cqlm::session::sample::{argmax, top2_margin};
 use cqlm::Readout;
 use cqlm::{Config, CpuEngine, Engine, GpuEngine, HostTime, Model};
 use std::sync::Arc;
@@ -25,7 +25,7 @@ fn prompt(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
-    cqlm::stats::median(&mut v)
+    cqlm::diag::stats::median(&mut v)
 }
 
 /// Logits at every position of a 64-token prompt (crossing the window wrap).

@@ -9,7 +9,7 @@ use crate::common::{token_ids, StepLogits};
 use cqlm::cpu::Probe;
 use cqlm::cq::BitsPlan;
 use cqlm::gpu::ProgramKind;
-use cqlm::synth::synth_model;
+use cqlm::make::synth::synth_model;
 use cqlm::{Config, CpuEngine, Engine, GpuEngine, Model, Readout};
 use std::collections::BTreeMap;
 use std::sync::Arc;

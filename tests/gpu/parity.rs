@@ -3,9 +3,9 @@
 
 use crate::common::gpu::gpu;
 use cqlm::cq::BitsPlan;
+use cqlm::diag::parity::run_ladder;
 use cqlm::gpu::{Fault, GpuEngine};
-use cqlm::parity::run_ladder;
-use cqlm::synth::synth_model;
+use cqlm::make::synth::synth_model;
 use cqlm::Config;
 use std::sync::Arc;
 
@@ -121,7 +121,7 @@ const TOKENIZER: &str = r#"{"version":"1.0","truncation":null,"padding":null,"ad
 fn text_prompts_use_the_embedded_tokenizer() {
     let dir = tempfile::tempdir().unwrap();
     let c = Config::preset_tiny();
-    let tensors = cqlm::synth::synth_tensors(&c, &BitsPlan::mixed(), 4);
+    let tensors = cqlm::make::synth::synth_tensors(&c, &BitsPlan::mixed(), 4);
     let with = dir.path().join("with.cqlm");
     let without = dir.path().join("without.cqlm");
     cqlm::archive::write_archive_file(&with, &c, Some(TOKENIZER), &tensors).unwrap();
@@ -129,7 +129,7 @@ fn text_prompts_use_the_embedded_tokenizer() {
 
     // The library: BOS goes in front (this tokenizer's post-processor adds none).
     let model = cqlm::Model::load(&with).unwrap();
-    let tok = cqlm::tokenizer::TextTokenizer::for_model(&model).unwrap();
+    let tok = cqlm::session::tokenizer::TextTokenizer::for_model(&model).unwrap();
     assert_eq!(
         tok.encode("hello world again hello").unwrap(),
         vec![1, 3, 4, 5, 3]

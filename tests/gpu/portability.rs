@@ -6,7 +6,7 @@ use crate::common::gpu::{gpu, rel_l2};
 use crate::common::StepLogits;
 use cqlm::cq::BitsPlan;
 use cqlm::gpu::{env_flag, GpuContext, GpuEngine, GpuOptions};
-use cqlm::synth::synth_model;
+use cqlm::make::synth::synth_model;
 use cqlm::{Config, CpuEngine, Error, Model};
 use std::sync::Arc;
 

@@ -6,8 +6,8 @@ use crate::common::StepLogits;
 use cqlm::cq::BitsPlan;
 use cqlm::gpu::kernels::sample::{ArgmaxParams, SampleKernels};
 use cqlm::gpu::{run_dispatches, GpuContext, GpuEngine};
-use cqlm::sample::argmax;
-use cqlm::synth::synth_model;
+use cqlm::make::synth::synth_model;
+use cqlm::session::sample::argmax;
 use cqlm::Readout;
 use cqlm::{Config, CpuEngine, Engine};
 use rand::{Rng, SeedableRng};
@@ -193,7 +193,7 @@ fn topk_kernel_matches_the_cpu_selection_with_ties_at_the_cut() {
         v[3] = -0.0;
         let want = {
             let mut w = Vec::new();
-            cqlm::sample::top_k_into(&v[3..], k, &mut w);
+            cqlm::session::sample::top_k_into(&v[3..], k, &mut w);
             w
         };
         let got = device_topk(&ctx, &v, 3, n, k).expect("finite");
@@ -249,7 +249,7 @@ fn every_device_readout_flags_a_non_finite_logit_at_any_position() {
     assert_eq!(device_argmax(&ctx, &v, off, n), (0, 0));
     let want = {
         let mut w = Vec::new();
-        cqlm::sample::top_k_into(&v[off..off + n], 40, &mut w);
+        cqlm::session::sample::top_k_into(&v[off..off + n], 40, &mut w);
         w
     };
     assert_eq!(device_topk(&ctx, &v, off, n, 40), Some(want.clone()));
@@ -263,12 +263,12 @@ fn every_device_readout_flags_a_non_finite_logit_at_any_position() {
 fn draw_from_read_back_logits(
     model: &Arc<cqlm::Model>,
     ctx: Arc<GpuContext>,
-    cfg: cqlm::sample::SamplerConfig,
+    cfg: cqlm::session::sample::SamplerConfig,
     n: usize,
 ) -> (Vec<u32>, Vec<f32>) {
     let mut g = GpuEngine::with_context(Arc::clone(model), ctx).unwrap();
     let mut logits = g.prefill(&[1, 2, 3]).unwrap();
-    let mut sampler = cqlm::sample::Sampler::new(cfg).unwrap();
+    let mut sampler = cqlm::session::sample::Sampler::new(cfg).unwrap();
     let mut history = vec![1u32, 2, 3];
     let mut drawn = Vec::new();
     for _ in 0..n {
@@ -282,7 +282,7 @@ fn draw_from_read_back_logits(
 
 #[test]
 fn sampled_generation_on_the_gpu_draws_what_the_full_logits_draw() {
-    use cqlm::sample::{Sampler, SamplerConfig};
+    use cqlm::session::sample::{Sampler, SamplerConfig};
     use cqlm::session::{Backend, Session};
     let Some(ctx) = gpu() else { return };
     let model = Arc::new(synth_model(&Config::preset_tiny(), &BitsPlan::mixed(), 32).unwrap());
@@ -327,7 +327,7 @@ fn step_top_k_beyond_the_device_limit_selects_from_the_logits() {
             .to_vec();
         let logits = b.logits_after(token);
         let mut want = Vec::new();
-        cqlm::sample::top_k_into(&logits, k, &mut want);
+        cqlm::session::sample::top_k_into(&logits, k, &mut want);
         got.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)));
         assert_eq!(got, want, "k {k}");
         assert_eq!(a.last_logits().unwrap().unwrap(), &logits[..]);
@@ -382,7 +382,7 @@ fn topk_kernel_softmax_denominator_is_within_its_stated_bound() {
             "n {n} T {t}: {total} vs {want}: {rel:e} > {bound:e}"
         );
         let mut want_c = Vec::new();
-        cqlm::sample::top_k_into(&logits, 256, &mut want_c);
+        cqlm::session::sample::top_k_into(&logits, 256, &mut want_c);
         got.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)));
         assert_eq!(got, want_c, "n {n}");
     }
@@ -396,7 +396,7 @@ fn top_p_generation_on_the_gpu_draws_what_the_full_logits_draw() {
     // what sampling the full read-back logits draws. A vocabulary of 1000 (more
     // than the candidates): a sharp temperature lets the candidates decide, a
     // flat one needs the fallback; both happen here.
-    use cqlm::sample::{Sampler, SamplerConfig};
+    use cqlm::session::sample::{Sampler, SamplerConfig};
     use cqlm::session::{Backend, Session};
     let Some(ctx) = gpu() else { return };
     let config = Config {
@@ -470,7 +470,7 @@ fn masked_argmax_and_topk_kernels_match_the_host_masked_readout() {
             .map(|_| rng.random_range(-6i32..6) as f32 * 0.75)
             .collect();
         let mut top = Vec::new();
-        cqlm::sample::top_k_into(&logits, 40, &mut top);
+        cqlm::session::sample::top_k_into(&logits, 40, &mut top);
         let mut outside = cqlm::constrain::TokenMask::none(n);
         for t in 0..n as u32 {
             if !top.iter().any(|c| c.1 == t) {
@@ -509,7 +509,7 @@ fn masked_argmax_and_topk_kernels_match_the_host_masked_readout() {
                         .expect("finite");
                 let mut want = Vec::new();
                 mask.apply_into(&logits, &mut masked);
-                cqlm::sample::top_k_into(&masked, k, &mut want);
+                cqlm::session::sample::top_k_into(&masked, k, &mut want);
                 let ids = |x: &[(f32, u32)]| x.iter().map(|e| e.1).collect::<Vec<_>>();
                 assert_eq!(ids(&got), ids(&want), "top-{k} round {round} mask {mi}");
                 assert!(got.iter().all(|c| mask.is_allowed(c.1)));
@@ -599,10 +599,10 @@ fn constrained_generation_on_the_gpu_satisfies_its_schema() {
     // Deferred steps, device-masked readouts and forced chunks on the GPU engine:
     // every output validates (jsonschema), greedy and sampled.
     use cqlm::constrain::{ConstraintSpec, TokenSpace};
-    use cqlm::sample::{Sampler, SamplerConfig};
+    use cqlm::session::sample::{Sampler, SamplerConfig};
     use cqlm::session::{Finish, Session};
     let Some(ctx) = gpu() else { return };
-    let b = cqlm::builtin::model().unwrap();
+    let b = cqlm::model::builtin::model().unwrap();
     let config = Config {
         vocab: b.config.vocab,
         ..Config::preset_tiny()
@@ -611,7 +611,7 @@ fn constrained_generation_on_the_gpu_satisfies_its_schema() {
     m.tokenizer = b.tokenizer.clone();
     let model = Arc::new(m);
     let space = TokenSpace::for_model(&model).unwrap();
-    let tok = cqlm::tokenizer::TextTokenizer::for_model(&model).unwrap();
+    let tok = cqlm::session::tokenizer::TextTokenizer::for_model(&model).unwrap();
     let schema = serde_json::json!({"type": "object", "properties": {
         "city": {"type": "string", "maxLength": 10},
         "days": {"type": "array", "items": {"enum": ["mon", "tue", "wed"]}, "maxItems": 3},

@@ -3,7 +3,7 @@
 // Index loops over small register arrays read clearer than iterator chains here.
 #![allow(clippy::needless_range_loop)]
 use super::Rows;
-use crate::simd::x86::hsum8;
+use crate::host::simd::x86::hsum8;
 use std::arch::x86_64::*;
 
 /// The codebook repeated to `n` entries (`n` a multiple of its length).

@@ -3,10 +3,10 @@
 //! the cache with the output gate (`attend`), in shaders/attention.wgsl.
 //! CPU twins: [`crate::kernels::attention::qk_store`] and [`crate::kernels::attention::attend`].
 
+use crate::engine::profile::bytes;
 use crate::error::{Error, Result};
 use crate::gpu::layout::seq_stride;
 use crate::gpu::{Dispatch, GpuContext, Kernel};
-use crate::profile::bytes;
 use bytemuck::{Pod, Zeroable};
 
 /// The WGSL source of the family: the shared prelude `shaders/common.wgsl`, then

@@ -2,8 +2,8 @@
 //! `value = v + silu(conv ∗ ring)` (shaders/engram.wgsl), the twin of the engram
 //! section of [`crate::cpu`]'s step. CPU twin: [`crate::kernels::engram::conv`].
 
+use crate::engine::profile::bytes;
 use crate::gpu::{Dispatch, GpuContext, Kernel};
-use crate::profile::bytes;
 use bytemuck::{Pod, Zeroable};
 
 /// The WGSL source of the family: the shared prelude `shaders/common.wgsl`, then

@@ -2,8 +2,8 @@
 //! the engram gate (`premix`) and the Sinkhorn lane routing (`route`), shaders/mhc.wgsl.
 //! CPU twins: [`crate::kernels::mhc::premix`] and [`crate::kernels::mhc::route`].
 
+use crate::engine::profile::bytes;
 use crate::gpu::{Dispatch, GpuContext, Kernel};
-use crate::profile::bytes;
 use bytemuck::{Pod, Zeroable};
 
 /// The WGSL source of the family: the shared prelude `shaders/common.wgsl`, then

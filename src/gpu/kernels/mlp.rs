@@ -2,8 +2,8 @@
 //! residual before it and the lane update after it (shaders/mlp.wgsl).
 //! CPU twin: [`crate::kernels::mlp::block`].
 
+use crate::engine::profile::bytes;
 use crate::gpu::{Dispatch, GpuContext, Kernel, MlpWorkgroup};
-use crate::profile::bytes;
 use bytemuck::{Pod, Zeroable};
 
 /// The WGSL source of the family: the shared prelude `shaders/common.wgsl`, the

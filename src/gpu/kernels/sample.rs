@@ -1,11 +1,11 @@
 //! Sampling help on the device (shaders/sample.wgsl): the GPU twin of
-//! [`crate::sample::argmax`] plus a non-finite flag, so a greedy decode step reads
+//! [`crate::session::sample::argmax`] plus a non-finite flag, so a greedy decode step reads
 //! back 8 bytes instead of `vocab` floats, and the top-k candidates (at most
 //! [`MAX_K`]) for top-k / top-p sampling, with the softmax denominator a top-p cut
 //! without a top-k needs. The top-k output is always the whole [`TOPK_WORDS`]-word
 //! buffer (`4 · TOPK_WORDS` = 2060 bytes, whatever `k` is); the engine copies and
 //! reads back all of it.
-//! CPU twins: [`crate::sample::argmax`] and [`crate::sample::top_k_into`].
+//! CPU twins: [`crate::session::sample::argmax`] and [`crate::session::sample::top_k_into`].
 
 use crate::gpu::{Dispatch, GpuContext, Kernel};
 use bytemuck::{Pod, Zeroable};

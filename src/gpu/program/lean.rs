@@ -15,6 +15,7 @@
 
 use super::params::{attn_params, mlp_params, Fault, Parts};
 use super::plan::{ProgramKind, StepProgram};
+use crate::engine::profile::bytes;
 use crate::gpu::arena::GpuCq;
 use crate::gpu::capture::{CapturePoint, Source};
 use crate::gpu::kernels::attention::AttnParams;
@@ -22,7 +23,6 @@ use crate::gpu::kernels::cq::{MatvecInput, PrepareMode, SlotStrides};
 use crate::gpu::kernels::layer::{flags, CqRef, LayerBuffers, LayerParams, MAX_STAGED};
 use crate::gpu::kernels::mlp::MlpParams;
 use crate::gpu::Dispatch;
-use crate::profile::bytes;
 
 /// Replace `prog`'s decode lists by the lean program's, when the model fits it;
 /// `false` (and `prog` untouched) when it does not: a matrix the kernel reads

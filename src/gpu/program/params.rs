@@ -3,7 +3,6 @@
 //! params, and the deliberate [`Fault`]s.
 
 use super::plan::ProgramKind;
-use crate::config::Config;
 use crate::gpu::kernels::attention::{AttentionKernels, AttnParams};
 use crate::gpu::kernels::cq::CqKernels;
 use crate::gpu::kernels::engram::EngramKernels;
@@ -15,6 +14,7 @@ use crate::gpu::state::DeviceState;
 use crate::gpu::step_input::StepLayout;
 use crate::gpu::upload::GpuWeights;
 use crate::gpu::GpuContext;
+use crate::model::config::Config;
 
 /// A deliberate bug, for testing that parity tools find it (never use otherwise).
 #[doc(hidden)]

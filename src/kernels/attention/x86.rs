@@ -4,8 +4,8 @@
 // Index loops over small register arrays read clearer than iterator chains here.
 #![allow(clippy::needless_range_loop)]
 use super::{KvHeadView, WideRows};
+use crate::host::simd::x86::hsum8;
 use crate::kernels::vmath::x86::exp_slice;
-use crate::simd::x86::hsum8;
 use std::arch::x86_64::*;
 
 /// 8 int8 codes at `p` as f32 lanes.

@@ -13,7 +13,7 @@ pub(in crate::cq::fast) fn quantize(
     scales: &mut [f32],
     bias: &mut [i32],
 ) -> bool {
-    use crate::simd::CpuSimd;
+    use crate::host::simd::CpuSimd;
     match CpuSimd::selected() {
         // SAFETY: the selected level implies the features.
         CpuSimd::Avx512 => unsafe { quantize_512(prep, q, scales, bias) },

@@ -2,11 +2,11 @@
 //! and [`CqKernels::gather_many`], several matrices' gathers in one dispatch.
 
 use super::{CqKernels, GatherMany, GatherParams, GATHER_ENTRIES, MAX_GROUP};
+use crate::engine::profile::bytes;
 use crate::error::{Error, Result};
 use crate::gpu::arena::CqPart;
 use crate::gpu::arena::GpuCq;
 use crate::gpu::{grid, Dispatch, GpuContext};
-use crate::profile::bytes;
 
 impl CqKernels {
     /// Gather row `idx[idx_at]` of `m` (dequantized, times `scale`) into `out` at

@@ -11,8 +11,8 @@ mod gather;
 pub mod params;
 pub mod plan;
 
+use crate::engine::profile::bytes;
 use crate::gpu::{Dispatch, GpuContext, Kernel};
-use crate::profile::bytes;
 pub use params::{GatherMany, GatherParams, MatvecParams, GATHER_ENTRIES, PREPARED};
 pub use plan::{plan_matvec, Launch, MatvecItem, PlanCaps};
 

@@ -5,12 +5,12 @@
 use crate::archive::{
     engram_table_names, expected_tensors, write_archive, FloatTensor, Tensor, TensorKind,
 };
-use crate::config::Config;
 use crate::cq::quantize::lloyd_max_gaussian;
 use crate::cq::{BitsPlan, CqMatrix};
-use crate::engram::fnv1a64_words;
 use crate::error::Result;
-use crate::weights::Model;
+use crate::model::config::Config;
+use crate::model::engram::fnv1a64_words;
+use crate::model::weights::Model;
 use half::f16;
 use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;

@@ -2,7 +2,7 @@
 //! (`cqlm.tokenizer`, SPEC §5), parsed only when text is tokenized.
 
 use crate::error::{Error, Result};
-use crate::weights::Model;
+use crate::model::weights::Model;
 
 /// A parsed tokenizer with the model's BOS id.
 pub struct TextTokenizer {

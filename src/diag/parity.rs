@@ -9,8 +9,8 @@ use crate::error::Result;
 use crate::gpu::arena::ArenaBuilder;
 use crate::gpu::kernels::cq::CqKernels;
 use crate::gpu::{run_dispatches, Captured, GpuContext, GpuEngine};
-use crate::sample::{argmax, top2_margin};
-use crate::weights::Model;
+use crate::model::weights::Model;
+use crate::session::sample::{argmax, top2_margin};
 use serde::Serialize;
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -253,7 +253,7 @@ pub fn run_ladder(
     let scope = errs.len().min(100);
     let mut rels: Vec<f64> = errs[..scope].iter().map(|e| e.0).collect();
     let worst = errs.iter().map(|e| e.0).fold(0.0, f64::max);
-    let median = crate::stats::median(&mut rels);
+    let median = crate::diag::stats::median(&mut rels);
     let max_abs = errs.iter().map(|e| e.1).fold(0.0, f64::max);
     let pass = median <= 1e-4 && worst <= 2e-2;
     run.rungs.push(Rung {

@@ -1,10 +1,19 @@
 //! The backend-independent interface of a token-stepping engine, and what a
-//! step hands back ([`Readout`] asks, [`StepOut`] answers).
+//! step hands back ([`Readout`] asks, [`StepOut`] answers); several sequences
+//! stepped together ([`batch`]: [`BatchEngine`], [`SlotStep`]), the arithmetic
+//! of the CQ matvecs ([`precision`]) and per-kernel profiles ([`profile`]).
 
-use crate::config::Config;
 use crate::constrain::TokenMask;
 use crate::error::{Error, Result};
-use crate::precision::Precision;
+use crate::model::config::Config;
+use precision::Precision;
+
+pub mod batch;
+pub mod precision;
+pub mod profile;
+
+pub(crate) use batch::{check_batch_work, ItemOut, ItemOuts};
+pub use batch::{BatchEngine, SlotStep};
 
 /// Candidates a [`Readout::Nucleus`] step hands over. The GPU selects them on the
 /// device, so this is at most its top-k limit (`gpu::kernels::sample::MAX_K`,
@@ -37,14 +46,14 @@ pub enum Readout {
     /// The `[vocab]` logits of the next token.
     Logits,
     /// The greedy choice of the next token: the lowest index of the largest logit,
-    /// as [`crate::sample::argmax`].
+    /// as [`crate::session::sample::argmax`].
     Argmax,
     /// The `k` largest next logits as `(logit, id)` pairs (ties at the cut toward
     /// lower ids; order unspecified): all that
-    /// [`crate::sample::Sampler::sample_top_k`] needs. `k = 0` gives none.
+    /// [`crate::session::sample::Sampler::sample_top_k`] needs. `k = 0` gives none.
     TopK(usize),
     /// What a top-p draw without a top-k needs
-    /// ([`crate::sample::Sampler::sample_nucleus`]): the [`NUCLEUS_CANDIDATES`]
+    /// ([`crate::session::sample::Sampler::sample_nucleus`]): the [`NUCLEUS_CANDIDATES`]
     /// largest next logits and the softmax denominator at `temperature` (> 0)
     /// over the whole vocabulary.
     Nucleus {
@@ -150,13 +159,13 @@ pub fn host_readout<'a>(
     Ok(match readout {
         Readout::None | Readout::Deferred => StepOut::None,
         Readout::Logits => StepOut::Logits(logits),
-        Readout::Argmax => StepOut::Token(crate::sample::argmax(logits)),
+        Readout::Argmax => StepOut::Token(crate::session::sample::argmax(logits)),
         Readout::TopK(k) => {
-            crate::sample::top_k_into(logits, k, candidates);
+            crate::session::sample::top_k_into(logits, k, candidates);
             StepOut::Candidates(candidates)
         }
         Readout::Nucleus { temperature } => {
-            crate::sample::top_k_into(logits, NUCLEUS_CANDIDATES, candidates);
+            crate::session::sample::top_k_into(logits, NUCLEUS_CANDIDATES, candidates);
             let m = candidates.first().map_or(0.0, |c| c.0);
             let total = logits
                 .iter()
@@ -332,253 +341,5 @@ impl HostTime {
     pub fn us_per_step_since(&self, earlier: HostTime) -> Option<f64> {
         let steps = self.steps.checked_sub(earlier.steps).filter(|&n| n > 0)?;
         Some((self.seconds - earlier.seconds) * 1e6 / steps as f64)
-    }
-}
-
-/// One sequence's part of a [`BatchEngine::step`]: the ids to append to its
-/// slot, and what to read out of the logits after the last of them, as
-/// [`Engine::step_many`] would for that sequence alone, restricted to the tokens
-/// of `mask` when there is one (as [`Engine::readout`] with a mask).
-#[derive(Debug, Clone, Copy)]
-pub struct SlotStep<'a> {
-    /// The slot (sequence) the ids go to.
-    pub slot: usize,
-    /// The ids to append, at least one.
-    pub ids: &'a [u32],
-    /// What the step reads out after the last id.
-    pub readout: Readout,
-    /// Only these tokens may be read out (constrained generation).
-    pub mask: Option<&'a TokenMask>,
-}
-
-impl<'a> SlotStep<'a> {
-    /// `ids` for `slot` with `readout` after them, unmasked.
-    pub fn new(slot: usize, ids: &'a [u32], readout: Readout) -> SlotStep<'a> {
-        SlotStep {
-            slot,
-            ids,
-            readout,
-            mask: None,
-        }
-    }
-
-    /// The same step with its readout restricted to the tokens `mask` allows.
-    pub fn masked(self, mask: Option<&'a TokenMask>) -> SlotStep<'a> {
-        SlotStep { mask, ..self }
-    }
-}
-
-/// Several sequences of one model stepped together (continuous batching):
-/// [`crate::CpuBatch`] and [`crate::gpu::GpuBatch`]. Each slot holds one
-/// sequence with its own state; a step appends ids to some slots in one pass and
-/// reads out, for each item, what its [`SlotStep`] asks: the GPU selects the
-/// argmax or top-k on the device and copies back a few bytes per item, the
-/// logits only for an item that asks for them. Every item's readout equals that
-/// of its sequence stepped alone.
-pub trait BatchEngine: Send {
-    /// The model.
-    fn model(&self) -> &std::sync::Arc<crate::weights::Model>;
-    /// Number of slots.
-    fn slots(&self) -> usize;
-    /// Empty slot `slot` (its next token is at position 0); panics if out of range.
-    fn reset(&mut self, slot: usize);
-    /// Tokens processed by slot `slot` since its reset; panics if out of range.
-    fn position(&self, slot: usize) -> u64;
-    /// Append each item's ids to its slot and read out what each item asks
-    /// ([`BatchEngine::out`] then hands it over, item by item in `work`'s order).
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] for a slot out of range or repeated, an empty
-    /// item, no work, a bad readout argument or a mask of another vocabulary
-    /// size or that allows nothing; [`Error::TokenOutOfRange`] (nothing
-    /// stepped); the engine's step errors (the slots have then advanced), such
-    /// as [`Error::NonFinite`] when a logit an item reads out is not finite.
-    fn step(&mut self, work: &[SlotStep<'_>]) -> Result<()>;
-    /// What the last step read out for its item `item` ([`StepOut::None`] past
-    /// its items, or for an item whose readout was `None` or `Deferred`).
-    fn out(&self, item: usize) -> StepOut<'_>;
-    /// Read item `item`'s logits of the last step out again as `readout` asks,
-    /// under `mask` (as [`Engine::readout`]): e.g. the full logits when a top-p
-    /// draw's candidates could not decide.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] when the last step has no such item or computed
-    /// no logits for it (its readout was `None`), and as [`Engine::readout`].
-    fn reread(
-        &mut self,
-        item: usize,
-        readout: Readout,
-        mask: Option<&TokenMask>,
-    ) -> Result<StepOut<'_>>;
-    /// [`BatchEngine::step`] with every kernel run of the step timed into
-    /// `tally` (the CPU: timers at the kernel boundaries; the GPU: as `timing`
-    /// says, over every dispatch of its passes); returns how the kernels were
-    /// timed.
-    ///
-    /// # Errors
-    /// As [`BatchEngine::step`]; [`Error::Gpu`] for
-    /// [`crate::profile::Timing::Timestamps`] on a device without timestamp
-    /// queries.
-    fn step_timed(
-        &mut self,
-        work: &[SlotStep<'_>],
-        timing: crate::profile::Timing,
-        tally: &mut crate::profile::KernelTally,
-    ) -> Result<String>;
-    /// Bytes copied back from a device since the engine was built (0 on the
-    /// CPU, whose logits never leave the host).
-    fn bytes_read_back(&self) -> u64 {
-        0
-    }
-    /// What runs the batch (as [`Engine::describe`]).
-    fn describe(&self) -> String;
-    /// The arithmetic of its CQ matvecs (as [`Engine::precision`]).
-    fn precision(&self) -> Precision;
-}
-
-/// Check a batch step's `work` for `slots` slots and `vocab` ids: the errors of
-/// [`BatchEngine::step`] that come before anything is stepped.
-pub(crate) fn check_batch_work(work: &[SlotStep<'_>], slots: usize, vocab: usize) -> Result<()> {
-    if work.is_empty() {
-        return Err(Error::InvalidArgument("batch step: no work".into()));
-    }
-    let mut seen = vec![false; slots];
-    for w in work {
-        let slot = w.slot;
-        if slot >= slots || std::mem::replace(&mut seen[slot], true) {
-            return Err(Error::InvalidArgument(format!(
-                "batch step: slot {slot} is out of range or given twice"
-            )));
-        }
-        if w.ids.is_empty() {
-            return Err(Error::InvalidArgument(format!(
-                "batch step: slot {slot} has no ids"
-            )));
-        }
-        if let Some(&token) = w.ids.iter().find(|&&t| t as usize >= vocab) {
-            return Err(Error::TokenOutOfRange { token, vocab });
-        }
-        w.readout.validate()?;
-        if let Some(m) = w.mask {
-            m.check(vocab)?;
-        }
-    }
-    Ok(())
-}
-
-/// The readouts of a batch step's items, owned by the batch until its next
-/// step: what [`BatchEngine::out`] hands over.
-#[derive(Debug, Default)]
-pub(crate) struct ItemOuts {
-    items: Vec<ItemOut>,
-    count: usize,
-}
-
-/// One item's readout: its kind, and the buffers its candidates or logits are in.
-#[derive(Debug, Default)]
-pub(crate) struct ItemOut {
-    kind: OutKind,
-    /// The candidates of a top-k or nucleus readout.
-    pub(crate) candidates: Vec<(f32, u32)>,
-    /// The logits of a `Logits` readout (masked ones carry −∞ where disallowed).
-    pub(crate) logits: Vec<f32>,
-}
-
-#[derive(Debug, Default, Clone, Copy)]
-enum OutKind {
-    #[default]
-    None,
-    Logits,
-    Token(u32),
-    Candidates,
-    Nucleus(Nucleus),
-}
-
-impl ItemOuts {
-    /// Forget the last step's readouts and make room for `n` items.
-    pub(crate) fn begin(&mut self, n: usize) {
-        self.count = 0;
-        if self.items.len() < n {
-            self.items.resize_with(n, ItemOut::default);
-        }
-        for it in &mut self.items[..n] {
-            it.kind = OutKind::None;
-        }
-    }
-
-    /// Say the step's `n` items are read out.
-    pub(crate) fn end(&mut self, n: usize) {
-        self.count = n;
-    }
-
-    /// Item `k`'s buffers, to fill.
-    pub(crate) fn item(&mut self, k: usize) -> &mut ItemOut {
-        &mut self.items[k]
-    }
-
-    /// Item `k`'s readout (none past the last step's items).
-    pub(crate) fn get(&self, k: usize) -> StepOut<'_> {
-        if k >= self.count {
-            return StepOut::None;
-        }
-        self.items[k].as_out()
-    }
-
-    /// Whether the last step has an item `k`.
-    pub(crate) fn has(&self, k: usize) -> bool {
-        k < self.count
-    }
-}
-
-impl ItemOut {
-    /// The readout this item holds.
-    pub(crate) fn as_out(&self) -> StepOut<'_> {
-        match self.kind {
-            OutKind::None => StepOut::None,
-            OutKind::Logits => StepOut::Logits(&self.logits),
-            OutKind::Token(t) => StepOut::Token(t),
-            OutKind::Candidates => StepOut::Candidates(&self.candidates),
-            OutKind::Nucleus(nucleus) => StepOut::Nucleus {
-                candidates: &self.candidates,
-                nucleus,
-            },
-        }
-    }
-
-    /// Keep a copy of `out` (the buffers are reused).
-    pub(crate) fn keep(&mut self, out: StepOut<'_>) {
-        self.kind = match out {
-            StepOut::None => OutKind::None,
-            StepOut::Token(t) => OutKind::Token(t),
-            StepOut::Logits(l) => {
-                self.logits.clear();
-                self.logits.extend_from_slice(l);
-                OutKind::Logits
-            }
-            StepOut::Candidates(c) => {
-                self.candidates.clear();
-                self.candidates.extend_from_slice(c);
-                OutKind::Candidates
-            }
-            StepOut::Nucleus {
-                candidates,
-                nucleus,
-            } => {
-                self.candidates.clear();
-                self.candidates.extend_from_slice(candidates);
-                OutKind::Nucleus(nucleus)
-            }
-        };
-    }
-
-    /// Say the item's readout is the device's argmax `t`.
-    pub(crate) fn set_token(&mut self, t: u32) {
-        self.kind = OutKind::Token(t);
-    }
-
-    /// Say the item's readout is in `candidates` (with the nucleus denominator
-    /// when there is one).
-    pub(crate) fn set_candidates(&mut self, nucleus: Option<Nucleus>) {
-        self.kind = nucleus.map_or(OutKind::Candidates, OutKind::Nucleus);
     }
 }

@@ -6,14 +6,14 @@
 //! group a [`PackPlan`] gives its class, and reports how far each one moved.
 
 use crate::archive::{expected_tensors, expected_text, shape_ok, FloatTensor, Tensor, TensorKind};
-use crate::config::Config;
 use crate::cq::quantize::quantize;
 use crate::cq::BitsPlan;
 use crate::error::{Error, Result};
+use crate::model::config::Config;
 use std::collections::{BTreeMap, HashSet};
 
 /// Bits per class of CQ matrix and the preferred group of a pack; the same plan
-/// [`crate::synth`] uses (`--bits` syntax: [`BitsPlan::with_bits`]).
+/// [`crate::make::synth`] uses (`--bits` syntax: [`BitsPlan::with_bits`]).
 pub type PackPlan = BitsPlan;
 
 /// What [`pack`] did to one CQ matrix.
@@ -204,7 +204,7 @@ pub fn pack(
 mod tests {
     use super::*;
     use crate::archive::{read_float_checkpoint, write_float_checkpoint, FloatDtype};
-    use crate::synth::synth_float_tensors;
+    use crate::make::synth::synth_float_tensors;
 
     #[test]
     fn half_precision_checkpoints_read_back_widened() {

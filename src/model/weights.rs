@@ -1,10 +1,10 @@
 //! A typed view of every tensor of SPEC §3, and the [`Model`] that owns them.
 
 use crate::archive::{self, engram_table_names, RawArchive, Tensor};
-use crate::config::Config;
 use crate::constrain::ToolMarkers;
 use crate::cq::{CqMatrix, FastSet};
 use crate::error::{ArchiveError, Error, Result};
+use crate::model::config::Config;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};

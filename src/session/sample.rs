@@ -19,7 +19,7 @@ pub fn argmax(logits: &[f32]) -> u32 {
 /// Lanes of [`max_logit`]'s partial maxima and [`first_equal`]'s chunks.
 const LANES: usize = 16;
 
-crate::simd::simd_fn! {
+crate::host::simd::simd_fn! {
     /// The largest of `x` (−∞ for none; NaN is skipped: `max` keeps the
     /// running maximum when the value is NaN), in 16 partial maxima.
     fn max_logit(x: &[f32]) -> f32 {
@@ -38,7 +38,7 @@ crate::simd::simd_fn! {
     }
 }
 
-crate::simd::simd_fn! {
+crate::host::simd::simd_fn! {
     /// The index of the first value of `x` equal to `v` (`x.len()` if none),
     /// a chunk of 16 compared at once.
     fn first_equal(x: &[f32], v: f32) -> usize {

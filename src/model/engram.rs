@@ -1,7 +1,7 @@
 //! Engram bookkeeping shared by every backend (SPEC §4.2): the bounded token
 //! history and the FNV-1a n-gram hashes that pick table rows.
 
-use crate::config::EngramConfig;
+use crate::model::config::EngramConfig;
 
 /// FNV-1a 64-bit offset basis.
 pub const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;

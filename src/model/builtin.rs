@@ -8,10 +8,10 @@
 //! was trained and what it scores.
 
 use crate::error::Result;
-use crate::weights::Model;
+use crate::model::weights::Model;
 
 /// The archive's bytes (a valid SPEC §5 file with its tokenizer embedded).
-pub static ARCHIVE: &[u8] = include_bytes!("../models/cqlm-small.safetensors");
+pub static ARCHIVE: &[u8] = include_bytes!("../../models/cqlm-small.safetensors");
 
 /// The name errors and notices give the built-in archive.
 pub const NAME: &str = "built-in cqlm-small";

@@ -107,11 +107,11 @@ macro_rules! simd_fn {
                 unsafe fn narrow($($arg: $ty),*) $(-> $ret)? {
                     body($($arg),*)
                 }
-                match $crate::simd::CpuSimd::selected() {
+                match $crate::host::simd::CpuSimd::selected() {
                     // SAFETY: the selected level implies the features.
-                    $crate::simd::CpuSimd::Avx512 => return unsafe { wide($($arg),*) },
-                    $crate::simd::CpuSimd::Avx2 => return unsafe { narrow($($arg),*) },
-                    $crate::simd::CpuSimd::Scalar => {}
+                    $crate::host::simd::CpuSimd::Avx512 => return unsafe { wide($($arg),*) },
+                    $crate::host::simd::CpuSimd::Avx2 => return unsafe { narrow($($arg),*) },
+                    $crate::host::simd::CpuSimd::Scalar => {}
                 }
             }
             body($($arg),*)

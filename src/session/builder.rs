@@ -3,11 +3,11 @@
 //! command and the tools, so every setting reaches the engine that runs.
 
 use crate::cpu::{CpuBatch, CpuEngine};
+use crate::engine::precision::Precision;
 use crate::engine::{BatchEngine, Engine};
 use crate::error::{Error, Result};
 use crate::gpu::{list_adapters, GpuBatch, GpuEngine, GpuOptions};
-use crate::precision::Precision;
-use crate::weights::Model;
+use crate::model::weights::Model;
 use std::sync::Arc;
 
 /// Which engine to build.
