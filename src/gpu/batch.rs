@@ -442,7 +442,11 @@ impl GpuBatch {
             }
             return Ok(());
         };
-        let timed = recorder::submit_timed(ctx, ops, timer.timestamps, copy_out)?;
+        let (timed, submitted) = recorder::submit_timed(ctx, ops, timer.timestamps, copy_out)?;
+        if let (true, Some(at)) = (self.decoding, submitted) {
+            self.host.seconds += (at - t0).as_secs_f64();
+            self.host.steps += 1;
+        }
         // The pass's attention bytes shared evenly by its attend dispatches.
         let attends = timed.iter().filter(|t| t.0 == "attend").count() as u64;
         for (name, bytes, s) in timed {

@@ -222,7 +222,9 @@ pub(crate) type Timed = (&'static str, u64, f64);
 
 /// [`submit`] with every dispatch timed: with timestamp queries inside the
 /// pass when `timestamps`, else one submit and wait per dispatch (which
-/// includes that overhead). Returns each dispatch's timing in order.
+/// includes that overhead). Returns each dispatch's timing in order, and with
+/// timestamps when the submit returned (before the wait for the queries: the
+/// host's share of the step ends there).
 ///
 /// # Errors
 /// [`Error::Gpu`] when the queries can't be made or read, or a wait fails.
@@ -231,7 +233,7 @@ pub(crate) fn submit_timed(
     ops: Vec<Op<'_>>,
     timestamps: bool,
     finish: impl FnOnce(&mut wgpu::CommandEncoder),
-) -> Result<Vec<Timed>> {
+) -> Result<(Vec<Timed>, Option<Instant>)> {
     let meta: Vec<(&'static str, u64)> = ops
         .iter()
         .filter_map(|op| match op {
@@ -239,14 +241,15 @@ pub(crate) fn submit_timed(
             Op::Copy { .. } => None,
         })
         .collect();
-    let secs = if timestamps {
+    let (secs, submitted) = if timestamps {
         let q = Queries::new(ctx, meta.len())?;
         submit(ctx, ops, Observer::Timestamps(&q), finish)?;
-        q.seconds(ctx)?
+        let at = Instant::now();
+        (q.seconds(ctx)?, Some(at))
     } else {
         let mut secs = Vec::with_capacity(meta.len());
         submit(ctx, ops, Observer::PerDispatch(&mut secs), finish)?;
-        secs
+        (secs, None)
     };
     if secs.len() != meta.len() {
         return Err(Error::Gpu(format!(
@@ -255,9 +258,6 @@ pub(crate) fn submit_timed(
             meta.len()
         )));
     }
-    Ok(meta
-        .into_iter()
-        .zip(secs)
-        .map(|((n, b), s)| (n, b, s))
-        .collect())
+    let timed = meta.into_iter().zip(secs).map(|((n, b), s)| (n, b, s));
+    Ok((timed.collect(), submitted))
 }

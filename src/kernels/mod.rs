@@ -19,8 +19,8 @@
 //! | `argmax`, `topk` (sample.wgsl) | [`crate::session::sample::argmax`], [`crate::session::sample::top_k_into`] | `sample.rs` |
 //!
 //! Composed into the step, the twins are checked against an independent f64 step
-//! (`tests/cpu/reference_step.rs`); their pieces (norms, RoPE, int8, hashing)
-//! against naive loops in `tests/cpu/kernels.rs`.
+//! (`tests/lib/reference_step.rs`); their pieces (norms, RoPE, int8, hashing)
+//! against naive loops in `tests/lib/kernels.rs`.
 
 pub mod attention;
 pub mod engram;

@@ -6,6 +6,7 @@
 pub mod cli;
 pub mod gpu;
 pub mod naive;
+pub mod serve;
 
 use cqlm::{Engine, Readout};
 use rand::Rng;

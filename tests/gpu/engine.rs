@@ -244,60 +244,47 @@ fn dispatch_budget_per_layer() {
 }
 
 #[test]
-fn cli_logits_on_the_gpu_match_the_cpu() {
-    let Some(_) = gpu() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny.cqlm");
-    let bin = env!("CARGO_BIN_EXE_cqlm");
-    let run = |args: &[&str]| {
-        let out = std::process::Command::new(bin).args(args).output().unwrap();
+fn long_generation_stays_finite_and_gpu_matches_cpu_where_margins_allow() {
+    // 4,000 tokens on tiny: the KV ring (sink 2 + window 8) and the engram rings
+    // wrap hundreds of times. Teacher-forced by the CPU's greedy choice.
+    let model = Arc::new(synth_model(&Config::preset_tiny(), &BitsPlan::mixed(), 21).unwrap());
+    let mut c = CpuEngine::new(Arc::clone(&model)).unwrap();
+    let mut g = gpu().map(|ctx| GpuEngine::with_context(Arc::clone(&model), ctx).unwrap());
+    let mut lc = c.prefill(&[1, 7]).unwrap();
+    let mut lg = g.as_mut().map(|g| g.prefill(&[1, 7]).unwrap());
+    let (mut compared, mut agreed) = (0usize, 0usize);
+    for step in 0..4000 {
         assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
+            lc.iter().all(|v| v.is_finite()),
+            "cpu logits not finite at {step}"
         );
-    };
-    run(&[
-        "synth",
-        "--preset",
-        "tiny",
-        "--seed",
-        "2",
-        "--out",
-        model.to_str().unwrap(),
-    ]);
-    let ids = "1,5,9,200,3,3,7,11,13,17,19,23,29";
-    let mut rows = Vec::new();
-    for backend in ["gpu", "cpu"] {
-        let out = dir.path().join(format!("{backend}.npy"));
-        run(&[
-            "logits",
-            "--model",
-            model.to_str().unwrap(),
-            "--ids",
-            ids,
-            "--all-positions",
-            "--backend",
-            backend,
-            "--out",
-            out.to_str().unwrap(),
-        ]);
-        let bytes = std::fs::read(&out).unwrap();
-        // .npy v1: 10-byte preamble + header, then little-endian f32 data.
-        let header_len = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
-        let data: Vec<f32> = bytes[10 + header_len..]
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        assert_eq!(data.len(), 13 * 256);
-        rows.push(data);
+        let next = argmax(&lc);
+        if let Some(lg) = &lg {
+            assert!(
+                lg.iter().all(|v| v.is_finite()),
+                "gpu logits not finite at {step}"
+            );
+            if top2_margin(&lc) > 1e-2 {
+                compared += 1;
+                agreed += (argmax(lg) == next) as usize;
+            }
+        }
+        lc = c.logits_after(next);
+        if let (Some(g), Some(l)) = (g.as_mut(), lg.as_mut()) {
+            *l = g.logits_after(next);
+        }
     }
-    for p in 0..13 {
-        let e = rel_l2(
-            &rows[0][p * 256..(p + 1) * 256],
-            &rows[1][p * 256..(p + 1) * 256],
+    if g.is_some() {
+        assert_eq!(
+            agreed,
+            compared,
+            "GPU disagreed with the CPU at {} of {compared} positions",
+            compared - agreed
         );
-        assert!(e <= 2e-2, "position {p}: {e}");
+        assert!(
+            compared > 2000,
+            "only {compared} positions had a usable margin"
+        );
     }
 }
 

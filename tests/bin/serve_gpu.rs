@@ -6,7 +6,7 @@
 //! samples from the full logits reads them back. Skips only where no GPU adapter
 //! exists and `CQLM_REQUIRE_GPU` is unset.
 
-use super::serve::{http, post, start_on};
+use crate::common::serve::{http, post, start_on};
 use serde_json::json;
 use std::process::Command;
 

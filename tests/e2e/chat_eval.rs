@@ -10,9 +10,9 @@
 //! Needs `CQLM_OPENAI_PYTHON` (a Python with openai and jinja2: `.ci/run`'s venv);
 //! skipped without it unless `CQLM_REQUIRE_OPENAI` is set.
 
-use super::serve::{openai_python as python, start};
 use crate::common::cli::assert_ok;
 use crate::common::gpu::gpu;
+use crate::common::serve::{openai_python as python, start};
 use serde_json::Value;
 use std::process::Command;
 

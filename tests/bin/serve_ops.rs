@@ -5,7 +5,7 @@
 //! request naming its id, status, tokens and how it ended. Batched and a session
 //! per sequence alike.
 
-use super::serve::{http, post, start};
+use crate::common::serve::{http, post, start};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::io::{Read, Write};

@@ -1,8 +1,7 @@
-//! `EngineBuilder` and the CLI's backend flags: auto never picks a software GPU
-//! adapter, every option reaches the engine, flags a backend would ignore are
-//! errors.
+//! `EngineBuilder`: auto never picks a software GPU adapter unless asked, every
+//! option reaches the engine. (The CLI's backend flags are
+//! `tests/bin/backend_cli.rs`.)
 
-use crate::common::cli::{assert_ok, cqlm, text};
 use cqlm::cq::BitsPlan;
 use cqlm::gpu::{list_adapters, GpuOptions};
 use cqlm::make::synth::synth_model;
@@ -114,80 +113,5 @@ fn the_prefill_chunk_reaches_either_engine_and_keeps_the_logits() {
             .logits()
             .unwrap();
         assert_eq!(l.len(), 256);
-    }
-}
-
-#[test]
-fn cli_auto_notice_prefill_chunk_and_ignored_flags() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    // --adapter with --backend cpu would be ignored: an error naming both.
-    let synth = cqlm(
-        d,
-        &[
-            "synth", "--preset", "tiny", "--seed", "1", "--out", "t.cqlm",
-        ],
-    );
-    assert_ok(&synth, "synth");
-    std::fs::write(d.join("t.txt"), "some text to score").unwrap();
-    for args in [
-        &["generate", "--preset", "tiny"][..],
-        &["bench", "--preset", "tiny"],
-        &["profile", "--preset", "tiny"],
-        &[
-            "logits", "--model", "t.cqlm", "--ids", "1,2", "--out", "l.npy",
-        ],
-        &["eval", "--text", "t.txt"],
-    ] {
-        let mut argv = args.to_vec();
-        argv.extend(["--backend", "cpu", "--adapter", "x"]);
-        let out = cqlm(d, &argv);
-        let err = text(&out.stderr);
-        assert!(!out.status.success(), "{argv:?}");
-        assert!(
-            err.contains("--adapter") && err.contains("--backend cpu"),
-            "{argv:?}: {err}"
-        );
-        assert!(!err.contains("panicked"), "{argv:?}: {err}");
-    }
-    // --prefill-chunk reaches the engine (bench reports it).
-    let out = cqlm(
-        d,
-        &[
-            "bench",
-            "--backend",
-            "cpu",
-            "--preset",
-            "tiny",
-            "--prompt-len",
-            "9",
-            "--tokens",
-            "2",
-            "--reps",
-            "1",
-            "--json",
-            "--prefill-chunk",
-            "3",
-        ],
-    );
-    assert_ok(&out, "bench --prefill-chunk");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["prefill_chunk"], 3);
-    // Auto on a machine whose only adapter is a software renderer: the CPU, with
-    // one note saying why and how to force the GPU.
-    if only_software_adapters() && !adapter_env_set() {
-        let out = cqlm(d, &["generate", "--preset", "tiny", "--max-tokens", "2"]);
-        assert_ok(&out, "generate auto");
-        let err = text(&out.stderr);
-        let notes: Vec<&str> = err
-            .lines()
-            .filter(|l| l.contains("software renderer"))
-            .collect();
-        assert_eq!(notes.len(), 1, "{err}");
-        assert!(notes[0].starts_with("note: using the cpu backend"), "{err}");
-        assert!(
-            err.contains("| cpu ("),
-            "the stats line names the cpu: {err}"
-        );
     }
 }

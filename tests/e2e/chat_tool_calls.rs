@@ -7,7 +7,7 @@
 //!
 //! The full evaluation (every held-out conversation, the answers after the tool
 //! results, the server and the openai client) is `tools/train/evaluate.py chat`;
-//! `tests/cli/chat_model.rs` runs it on a subset.
+//! `tests/e2e/chat_eval.rs` runs it on a subset.
 
 use crate::common::gpu::gpu;
 use cqlm::constrain::{ConstraintSpec, TokenSpace, ToolChoice, ToolSet};

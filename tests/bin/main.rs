@@ -1,0 +1,22 @@
+//! The `bin` test binary: the `cqlm` binary run as a user would
+//! (`env!("CARGO_BIN_EXE_cqlm")`): its subcommands, `generate` with and
+//! without constraints, `pack`, `profile`, the backend flags, and `cqlm serve`
+//! over HTTP and through the official `openai` client. Tests that take the GPU
+//! backend skip without an adapter unless `CQLM_REQUIRE_GPU` is set.
+//!
+//! One binary per need (`lib`, `gpu`, `bin`, `e2e`), so wgpu and the naive model
+//! link once per binary; each module is one family of checks, and no module name
+//! repeats across binaries.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod backend_cli;
+mod constrained_cli;
+mod generate_cli;
+mod pack_cli;
+mod profile_cli;
+mod serve;
+mod serve_gpu;
+mod serve_ops;
+mod subcommands;
