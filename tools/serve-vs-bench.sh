@@ -3,12 +3,14 @@
 # backend and model, interleaved round by round (issue 46's target: the server's
 # stream >= 95% of the bench). Each round: `cqlm bench --tokens 64 --reps 3`
 # (decode with logits every token, and greedy decode picked by the engine), then a
-# fresh `cqlm serve --parallel 8` and tools/serve-bench.py --streams 1 --tokens 64
-# (its inter-token p50), then the server is stopped.
+# fresh `cqlm serve --parallel 8` and tools/serve-bench.py --streams 1 (the
+# stream's decode rate from its first token to its last), then the server is
+# stopped. TOKENS (default 256) is the stream's max_tokens.
 #
 #   tools/serve-vs-bench.sh [BINARY] [BACKEND] [ROUNDS] [extra model args, e.g. --preset default]
 set -euo pipefail
 bin=${1:-target/release/cqlm}; backend=${2:-cpu}; rounds=${3:-5}; shift $(( $# < 3 ? $# : 3 ))
+tokens=${TOKENS:-256}
 here=$(cd "$(dirname "$0")" && pwd)
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
 printf "round  bench_decode  bench_greedy  server_stream  stream/decode  stream/greedy\n"
@@ -21,13 +23,12 @@ for r in $(seq 1 "$rounds"); do
   pid=$!
   for _ in $(seq 1 600); do grep -q listening "$log" && break; sleep 0.1; done
   url=$(grep -o 'http://[0-9.:]*' "$log" | head -1)
-  out=$(python3 "$here/serve-bench.py" --url "$url" --streams 1 --tokens 64)
+  out=$(python3 "$here/serve-bench.py" --url "$url" --streams 1 --tokens "$tokens")
   kill "$pid"; wait "$pid" 2>/dev/null || true; rm -f "$log"
-  p50=$(echo "$out" | sed -n 's/.*inter-token p50 \([0-9.]*\) ms.*/\1/p')
-  python3 - "$r" "$dec" "$gre" "$p50" <<'PY'
+  rate=$(echo "$out" | sed -n 's/.*decode \([0-9.]*\) tok\/s a stream.*/\1/p')
+  python3 - "$r" "$dec" "$gre" "$rate" <<'PY'
 import sys
-r, dec, gre, p50 = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
-s = 1000.0 / p50
+r, dec, gre, s = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
 print(f"{r:>5}  {dec:12.1f}  {gre:12.1f}  {s:13.1f}  {s / dec:13.3f}  {s / gre:13.3f}")
 PY
 done

@@ -75,16 +75,6 @@ impl CpuBatch {
         Ok(b)
     }
 
-    /// Number of slots.
-    pub fn slots(&self) -> usize {
-        self.states.len()
-    }
-
-    /// The model.
-    pub fn model(&self) -> &Arc<Model> {
-        &self.model
-    }
-
     /// The arithmetic of the CQ matvecs.
     pub fn precision(&self) -> Precision {
         self.scratch.prep.precision
@@ -101,38 +91,6 @@ impl CpuBatch {
         self.scratch.prep.precision = precision;
     }
 
-    /// Empty slot `slot` (its next token is at position 0); the last step's
-    /// readouts go with it when it had an item of this slot.
-    ///
-    /// # Panics
-    /// If `slot >= slots`.
-    pub fn reset(&mut self, slot: usize) {
-        self.states[slot].reset();
-        if self.items.iter().any(|it| it.slot == slot) {
-            self.items.clear();
-            self.outs.begin(0);
-        }
-    }
-
-    /// Tokens processed by slot `slot` since its reset.
-    ///
-    /// # Panics
-    /// If `slot >= slots`.
-    pub fn position(&self, slot: usize) -> u64 {
-        self.states[slot].pos
-    }
-
-    /// Append each item of `work` to its slot in one pass and read out what each
-    /// asks ([`CpuBatch::out`]); the logits are computed only for the items
-    /// whose readout needs them. Every item's readout is bit-identical to its
-    /// slot stepped alone (the batched matvecs are bit-identical to single ones).
-    ///
-    /// # Errors
-    /// As [`BatchEngine::step`].
-    pub fn step(&mut self, work: &[SlotStep<'_>]) -> Result<()> {
-        self.step_hooked(work, StepHooks::new(None, None))
-    }
-
     /// [`CpuBatch::step`] with its kernels timed into `tally` (timers at the
     /// boundaries of the GPU's dispatches, as [`crate::CpuEngine::profile`]).
     ///
@@ -140,17 +98,6 @@ impl CpuBatch {
     /// As [`CpuBatch::step`].
     pub fn step_timed(&mut self, work: &[SlotStep<'_>], tally: &mut KernelTally) -> Result<()> {
         self.step_hooked(work, StepHooks::new(None, Some(tally)))
-    }
-
-    /// What the last step read out for its item `item` ([`StepOut::None`] past
-    /// its items or for an item that asked for none).
-    pub fn out(&self, item: usize) -> StepOut<'_> {
-        match self.items.get(item) {
-            Some(&Item { direct: true, .. }) => {
-                self.logits(item).map_or(StepOut::None, StepOut::Logits)
-            }
-            _ => self.outs.get(item),
-        }
     }
 
     /// The logits the last step computed for its item `item`, if it did.
@@ -220,12 +167,38 @@ impl CpuBatch {
         self.outs.end(work.len());
         Ok(())
     }
+}
 
-    /// [`BatchEngine::reread`].
-    ///
-    /// # Errors
-    /// As [`BatchEngine::reread`].
-    pub fn reread(
+impl BatchEngine for CpuBatch {
+    fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+    fn slots(&self) -> usize {
+        self.states.len()
+    }
+    fn reset(&mut self, slot: usize) {
+        self.states[slot].reset();
+        // The last step's readouts go with a slot it stepped.
+        if self.items.iter().any(|it| it.slot == slot) {
+            self.items.clear();
+            self.outs.begin(0);
+        }
+    }
+    fn position(&self, slot: usize) -> u64 {
+        self.states[slot].pos
+    }
+    fn step(&mut self, work: &[SlotStep<'_>]) -> Result<()> {
+        self.step_hooked(work, StepHooks::new(None, None))
+    }
+    fn out(&self, item: usize) -> StepOut<'_> {
+        match self.items.get(item) {
+            Some(&Item { direct: true, .. }) => {
+                self.logits(item).map_or(StepOut::None, StepOut::Logits)
+            }
+            _ => self.outs.get(item),
+        }
+    }
+    fn reread(
         &mut self,
         item: usize,
         readout: Readout,
@@ -250,35 +223,6 @@ impl CpuBatch {
             &mut self.masked,
             &mut self.candidates,
         )
-    }
-}
-
-impl BatchEngine for CpuBatch {
-    fn model(&self) -> &Arc<Model> {
-        CpuBatch::model(self)
-    }
-    fn slots(&self) -> usize {
-        CpuBatch::slots(self)
-    }
-    fn reset(&mut self, slot: usize) {
-        CpuBatch::reset(self, slot);
-    }
-    fn position(&self, slot: usize) -> u64 {
-        CpuBatch::position(self, slot)
-    }
-    fn step(&mut self, work: &[SlotStep<'_>]) -> Result<()> {
-        CpuBatch::step(self, work)
-    }
-    fn out(&self, item: usize) -> StepOut<'_> {
-        CpuBatch::out(self, item)
-    }
-    fn reread(
-        &mut self,
-        item: usize,
-        readout: Readout,
-        mask: Option<&TokenMask>,
-    ) -> Result<StepOut<'_>> {
-        CpuBatch::reread(self, item, readout, mask)
     }
     fn step_timed(
         &mut self,

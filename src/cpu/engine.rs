@@ -9,7 +9,7 @@ use super::scratch::{chunk_len, DEFAULT_CHUNK};
 use crate::constrain::TokenMask;
 use crate::engine::precision::Precision;
 use crate::engine::profile::{KernelProfile, KernelTimer};
-use crate::engine::{Engine, Readout, SlotStep, StepOut};
+use crate::engine::{BatchEngine, Engine, Readout, SlotStep, StepOut};
 use crate::error::{Error, Result};
 use crate::model::config::Config;
 use crate::model::weights::Model;

@@ -8,8 +8,8 @@ use crate::error::{Error, Result};
 
 /// One sequence's part of a [`BatchEngine::step`]: the ids to append to its
 /// slot, and what to read out of the logits after the last of them, as
-/// [`Engine::step_many`] would for that sequence alone, restricted to the tokens
-/// of `mask` when there is one (as [`Engine::readout`] with a mask).
+/// [`super::Engine::step_many`] would for that sequence alone, restricted to the tokens
+/// of `mask` when there is one (as [`super::Engine::readout`] with a mask).
 #[derive(Debug, Clone, Copy)]
 pub struct SlotStep<'a> {
     /// The slot (sequence) the ids go to.
@@ -69,12 +69,12 @@ pub trait BatchEngine: Send {
     /// its items, or for an item whose readout was `None` or `Deferred`).
     fn out(&self, item: usize) -> StepOut<'_>;
     /// Read item `item`'s logits of the last step out again as `readout` asks,
-    /// under `mask` (as [`Engine::readout`]): e.g. the full logits when a top-p
+    /// under `mask` (as [`super::Engine::readout`]): e.g. the full logits when a top-p
     /// draw's candidates could not decide.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when the last step has no such item or computed
-    /// no logits for it (its readout was `None`), and as [`Engine::readout`].
+    /// no logits for it (its readout was `None`), and as [`super::Engine::readout`].
     fn reread(
         &mut self,
         item: usize,
@@ -101,9 +101,9 @@ pub trait BatchEngine: Send {
     fn bytes_read_back(&self) -> u64 {
         0
     }
-    /// What runs the batch (as [`Engine::describe`]).
+    /// What runs the batch (as [`super::Engine::describe`]).
     fn describe(&self) -> String;
-    /// The arithmetic of its CQ matvecs (as [`Engine::precision`]).
+    /// The arithmetic of its CQ matvecs (as [`super::Engine::precision`]).
     fn precision(&self) -> Precision;
 }
 

@@ -149,16 +149,6 @@ impl GpuBatch {
         })
     }
 
-    /// Number of slots.
-    pub fn slots(&self) -> usize {
-        self.seqs.len()
-    }
-
-    /// The model.
-    pub fn model(&self) -> &Arc<Model> {
-        &self.gpu.model
-    }
-
     /// The device the batch runs on.
     pub fn context(&self) -> &Arc<GpuContext> {
         &self.gpu.ctx
@@ -186,139 +176,9 @@ impl GpuBatch {
         self.host
     }
 
-    /// Empty slot `slot` (its next token is at position 0); the last step's
-    /// readouts go with it.
-    ///
-    /// # Panics
-    /// If `slot >= slots`.
-    pub fn reset(&mut self, slot: usize) {
-        let s = &mut self.seqs[slot];
-        s.pos = 0;
-        s.input.clear();
-        self.readouts.forget();
-        // Cache and ring rows of earlier runs are never read before being rewritten
-        // (attention reads only positions <= t, the ring only positions >= 0).
-    }
-
-    /// Tokens processed by slot `slot` since its reset.
-    ///
-    /// # Panics
-    /// If `slot >= slots`.
-    pub fn position(&self, slot: usize) -> u64 {
-        self.seqs[slot].pos
-    }
-
-    /// Append each item of `work` to its slot and read out what each asks
-    /// ([`GpuBatch::out`]). The ids go in passes of at most
-    /// [`crate::GpuEngine::prefill_slots`] tokens (one pass when they fit);
-    /// each item's readout runs on the device in the pass where it ends, and
-    /// everything the items read back is mapped once after the last pass (not at
-    /// all, and without waiting, when none reads anything back). Every item's
-    /// readout is that of its slot stepped alone.
-    ///
-    /// # Errors
-    /// As [`BatchEngine::step`]; [`Error::Gpu`] for a device failure (the slots
-    /// have then advanced).
-    pub fn step(&mut self, work: &[SlotStep<'_>]) -> Result<()> {
-        let vocab = self.gpu.model.config.vocab;
-        crate::engine::check_batch_work(work, self.seqs.len(), vocab)?;
-        let ctx = Arc::clone(&self.gpu.ctx);
-        ctx.check_errors()?;
-        self.readouts.begin(&ctx, work);
-        self.decoding = work.iter().all(|w| w.ids.len() == 1);
-        // Items of one id (decode tokens) first, so a long prompt never pushes
-        // them to a later pass.
-        let mut order = std::mem::take(&mut self.order);
-        order.clear();
-        order.extend(0..work.len());
-        order.sort_by_key(|&k| work[k].ids.len());
-        let cap = self.gpu.slots.count;
-        self.placed.clear();
-        self.placed.resize(work.len(), 0);
-        let mut pass = std::mem::take(&mut self.pass);
-        let mut ran = Ok(());
-        while ran.is_ok() {
-            pass.clear();
-            for &k in &order {
-                let (seq, ids) = (work[k].slot, work[k].ids);
-                let placed = &mut self.placed[k];
-                while *placed < ids.len() && pass.len() < cap {
-                    pass.push(Placed {
-                        item: k,
-                        seq,
-                        token: ids[*placed],
-                        last: *placed + 1 == ids.len(),
-                    });
-                    *placed += 1;
-                }
-            }
-            if pass.is_empty() {
-                break;
-            }
-            ran = self.run_pass(&pass);
-        }
-        (self.order, self.pass) = (order, pass);
-        ran?;
-        let seqs = &self.seqs;
-        self.readouts
-            .finish(&ctx, work, |k| seqs[work[k].slot].pos.saturating_sub(1))?;
-        ctx.check_errors()
-    }
-
-    /// What the last step read out for its item `item` ([`StepOut::None`] past
-    /// its items or for an item that asked for none).
-    pub fn out(&self, item: usize) -> StepOut<'_> {
-        self.readouts.out(item)
-    }
-
     /// Whether the last step computed logits for its item `item`.
     pub(super) fn has_logits(&self, item: usize) -> bool {
         self.readouts.has_logits(item)
-    }
-
-    /// [`BatchEngine::reread`]: on the item's kept logits, the argmax or top-k
-    /// under `mask` on the device, or the logits copied back.
-    ///
-    /// # Errors
-    /// As [`BatchEngine::reread`]; [`Error::Gpu`] if the device fails.
-    pub fn reread(
-        &mut self,
-        item: usize,
-        readout: Readout,
-        mask: Option<&TokenMask>,
-    ) -> Result<StepOut<'_>> {
-        // Only the one-slot view rereads after a captured step: its slot 0.
-        let t = self.seqs.first().map_or(0, |s| s.pos.saturating_sub(1));
-        self.readouts.reread(&self.gpu.ctx, item, readout, mask, t)
-    }
-
-    /// [`GpuBatch::step`] with every dispatch of its passes timed into `tally`
-    /// by kernel name (with timestamp queries inside the passes where `timing`
-    /// allows them, else a submit and wait per dispatch, which includes that
-    /// overhead); returns how they were timed. The same readouts as an untimed step.
-    ///
-    /// # Errors
-    /// As [`GpuBatch::step`]; [`Error::Gpu`] for [`Timing::Timestamps`] on a
-    /// device without timestamp queries.
-    pub fn step_timed(
-        &mut self,
-        work: &[SlotStep<'_>],
-        timing: Timing,
-        tally: &mut KernelTally,
-    ) -> Result<String> {
-        let ctx = Arc::clone(&self.gpu.ctx);
-        let timestamps = use_timestamps(timing, &ctx)?;
-        self.timer = Some(PassTimer {
-            timestamps,
-            tally: std::mem::take(tally),
-        });
-        let ran = self.step(work);
-        if let Some(t) = self.timer.take() {
-            *tally = t.tally;
-        }
-        ran?;
-        let period = timestamps.then(|| f64::from(ctx.queue.get_timestamp_period()));
-        Ok(describe_method(period, ctx.caps.timestamps))
     }
 
     /// Step `token` in slot 0 and also copy every named intermediate out of the
@@ -471,22 +331,69 @@ struct Placed {
 
 impl BatchEngine for GpuBatch {
     fn model(&self) -> &Arc<Model> {
-        GpuBatch::model(self)
+        &self.gpu.model
     }
     fn slots(&self) -> usize {
-        GpuBatch::slots(self)
+        self.seqs.len()
     }
     fn reset(&mut self, slot: usize) {
-        GpuBatch::reset(self, slot);
+        let s = &mut self.seqs[slot];
+        s.pos = 0;
+        s.input.clear();
+        self.readouts.forget();
+        // Cache and ring rows of earlier runs are never read before being rewritten
+        // (attention reads only positions <= t, the ring only positions >= 0).
     }
     fn position(&self, slot: usize) -> u64 {
-        GpuBatch::position(self, slot)
+        self.seqs[slot].pos
     }
     fn step(&mut self, work: &[SlotStep<'_>]) -> Result<()> {
-        GpuBatch::step(self, work)
+        let vocab = self.gpu.model.config.vocab;
+        crate::engine::check_batch_work(work, self.seqs.len(), vocab)?;
+        let ctx = Arc::clone(&self.gpu.ctx);
+        ctx.check_errors()?;
+        self.readouts.begin(&ctx, work);
+        self.decoding = work.iter().all(|w| w.ids.len() == 1);
+        // Items of one id (decode tokens) first, so a long prompt never pushes
+        // them to a later pass.
+        let mut order = std::mem::take(&mut self.order);
+        order.clear();
+        order.extend(0..work.len());
+        order.sort_by_key(|&k| work[k].ids.len());
+        let cap = self.gpu.slots.count;
+        self.placed.clear();
+        self.placed.resize(work.len(), 0);
+        let mut pass = std::mem::take(&mut self.pass);
+        let mut ran = Ok(());
+        while ran.is_ok() {
+            pass.clear();
+            for &k in &order {
+                let (seq, ids) = (work[k].slot, work[k].ids);
+                let placed = &mut self.placed[k];
+                while *placed < ids.len() && pass.len() < cap {
+                    pass.push(Placed {
+                        item: k,
+                        seq,
+                        token: ids[*placed],
+                        last: *placed + 1 == ids.len(),
+                    });
+                    *placed += 1;
+                }
+            }
+            if pass.is_empty() {
+                break;
+            }
+            ran = self.run_pass(&pass);
+        }
+        (self.order, self.pass) = (order, pass);
+        ran?;
+        let seqs = &self.seqs;
+        self.readouts
+            .finish(&ctx, work, |k| seqs[work[k].slot].pos.saturating_sub(1))?;
+        ctx.check_errors()
     }
     fn out(&self, item: usize) -> StepOut<'_> {
-        GpuBatch::out(self, item)
+        self.readouts.out(item)
     }
     fn reread(
         &mut self,
@@ -494,7 +401,9 @@ impl BatchEngine for GpuBatch {
         readout: Readout,
         mask: Option<&TokenMask>,
     ) -> Result<StepOut<'_>> {
-        GpuBatch::reread(self, item, readout, mask)
+        // Only the one-slot view rereads after a captured step: its slot 0.
+        let t = self.seqs.first().map_or(0, |s| s.pos.saturating_sub(1));
+        self.readouts.reread(&self.gpu.ctx, item, readout, mask, t)
     }
     fn step_timed(
         &mut self,
@@ -502,7 +411,19 @@ impl BatchEngine for GpuBatch {
         timing: Timing,
         tally: &mut KernelTally,
     ) -> Result<String> {
-        GpuBatch::step_timed(self, work, timing, tally)
+        let ctx = Arc::clone(&self.gpu.ctx);
+        let timestamps = use_timestamps(timing, &ctx)?;
+        self.timer = Some(PassTimer {
+            timestamps,
+            tally: std::mem::take(tally),
+        });
+        let ran = self.step(work);
+        if let Some(t) = self.timer.take() {
+            *tally = t.tally;
+        }
+        ran?;
+        let period = timestamps.then(|| f64::from(ctx.queue.get_timestamp_period()));
+        Ok(describe_method(period, ctx.caps.timestamps))
     }
     fn bytes_read_back(&self) -> u64 {
         self.gpu.ctx.bytes_read_back()

@@ -10,7 +10,7 @@ use super::batch::GpuBatch;
 use super::{Captured, Fault, GpuContext, GpuOptions, ProgramKind};
 use crate::constrain::TokenMask;
 use crate::engine::profile::{KernelProfile, KernelTally, Timing};
-use crate::engine::{Engine, HostTime, Readout, SlotStep, StepOut};
+use crate::engine::{BatchEngine, Engine, HostTime, Readout, SlotStep, StepOut};
 use crate::error::{Error, Result};
 use crate::model::config::Config;
 use crate::model::weights::Model;

@@ -2,7 +2,7 @@
 //!
 //! [`GpuBatch`] (`batch.rs`) steps several sequences in one pass and
 //! [`GpuEngine`] (`engine.rs`) is its one-slot view. The batch owns a `model`
-//! ([`model::GpuModel`]: context, kernels, weights, token slots, device state,
+//! (`model::GpuModel`: context, kernels, weights, token slots, device state,
 //! program) and composes parts that own their data and never import it:
 //! `upload` (weights), `layout` (activation offsets and token slots), `state`
 //! (device buffers), `program` (the step's dispatch lists and capture points:

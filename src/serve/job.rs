@@ -1,6 +1,6 @@
 //! The engine side of the server as the HTTP side sees it: a [`Job`] per
 //! request, the [`Event`]s it sends back, and the bounded [`Queue`] in front of
-//! the one batch loop ([`super::batcher`]) that runs them all. A client that
+//! the one batch loop (`batcher.rs`) that runs them all. A client that
 //! hangs up closes its channel, and its job stops at the next pass.
 
 use super::metrics::Metrics;

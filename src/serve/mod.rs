@@ -4,7 +4,7 @@
 //! output (`response_format`) and tool calls through [`crate::constrain`]; errors
 //! in the OpenAI shape; `GET /metrics` for Prometheus ([`metrics`]) and one log
 //! line per request. Requests run in one batch engine on either backend
-//! ([`batcher`]: every `--parallel` sequence a slot of each pass); beyond them a
+//! (`batcher`: every `--parallel` sequence a slot of each pass); beyond them a
 //! bounded queue ([`job::Queue`]), beyond that 503.
 
 mod batcher;

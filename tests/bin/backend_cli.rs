@@ -5,20 +5,10 @@
 //! prints JSON; text prompts go through the embedded tokenizer.
 
 use crate::common::cli::{assert_ok, cqlm, text};
+use crate::common::gpu::{adapter_env_set, only_software_adapters};
 use crate::common::gpu::{gpu, rel_l2};
 use cqlm::cq::BitsPlan;
-use cqlm::gpu::list_adapters;
 use cqlm::Config;
-
-/// Whether every adapter wgpu sees is a software renderer (and there is one).
-fn only_software_adapters() -> bool {
-    let all = list_adapters();
-    !all.is_empty() && all.iter().all(|a| a.device_type == wgpu::DeviceType::Cpu)
-}
-
-fn adapter_env_set() -> bool {
-    std::env::var("CQLM_ADAPTER").is_ok_and(|s| !s.is_empty())
-}
 
 #[test]
 fn cli_auto_notice_prefill_chunk_and_ignored_flags() {

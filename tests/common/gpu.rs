@@ -41,3 +41,14 @@ pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
     (num / den.max(1e-300)).sqrt()
 }
+
+/// Whether every adapter wgpu sees is a software renderer (and there is one).
+pub fn only_software_adapters() -> bool {
+    let all = cqlm::gpu::list_adapters();
+    !all.is_empty() && all.iter().all(|a| a.device_type == wgpu::DeviceType::Cpu)
+}
+
+/// Whether `CQLM_ADAPTER` names an adapter.
+pub fn adapter_env_set() -> bool {
+    std::env::var("CQLM_ADAPTER").is_ok_and(|s| !s.is_empty())
+}

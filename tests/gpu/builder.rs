@@ -2,6 +2,7 @@
 //! option reaches the engine. (The CLI's backend flags are
 //! `tests/bin/backend_cli.rs`.)
 
+use crate::common::gpu::{adapter_env_set, only_software_adapters};
 use cqlm::cq::BitsPlan;
 use cqlm::gpu::{list_adapters, GpuOptions};
 use cqlm::make::synth::synth_model;
@@ -11,16 +12,6 @@ use std::sync::Arc;
 
 fn tiny() -> Arc<cqlm::Model> {
     Arc::new(synth_model(&Config::preset_tiny(), &BitsPlan::mixed(), 5).unwrap())
-}
-
-/// Whether every adapter wgpu sees is a software renderer (and there is one).
-fn only_software_adapters() -> bool {
-    let all = list_adapters();
-    !all.is_empty() && all.iter().all(|a| a.device_type == wgpu::DeviceType::Cpu)
-}
-
-fn adapter_env_set() -> bool {
-    std::env::var("CQLM_ADAPTER").is_ok_and(|s| !s.is_empty())
 }
 
 #[test]

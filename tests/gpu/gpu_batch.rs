@@ -9,7 +9,7 @@
 use crate::common::gpu::{gpu, rel_l2};
 use cqlm::cq::BitsPlan;
 use cqlm::gpu::ProgramKind;
-use cqlm::{Config, CpuEngine, Engine, Error, GpuBatch, GpuEngine, Readout};
+use cqlm::{BatchEngine, Config, CpuEngine, Engine, Error, GpuBatch, GpuEngine, Readout};
 use std::sync::Arc;
 
 /// `e`'s logits after stepping `ids`.

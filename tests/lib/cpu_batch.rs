@@ -3,7 +3,7 @@
 //! decode steps in changing groups, resets, and the window's wrap.
 
 use cqlm::cq::BitsPlan;
-use cqlm::{Config, CpuBatch, CpuEngine, Engine, Precision, Readout};
+use cqlm::{BatchEngine, Config, CpuBatch, CpuEngine, Engine, Precision, Readout};
 use std::sync::Arc;
 
 fn bits(v: &[f32]) -> Vec<u32> {
