@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Throughput of a running `cqlm serve`: N concurrent streams of greedy chat
 completions, each `--tokens` long; per-stream and aggregate tok/s, time to first
-token, p50/p99 inter-token latency (one SSE content chunk a token), and the
+token, p50/p99 latency between content chunks (a chunk a token while the client
+keeps up; the server joins the text that waited for a slower one), and the
 decode rate of a stream from its first token to its last (what `cqlm bench`'s
 decode measures; at CPU speeds the inter-token gaps are below the HTTP
 stack's delivery granularity, so the rate is the comparable figure).
@@ -14,19 +15,21 @@ def stream(url, tokens, prompt, out):
     u = urllib.parse.urlparse(url)
     c = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
     body = json.dumps({"messages": [{"role": "user", "content": prompt}], "max_tokens": tokens,
-                       "temperature": 0, "stream": True})
+                       "temperature": 0, "stream": True, "stream_options": {"include_usage": True}})
     t0 = time.perf_counter()
     c.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
     r = c.getresponse()
-    stamps = []
+    stamps, used = [], None
     for line in r:
         line = line.decode().strip()
         if not line.startswith("data: ") or line == "data: [DONE]":
             continue
         d = json.loads(line[6:])
+        if d.get("usage"):
+            used = d["usage"]["completion_tokens"]
         if d.get("choices") and d["choices"][0]["delta"].get("content"):
             stamps.append(time.perf_counter())
-    out.append((t0, stamps))
+    out.append((t0, stamps, used))
 
 def main():
     ap = argparse.ArgumentParser()
@@ -43,11 +46,14 @@ def main():
         for t in th: t.start()
         for t in th: t.join()
         wall = time.perf_counter() - t0
-        total = sum(len(s) for _, s in out)
-        gaps = [b - a_ for _, s in out for a_, b in zip(s, s[1:])]
-        ttft = [s[0] - t for t, s in out if s]
-        per = [len(s) / (s[-1] - t) for t, s in out if len(s) > 1]
-        decode = [(len(s) - 1) / (s[-1] - s[0]) for _, s in out if len(s) > 1 and s[-1] > s[0]]
+        # Tokens from the usage chunk (a chunk may carry several tokens when
+        # the client falls behind); content chunks where there is none.
+        n = lambda s, u: u if u else len(s)
+        total = sum(n(s, u) for _, s, u in out)
+        gaps = [b - a_ for _, s, _ in out for a_, b in zip(s, s[1:])]
+        ttft = [s[0] - t for t, s, _ in out if s]
+        per = [n(s, u) / (s[-1] - t) for t, s, u in out if len(s) > 1]
+        decode = [(n(s, u) - 1) / (s[-1] - s[0]) for _, s, u in out if len(s) > 1 and s[-1] > s[0]]
         q = statistics.quantiles(gaps, n=100) if len(gaps) > 1 else [0] * 99
         print(f"{n} streams: aggregate {total / wall:.0f} tok/s, per stream {statistics.mean(per):.0f} tok/s, "
               f"TTFT p50 {statistics.median(ttft) * 1e3:.1f} ms, inter-token p50 {q[49] * 1e3:.2f} ms p99 {q[98] * 1e3:.2f} ms, "
