@@ -48,12 +48,12 @@ def main():
         wall = time.perf_counter() - t0
         # Tokens from the usage chunk (a chunk may carry several tokens when
         # the client falls behind); content chunks where there is none.
-        n = lambda s, u: u if u else len(s)
-        total = sum(n(s, u) for _, s, u in out)
+        count = lambda s, u: u if u else len(s)
+        total = sum(count(s, u) for _, s, u in out)
         gaps = [b - a_ for _, s, _ in out for a_, b in zip(s, s[1:])]
         ttft = [s[0] - t for t, s, _ in out if s]
-        per = [n(s, u) / (s[-1] - t) for t, s, u in out if len(s) > 1]
-        decode = [(n(s, u) - 1) / (s[-1] - s[0]) for _, s, u in out if len(s) > 1 and s[-1] > s[0]]
+        per = [count(s, u) / (s[-1] - t) for t, s, u in out if len(s) > 1]
+        decode = [(count(s, u) - 1) / (s[-1] - s[0]) for _, s, u in out if len(s) > 1 and s[-1] > s[0]]
         q = statistics.quantiles(gaps, n=100) if len(gaps) > 1 else [0] * 99
         print(f"{n} streams: aggregate {total / wall:.0f} tok/s, per stream {statistics.mean(per):.0f} tok/s, "
               f"TTFT p50 {statistics.median(ttft) * 1e3:.1f} ms, inter-token p50 {q[49] * 1e3:.2f} ms p99 {q[98] * 1e3:.2f} ms, "
