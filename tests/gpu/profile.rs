@@ -234,7 +234,9 @@ fn batch_profiles_time_real_passes_with_every_kernel_once_a_pass() {
     // ones), and the kernels a pass of 3 distinct sequences runs as the batching
     // promises: per layer one premix, qk_store, attend, mlp and route for all
     // slots; on the GPU the head's gathers in one dispatch and the engram
-    // convolutions of every slot in one dispatch a site.
+    // convolutions of every slot in one dispatch a site. (The GPU's standard
+    // program, whatever CQLM_GPU_PROGRAM says: the lean one steps a pass's slots
+    // one after another, sharing no dispatch.)
     let model = tiny(7);
     let c = model.config.clone();
     let (layers, sites) = (c.layers, c.engram.as_ref().unwrap().sites.len());
@@ -249,7 +251,10 @@ fn batch_profiles_time_real_passes_with_every_kernel_once_a_pass() {
         engines.push((
             "gpu",
             Box::new(move || {
-                Box::new(cqlm::GpuBatch::new(Arc::clone(&m), Arc::clone(&ctx), 3, None).unwrap())
+                let standard = Some(cqlm::gpu::ProgramKind::Standard);
+                Box::new(
+                    cqlm::GpuBatch::new(Arc::clone(&m), Arc::clone(&ctx), 3, standard).unwrap(),
+                )
             }),
         ));
     }
