@@ -11,7 +11,7 @@ use crate::session::sample::SamplerConfig;
 use crate::session::tokenizer::TextTokenizer;
 use crate::session::Output;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc};
 use tokio::sync::mpsc::UnboundedSender;
 
 /// What a job sends back.
@@ -48,7 +48,8 @@ pub struct Job {
 
 /// The queue in front of the batch loop.
 pub struct Queue {
-    sender: Mutex<mpsc::Sender<Job>>,
+    /// Jobs for the batch loop (a `Sender` is `Sync`: every handler sends on it).
+    sender: mpsc::Sender<Job>,
     shared: Arc<Shared>,
     limit: usize,
 }
@@ -109,7 +110,7 @@ impl Queue {
             .spawn(move || super::batcher::run(batch, &make, &rx, &tok, &sh))
             .map_err(|e| Error::InvalidArgument(format!("cannot start the batch loop: {e}")))?;
         Ok(Queue {
-            sender: Mutex::new(tx),
+            sender: tx,
             shared,
             limit,
         })
@@ -123,8 +124,7 @@ impl Queue {
             inflight.fetch_sub(1, Ordering::SeqCst);
             return false;
         }
-        let q = self.sender.lock().unwrap_or_else(|e| e.into_inner());
-        let sent = q.send(job).is_ok();
+        let sent = self.sender.send(job).is_ok();
         if !sent {
             inflight.fetch_sub(1, Ordering::SeqCst);
         }
