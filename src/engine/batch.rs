@@ -113,10 +113,10 @@ pub(crate) fn check_batch_work(work: &[SlotStep<'_>], slots: usize, vocab: usize
     if work.is_empty() {
         return Err(Error::InvalidArgument("batch step: no work".into()));
     }
-    let mut seen = vec![false; slots];
-    for w in work {
+    for (i, w) in work.iter().enumerate() {
         let slot = w.slot;
-        if slot >= slots || std::mem::replace(&mut seen[slot], true) {
+        // Distinct slots (quadratic in the items: a few dozen at most).
+        if slot >= slots || work[..i].iter().any(|p| p.slot == slot) {
             return Err(Error::InvalidArgument(format!(
                 "batch step: slot {slot} is out of range or given twice"
             )));

@@ -210,7 +210,7 @@ impl GpuBatch {
         if want_logits {
             self.readouts.kept_only();
         } else {
-            self.readouts.forget();
+            self.readouts.forget(0);
         }
         let out = out?;
         self.gpu.ctx.check_errors()?;
@@ -340,7 +340,7 @@ impl BatchEngine for GpuBatch {
         let s = &mut self.seqs[slot];
         s.pos = 0;
         s.input.clear();
-        self.readouts.forget();
+        self.readouts.forget(slot);
         // Cache and ring rows of earlier runs are never read before being rewritten
         // (attention reads only positions <= t, the ring only positions >= 0).
     }
@@ -401,8 +401,9 @@ impl BatchEngine for GpuBatch {
         readout: Readout,
         mask: Option<&TokenMask>,
     ) -> Result<StepOut<'_>> {
-        // Only the one-slot view rereads after a captured step: its slot 0.
-        let t = self.seqs.first().map_or(0, |s| s.pos.saturating_sub(1));
+        // The item's position, for errors.
+        let slot = self.readouts.slot(item).unwrap_or(0);
+        let t = self.seqs[slot].pos.saturating_sub(1);
         self.readouts.reread(&self.gpu.ctx, item, readout, mask, t)
     }
     fn step_timed(

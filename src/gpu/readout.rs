@@ -134,6 +134,8 @@ impl DispatchKey {
 /// What an item of the step reads back, and where in the staging buffer.
 #[derive(Debug, Clone, Copy)]
 struct ItemRead {
+    /// The item's slot (sequence).
+    slot: usize,
     readout: Readout,
     device: DeviceReadout,
     /// Its dispatch, if it runs one.
@@ -154,7 +156,8 @@ pub(crate) struct Readouts {
     /// The last step's items.
     reads: Vec<ItemRead>,
     staging: wgpu::Buffer,
-    staged: Vec<u8>,
+    /// The staging buffer's words, as the last map read them.
+    staged: Vec<u32>,
     outs: ItemOuts,
     /// A reread's readout.
     again: ItemOut,
@@ -225,6 +228,7 @@ impl Readouts {
             let key = DispatchKey::of(device, w.mask.is_some());
             let bytes = device.bytes(self.vocab);
             self.reads.push(ItemRead {
+                slot: w.slot,
                 readout: w.readout,
                 device,
                 key,
@@ -347,17 +351,17 @@ impl Readouts {
         position: impl Fn(usize) -> u64,
     ) -> Result<()> {
         let total = self.reads.iter().map(|r| r.at + r.bytes).max().unwrap_or(0);
-        self.staged.resize(total as usize, 0);
+        self.staged.resize(total as usize / 4, 0);
         if total > 0 {
-            ctx.map_read_into(&self.staging, &mut self.staged)?;
+            ctx.map_read_into(&self.staging, bytemuck::cast_slice_mut(&mut self.staged))?;
         }
         for (k, w) in work.iter().enumerate() {
             let r = self.reads[k];
-            let bytes = &self.staged[r.at as usize..(r.at + r.bytes) as usize];
+            let words = &self.staged[(r.at / 4) as usize..((r.at + r.bytes) / 4) as usize];
             let scratch = (&mut self.row, &mut self.masked, &mut self.candidates);
             decode(
                 r,
-                bytes,
+                words,
                 w.mask,
                 position(k),
                 self.vocab,
@@ -379,12 +383,13 @@ impl Readouts {
         self.outs.get(k)
     }
 
-    /// Say the last step was one item whose logits are in its kept row,
-    /// read out as `readout` later (a captured step).
+    /// Say the last step was one item, of slot 0, whose logits are in its kept
+    /// row for a later readout (a captured step).
     pub(crate) fn kept_only(&mut self) {
         self.outs.begin(1);
         self.reads.clear();
         self.reads.push(ItemRead {
+            slot: 0,
             readout: Readout::Deferred,
             device: DeviceReadout::Keep,
             key: None,
@@ -394,10 +399,21 @@ impl Readouts {
         self.outs.end(1);
     }
 
-    /// Forget the last step's readouts (its sequences were reset).
-    pub(crate) fn forget(&mut self) {
-        self.outs.begin(0);
-        self.reads.clear();
+    /// The slot of the last step's item `k`, if it had one.
+    pub(crate) fn slot(&self, k: usize) -> Option<usize> {
+        self.reads
+            .get(k)
+            .filter(|_| self.outs.has(k))
+            .map(|r| r.slot)
+    }
+
+    /// Forget the last step's readouts when one of its items was of `slot`
+    /// (that sequence was reset, or stepped without them).
+    pub(crate) fn forget(&mut self, slot: usize) {
+        if self.reads.iter().any(|r| r.slot == slot) {
+            self.outs.begin(0);
+            self.reads.clear();
+        }
     }
 
     /// Read item `k`'s kept logits out again as `readout` asks, under `mask`
@@ -427,6 +443,7 @@ impl Readouts {
         let device = DeviceReadout::of(readout);
         let key = DispatchKey::of(device, mask.is_some());
         let r = ItemRead {
+            slot: self.reads[k].slot,
             readout,
             device,
             key,
@@ -451,9 +468,9 @@ impl Readouts {
             }
             DeviceReadout::None | DeviceReadout::Keep => {}
         })?;
-        self.staged.resize(r.bytes as usize, 0);
+        self.staged.resize(r.bytes as usize / 4, 0);
         if r.bytes > 0 {
-            ctx.map_read_into(&self.staging, &mut self.staged)?;
+            ctx.map_read_into(&self.staging, bytemuck::cast_slice_mut(&mut self.staged))?;
         }
         ctx.check_errors()?;
         let scratch = (&mut self.row, &mut self.masked, &mut self.candidates);
@@ -470,11 +487,11 @@ impl Readouts {
     }
 }
 
-/// Decode what readout `r` copied back (`bytes`) into `it`, under `mask`
-/// (`t`: the position, for errors).
+/// Decode what readout `r` copied back (`words`) into `it`, under `mask`
+/// (`t`: the position, for errors); allocates nothing once the buffers have grown.
 fn decode(
     r: ItemRead,
-    bytes: &[u8],
+    words: &[u32],
     mask: Option<&TokenMask>,
     t: u64,
     vocab: usize,
@@ -484,22 +501,20 @@ fn decode(
     match r.device {
         DeviceReadout::None | DeviceReadout::Keep => it.keep(StepOut::None),
         DeviceReadout::Argmax => {
-            let words: Vec<u32> = bytemuck::pod_collect_to_vec(bytes);
             if words[1] != 0 {
                 return Err(non_finite_logits(t));
             }
             it.set_token(words[0]);
         }
         DeviceReadout::TopK { temperature, .. } => {
-            let words: Vec<u32> = bytemuck::pod_collect_to_vec(bytes);
-            let Some(total) = decode_topk(&words, &mut it.candidates) else {
+            let Some(total) = decode_topk(words, &mut it.candidates) else {
                 return Err(non_finite_logits(t));
             };
             it.set_candidates((temperature > 0.0).then(|| device_nucleus(total, vocab)));
         }
         DeviceReadout::Logits => {
             row.clear();
-            row.extend(bytemuck::pod_collect_to_vec::<u8, f32>(bytes));
+            row.extend_from_slice(bytemuck::cast_slice(words));
             let allowed = |i: usize| mask.is_none_or(|m| m.is_allowed(i as u32));
             if (0..row.len()).any(|i| allowed(i) && !row[i].is_finite()) {
                 return Err(non_finite_logits(t));

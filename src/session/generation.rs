@@ -144,7 +144,8 @@ pub struct Generation<'a> {
     text: Option<TextStream<'a>>,
     eos: u32,
     max_tokens: usize,
-    prompt: Vec<u32>,
+    /// Ids of the prompt: the first `prompt_len` of `history`.
+    prompt_len: usize,
     /// Prompt ids handed out so far.
     fed: usize,
     /// Prompt and generated ids (the repetition penalty's history).
@@ -173,7 +174,7 @@ pub struct Generation<'a> {
 impl std::fmt::Debug for Generation<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Generation")
-            .field("prompt", &self.prompt.len())
+            .field("prompt", &self.prompt_len)
             .field("generated", &self.generated)
             .field("finish", &self.finish)
             .finish_non_exhaustive()
@@ -206,8 +207,8 @@ impl<'a> Generation<'a> {
             text: None,
             eos,
             max_tokens,
-            history: prompt.clone(),
-            prompt,
+            prompt_len: prompt.len(),
+            history: prompt,
             fed: 0,
             generated: 0,
             start: None,
@@ -227,7 +228,7 @@ impl<'a> Generation<'a> {
     /// Tokens the prompt's history starts with for the repetition penalty when
     /// the prompt is already in the engine (an empty `prompt`).
     pub fn with_history(mut self, history: &[u32]) -> Self {
-        if self.prompt.is_empty() {
+        if self.prompt_len == 0 {
             self.history = history.to_vec();
         }
         self
@@ -282,7 +283,7 @@ impl<'a> Generation<'a> {
 
     /// The prompt's length.
     pub fn prompt_len(&self) -> usize {
-        self.prompt.len()
+        self.prompt_len
     }
 
     /// What the constraint has cost so far.
@@ -339,12 +340,12 @@ impl<'a> Generation<'a> {
         }
         self.ids.clear();
         self.mask_ready = false;
-        if self.fed < self.prompt.len() {
-            let end = (self.fed + chunk.max(1)).min(self.prompt.len());
-            self.ids.extend_from_slice(&self.prompt[self.fed..end]);
+        if self.fed < self.prompt_len {
+            let end = (self.fed + chunk.max(1)).min(self.prompt_len);
+            self.ids.extend_from_slice(&self.history[self.fed..end]);
             self.fed = end;
             // After the whole prompt comes a choice, unless a forced start comes first.
-            self.choosing = end == self.prompt.len() && self.start.is_none();
+            self.choosing = end == self.prompt_len && self.start.is_none();
         } else {
             if let Some((forced, done)) = self.start.take() {
                 self.emit(&forced, done)?;

@@ -126,9 +126,11 @@ fn a_greedy_request_reads_back_no_logits_and_a_full_sample_does() {
     let n = v["usage"]["completion_tokens"].as_f64().unwrap();
     assert_eq!(n, tokens, "{v}");
     let greedy = read_back(&s.addr) - before;
-    // The device's argmax: 8 bytes a token (the steps after the prompt).
-    assert!(
-        greedy <= 8.0 * tokens,
+    // The device's argmax: 8 bytes for each of the 12 choices (the first after
+    // the prompt), and nothing else.
+    assert_eq!(
+        greedy,
+        8.0 * tokens,
         "greedy read back {greedy} bytes for {n} tokens"
     );
     // Temperature 1 without top-k or top-p samples from the full logits.
