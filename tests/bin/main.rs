@@ -1,6 +1,7 @@
 //! The `bin` test binary: the `cqlm` binary run as a user would
 //! (`env!("CARGO_BIN_EXE_cqlm")`): its subcommands, `generate` with and
-//! without constraints, `pack`, `profile`, the backend flags, and `cqlm serve`
+//! without constraints, `pack`, `profile`, the backend flags, the CPU pool
+//! at any thread count, and `cqlm serve`
 //! over HTTP and through the official `openai` client. Tests that take the GPU
 //! backend skip without an adapter unless `CQLM_REQUIRE_GPU` is set.
 //!
@@ -20,3 +21,4 @@ mod serve;
 mod serve_gpu;
 mod serve_ops;
 mod subcommands;
+mod threads_cli;
