@@ -3,6 +3,7 @@
 use super::{make_engine, peak_rss_bytes, rss_bytes, BackendArgs, ModelArgs};
 use anyhow::{bail, Context, Result};
 use cqlm::diag::stats::median;
+use cqlm::host::pool::Pool;
 use cqlm::session::sample::argmax;
 use cqlm::Readout;
 use std::time::Instant;
@@ -67,6 +68,8 @@ pub fn run(a: Args) -> Result<()> {
     let vocab = model.config.vocab as u32;
     let bytes_per_step = model.weight_bytes_per_step();
     let mut engine = make_engine(model, &a.backend, cqlm::Precision::Fast, true)?;
+    let pool = engine.computes_on_host().then(Pool::global);
+    let pool_before = pool.map(Pool::stats);
     // A fixed pseudo-random prompt.
     let prompt: Vec<u32> = (0..a.prompt_len as u64)
         .map(|i| ((i.wrapping_mul(2654435761) >> 7) % vocab as u64) as u32)
@@ -136,6 +139,27 @@ pub fn run(a: Args) -> Result<()> {
     let gd = median(&mut greedy);
     let host_us_per_token = (!host_us.is_empty()).then(|| median(&mut host_us));
     let rss = peak_rss_bytes().unwrap_or(0);
+    let spread = spread_warning(&[("prefill", pmin, pmax), ("decode", dmin, dmax)]);
+    if let Some(w) = &spread {
+        eprintln!("warning: {w}");
+    }
+    // What the CPU pool did during the bench, and how its size was chosen.
+    let pool_line = pool.zip(pool_before).map(|(pool, before)| {
+        let now = pool.stats();
+        let (split, alone) = (
+            now.split_jobs - before.split_jobs,
+            now.alone_jobs - before.alone_jobs,
+        );
+        let share = split as f64 / (split + alone).max(1) as f64;
+        serde_json::json!({
+            "threads": now.threads,
+            "threads_why": Pool::why(),
+            "split_jobs": split,
+            "alone_jobs": alone,
+            "split_share": share,
+            "parts_taken_by_caller": now.parts_taken_by_caller - before.parts_taken_by_caller,
+        })
+    });
     if a.json {
         let v = serde_json::json!({
             "backend": engine.describe(),
@@ -157,6 +181,8 @@ pub fn run(a: Args) -> Result<()> {
             "prefill_chunk": engine.prefill_chunk(),
             "peak_rss_bytes": rss,
             "gpu_buffer_bytes": engine.device_bytes(),
+            "cpu_pool": pool_line,
+            "spread_warning": spread,
             "soak": soak.as_ref().map(|s| serde_json::json!({
                 "rss_bytes_at_1000": s.at_1000.0, "rss_bytes_at_end": s.at_end.0,
                 "gpu_bytes_at_1000": s.at_1000.1, "gpu_bytes_at_end": s.at_end.1,
@@ -187,6 +213,16 @@ pub fn run(a: Args) -> Result<()> {
             bytes_per_step as f64 * d / 1e9
         );
         println!("peak RSS  {:.1} MB", rss as f64 / 1e6);
+        if let Some(p) = &pool_line {
+            println!(
+                "threads   {} ({}); {:.0}% of {} pool jobs split over them, {} of their parts run by the caller because no other thread had claimed them (threads the OS had not run)",
+                p["threads"],
+                Pool::why(),
+                p["split_share"].as_f64().unwrap_or(0.0) * 100.0,
+                p["split_jobs"].as_u64().unwrap_or(0) + p["alone_jobs"].as_u64().unwrap_or(0),
+                p["parts_taken_by_caller"],
+            );
+        }
         if let Some(s) = &soak {
             let (x, y) = (s.at_1000, s.at_end);
             let w = &s.window_ms;
@@ -224,4 +260,25 @@ pub fn run(a: Args) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A warning when the repetitions of a figure (name, slowest, fastest) spread
+/// more than 2x: the machine was busy, and the medians are not the engine's.
+fn spread_warning(figures: &[(&str, f64, f64)]) -> Option<String> {
+    let wide: Vec<String> = figures
+        .iter()
+        .filter(|(_, lo, hi)| *hi > 2.0 * *lo)
+        .map(|(name, lo, hi)| {
+            format!(
+                "{name} {lo:.1} .. {hi:.1} tok/s ({:.1}x)",
+                hi / lo.max(f64::MIN_POSITIVE)
+            )
+        })
+        .collect();
+    (!wide.is_empty()).then(|| {
+        format!(
+            "the repetitions spread more than 2x ({}): other programs were using the cores, so these figures are not the engine's; rerun on an idle machine or compare variants interleaved",
+            wide.join(", ")
+        )
+    })
 }
