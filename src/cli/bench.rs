@@ -144,20 +144,17 @@ pub fn run(a: Args) -> Result<()> {
         eprintln!("warning: {w}");
     }
     // What the CPU pool did during the bench, and how its size was chosen.
-    let pool_line = pool.zip(pool_before).map(|(pool, before)| {
-        let now = pool.stats();
-        let (split, alone) = (
-            now.split_jobs - before.split_jobs,
-            now.alone_jobs - before.alone_jobs,
-        );
-        let share = split as f64 / (split + alone).max(1) as f64;
+    let pool_done = pool
+        .zip(pool_before)
+        .map(|(pool, before)| pool.stats().since(&before));
+    let pool_line = pool_done.map(|p| {
         serde_json::json!({
-            "threads": now.threads,
+            "threads": p.threads,
             "threads_why": Pool::why(),
-            "split_jobs": split,
-            "alone_jobs": alone,
-            "split_share": share,
-            "parts_taken_by_caller": now.parts_taken_by_caller - before.parts_taken_by_caller,
+            "split_jobs": p.split_jobs,
+            "alone_jobs": p.alone_jobs,
+            "split_share": p.split_share(),
+            "parts_taken_by_caller": p.parts_taken_by_caller,
         })
     });
     if a.json {
@@ -213,14 +210,14 @@ pub fn run(a: Args) -> Result<()> {
             bytes_per_step as f64 * d / 1e9
         );
         println!("peak RSS  {:.1} MB", rss as f64 / 1e6);
-        if let Some(p) = &pool_line {
+        if let Some(p) = &pool_done {
             println!(
                 "threads   {} ({}); {:.0}% of {} pool jobs split over them, {} of their parts run by the caller because no other thread had claimed them (threads the OS had not run)",
-                p["threads"],
+                p.threads,
                 Pool::why(),
-                p["split_share"].as_f64().unwrap_or(0.0) * 100.0,
-                p["split_jobs"].as_u64().unwrap_or(0) + p["alone_jobs"].as_u64().unwrap_or(0),
-                p["parts_taken_by_caller"],
+                p.split_share() * 100.0,
+                p.split_jobs + p.alone_jobs,
+                p.parts_taken_by_caller,
             );
         }
         if let Some(s) = &soak {
@@ -281,4 +278,18 @@ fn spread_warning(figures: &[(&str, f64, f64)]) -> Option<String> {
             wide.join(", ")
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::spread_warning;
+
+    #[test]
+    fn a_spread_over_2x_is_named_and_a_narrow_one_is_not() {
+        assert_eq!(spread_warning(&[("decode", 900.0, 1700.0)]), None);
+        let w = spread_warning(&[("prefill", 1000.0, 1900.0), ("decode", 63.3, 1400.9)])
+            .expect("a 22x spread warns");
+        assert!(w.contains("decode 63.3 .. 1400.9 tok/s (22.1x)"), "{w}");
+        assert!(!w.contains("prefill"), "{w}");
+    }
 }

@@ -24,7 +24,7 @@ pub use shared_slice::SharedSlice;
 
 use std::cell::UnsafeCell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -134,11 +134,30 @@ pub struct PoolStats {
     pub threads: usize,
     /// Jobs split over the pool.
     pub split_jobs: u64,
-    /// Jobs run on the caller alone while another thread's job ran.
+    /// Jobs run on the caller alone: a pool of one thread, or another
+    /// thread's job was running.
     pub alone_jobs: u64,
     /// Parts of split jobs that the caller ran because no helper had claimed
     /// them (helpers the OS had not scheduled, or asleep).
     pub parts_taken_by_caller: u64,
+}
+
+impl PoolStats {
+    /// What the pool did between `before` (an earlier [`Pool::stats`] of the
+    /// same pool) and `self`; `threads` is kept.
+    pub fn since(&self, before: &PoolStats) -> PoolStats {
+        PoolStats {
+            threads: self.threads,
+            split_jobs: self.split_jobs - before.split_jobs,
+            alone_jobs: self.alone_jobs - before.alone_jobs,
+            parts_taken_by_caller: self.parts_taken_by_caller - before.parts_taken_by_caller,
+        }
+    }
+
+    /// The share of jobs split over the pool, in 0..=1 (0 with no jobs).
+    pub fn split_share(&self) -> f64 {
+        self.split_jobs as f64 / (self.split_jobs + self.alone_jobs).max(1) as f64
+    }
 }
 
 /// A fork-join pool of `threads()` threads: the caller plus `threads() − 1` helpers.
@@ -243,9 +262,9 @@ impl Pool {
     pub fn stats(&self) -> PoolStats {
         PoolStats {
             threads: self.threads(),
-            split_jobs: self.split_jobs.load(SeqCst),
-            alone_jobs: self.alone_jobs.load(SeqCst),
-            parts_taken_by_caller: self.taken_by_caller.load(SeqCst),
+            split_jobs: self.split_jobs.load(Relaxed),
+            alone_jobs: self.alone_jobs.load(Relaxed),
+            parts_taken_by_caller: self.taken_by_caller.load(Relaxed),
         }
     }
 
@@ -279,11 +298,11 @@ impl Pool {
             Err(TryLockError::WouldBlock) => None,
         };
         let Some(mut last_wake) = guard.filter(|_| n > 1) else {
-            self.alone_jobs.fetch_add(1, SeqCst);
+            self.alone_jobs.fetch_add(1, Relaxed);
             (0..n).for_each(f);
             return;
         };
-        self.split_jobs.fetch_add(1, SeqCst);
+        self.split_jobs.fetch_add(1, Relaxed);
         let panicked = self.run_split(f, &mut last_wake);
         drop(last_wake);
         assert!(!panicked, "a CPU pool job panicked");
@@ -317,7 +336,7 @@ impl Pool {
         }
         s.run_part(f, 0);
         while let Some(part) = s.claim(generation) {
-            self.taken_by_caller.fetch_add(1, SeqCst);
+            self.taken_by_caller.fetch_add(1, Relaxed);
             s.run_part(f, part);
         }
         if !spin_then_yield(|| s.done.load(SeqCst) == s.parts) {
