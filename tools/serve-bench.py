@@ -19,7 +19,7 @@ def stream(url, tokens, prompt, out):
     t0 = time.perf_counter()
     c.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
     r = c.getresponse()
-    stamps, used = [], None
+    stamps, used, prompt = [], None, None
     for line in r:
         line = line.decode().strip()
         if not line.startswith("data: ") or line == "data: [DONE]":
@@ -27,9 +27,10 @@ def stream(url, tokens, prompt, out):
         d = json.loads(line[6:])
         if d.get("usage"):
             used = d["usage"]["completion_tokens"]
+            prompt = d["usage"]["prompt_tokens"]
         if d.get("choices") and d["choices"][0]["delta"].get("content"):
             stamps.append(time.perf_counter())
-    out.append((t0, stamps, used))
+    out.append((t0, stamps, used, prompt))
 
 def main():
     ap = argparse.ArgumentParser()
@@ -49,14 +50,15 @@ def main():
         # Tokens from the usage chunk (a chunk may carry several tokens when
         # the client falls behind); content chunks where there is none.
         count = lambda s, u: u if u else len(s)
-        total = sum(count(s, u) for _, s, u in out)
-        gaps = [b - a_ for _, s, _ in out for a_, b in zip(s, s[1:])]
-        ttft = [s[0] - t for t, s, _ in out if s]
-        per = [count(s, u) / (s[-1] - t) for t, s, u in out if len(s) > 1]
-        decode = [(count(s, u) - 1) / (s[-1] - s[0]) for _, s, u in out if len(s) > 1 and s[-1] > s[0]]
+        total = sum(count(s, u) for _, s, u, _ in out)
+        gaps = [b - a_ for _, s, _, _ in out for a_, b in zip(s, s[1:])]
+        ttft = [s[0] - t for t, s, _, _ in out if s]
+        per = [count(s, u) / (s[-1] - t) for t, s, u, _ in out if len(s) > 1]
+        decode = [(count(s, u) - 1) / (s[-1] - s[0]) for _, s, u, _ in out if len(s) > 1 and s[-1] > s[0]]
+        prompts = sorted({p for *_, p in out if p})
         q = statistics.quantiles(gaps, n=100) if len(gaps) > 1 else [0] * 99
         print(f"{n} streams: aggregate {total / wall:.0f} tok/s, per stream {statistics.mean(per):.0f} tok/s, "
               f"TTFT p50 {statistics.median(ttft) * 1e3:.1f} ms, inter-token p50 {q[49] * 1e3:.2f} ms p99 {q[98] * 1e3:.2f} ms, "
-              f"decode {statistics.median(decode):.0f} tok/s a stream")
+              f"decode {statistics.median(decode):.0f} tok/s a stream, prompt {'/'.join(map(str, prompts))} tokens")
 
 main()
