@@ -1,12 +1,14 @@
-//! `cqlm serve`: an OpenAI-compatible HTTP server (axum on tokio) over the
+//! `cqlm serve`: an OpenAI- and Anthropic-compatible HTTP server (axum on tokio) over the
 //! engine. `GET /health`, `GET /v1/models`, `POST /v1/chat/completions` and
-//! `POST /v1/completions`, non-streamed or as server-sent events; structured
-//! output (`response_format`) and tool calls through [`crate::constrain`]; errors
-//! in the OpenAI shape; `GET /metrics` for Prometheus ([`metrics`]) and one log
+//! `POST /v1/completions`, non-streamed or as server-sent events, and
+//! Anthropic's `POST /v1/messages` and `/v1/messages/count_tokens` (`anthropic`)
+//! over the same chat path; structured output (`response_format`) and tool
+//! calls through [`crate::constrain`]; errors in each API's shape; `GET /metrics` for Prometheus ([`metrics`]) and one log
 //! line per request. Requests run in one batch engine on either backend
 //! (`batcher`: every `--parallel` sequence a slot of each pass); beyond them a
 //! bounded queue ([`job::Queue`]), beyond that 503.
 
+mod anthropic;
 mod batcher;
 pub mod chat;
 pub mod error;
@@ -184,6 +186,8 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/metrics", get(metrics_text))
         .fallback(|| async {
             ApiError::status(StatusCode::NOT_FOUND, "no such endpoint", "not_found")
@@ -231,21 +235,26 @@ async fn metrics_text(
 }
 
 impl AppState {
-    /// 401 unless the request carries the key (when one is set).
+    /// 401 unless the request carries the key (when one is set), as
+    /// `Authorization: Bearer KEY` or as `x-api-key: KEY` (Anthropic's header).
     fn check_key(&self, headers: &HeaderMap) -> Result<(), ApiError> {
         let Some(key) = &self.opts.api_key else {
             return Ok(());
         };
-        let given = headers
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if given == Some(key.as_str()) {
+        let header = |name| {
+            headers
+                .get(name)
+                .and_then(|v: &header::HeaderValue| v.to_str().ok())
+        };
+        let bearer = header(header::AUTHORIZATION).and_then(|v| v.strip_prefix("Bearer "));
+        if bearer == Some(key.as_str())
+            || header(header::HeaderName::from_static("x-api-key")) == Some(key.as_str())
+        {
             Ok(())
         } else {
             Err(ApiError::status(
                 StatusCode::UNAUTHORIZED,
-                "missing or wrong API key (Authorization: Bearer ...)",
+                "missing or wrong API key (Authorization: Bearer KEY, or x-api-key: KEY)",
                 "invalid_api_key",
             ))
         }
@@ -278,28 +287,47 @@ async fn chat_completions(
 ) -> Result<Response, ApiError> {
     st.check_key(&headers)?;
     let r: ChatRequest = parse(body)?;
-    if r.messages.is_empty() {
-        return Err(ApiError::bad(
-            "messages must not be empty",
-            Some("messages"),
-        ));
-    }
-    let text = st.template.render(&r.messages, r.tools.as_ref())?;
-    let ids = st
-        .tok
-        .encode(&text)
-        .map_err(|e| ApiError::bad(e.to_string(), Some("messages")))?;
-    let (constraint, stream_text) = chat_constraint(&st, &r)?;
-    let p = prepare(
-        &st,
-        &r.sampling,
-        ids,
-        constraint,
-        stream_text,
-        "messages",
-        &rec,
-    )?;
+    let p = st.queue_chat(&r, &rec)?;
     respond(st, p, Kind::Chat, rec).await
+}
+
+impl AppState {
+    /// The prompt ids of a chat request: its messages (and tools) through the
+    /// chat template, tokenized.
+    ///
+    /// # Errors
+    /// A 400 for no messages, a message the template can't take, text that
+    /// does not tokenize.
+    fn chat_prompt(&self, r: &ChatRequest) -> Result<Vec<u32>, ApiError> {
+        if r.messages.is_empty() {
+            return Err(ApiError::bad(
+                "messages must not be empty",
+                Some("messages"),
+            ));
+        }
+        let text = self.template.render(&r.messages, r.tools.as_ref())?;
+        self.tok
+            .encode(&text)
+            .map_err(|e| ApiError::bad(e.to_string(), Some("messages")))
+    }
+
+    /// Queue a chat request (its prompt, constraint and sampling checked).
+    ///
+    /// # Errors
+    /// As [`AppState::chat_prompt`], [`chat_constraint`] and [`prepare`].
+    fn queue_chat(&self, r: &ChatRequest, rec: &Tracked) -> Result<request::Prepared, ApiError> {
+        let ids = self.chat_prompt(r)?;
+        let (constraint, stream_text) = chat_constraint(self, r)?;
+        prepare(
+            self,
+            &r.sampling,
+            ids,
+            constraint,
+            stream_text,
+            "messages",
+            rec,
+        )
+    }
 }
 
 async fn completions(

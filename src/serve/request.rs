@@ -100,19 +100,7 @@ pub(super) fn prepare(
             ));
         }
     }
-    if let Some(m) = &s.model {
-        if m != &st.opts.model_id {
-            return Err(ApiError {
-                status: StatusCode::NOT_FOUND,
-                message: format!(
-                    "the model `{m}` does not exist (this server runs `{}`)",
-                    st.opts.model_id
-                ),
-                param: Some("model".into()),
-                code: Some("model_not_found"),
-            });
-        }
-    }
+    st.check_model(s)?;
     if ids.len() > st.opts.ctx_tokens {
         return Err(ApiError::bad(
             format!(
@@ -176,6 +164,24 @@ pub(super) fn prepare(
         include_usage: s.stream_options.as_ref().is_some_and(|o| o.include_usage),
         stream_text,
     })
+}
+
+impl AppState {
+    /// A 404 when `s` names a model this server does not run.
+    pub(super) fn check_model(&self, s: &Sampling) -> Result<(), ApiError> {
+        match &s.model {
+            Some(m) if m != &self.opts.model_id => Err(ApiError {
+                status: StatusCode::NOT_FOUND,
+                message: format!(
+                    "the model `{m}` does not exist (this server runs `{}`)",
+                    self.opts.model_id
+                ),
+                param: Some("model".into()),
+                code: Some("model_not_found"),
+            }),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// Compile `spec` (a 400 naming `param` when it can't be).

@@ -47,6 +47,8 @@ pub struct Output {
     pub text: String,
     /// The tool calls of a tool constraint's complete output (empty otherwise).
     pub tool_calls: Vec<ToolCall>,
+    /// The stop string the text ended at ([`Finish::StopString`]).
+    pub stop_string: Option<String>,
 }
 
 impl Output {
@@ -530,11 +532,17 @@ impl<'a> Generation<'a> {
             (Some(c), Finish::Eos | Finish::Complete) => c.tool_calls(&text)?,
             _ => Vec::new(),
         };
+        let stop_string = self
+            .text
+            .as_ref()
+            .and_then(|t| t.stop_string())
+            .map(str::to_string);
         Ok(Output {
             finish,
             tokens: self.generated,
             text,
             tool_calls,
+            stop_string,
         })
     }
 }

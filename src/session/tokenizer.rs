@@ -104,7 +104,8 @@ pub struct TextStream<'a> {
     /// Whether the last ids have not produced text yet (a partial character).
     partial: bool,
     sent: usize,
-    stopped_at: Option<usize>,
+    /// Where the first stop string starts in `text`, and which one it is.
+    stopped_at: Option<(usize, usize)>,
 }
 
 impl<'a> TextStream<'a> {
@@ -139,6 +140,12 @@ impl<'a> TextStream<'a> {
         self.stopped_at.is_some()
     }
 
+    /// The stop string the text ended at (the earliest in the text; of two
+    /// starting there, the first given), once [`TextStream::stopped`].
+    pub fn stop_string(&self) -> Option<&str> {
+        self.stopped_at.map(|(_, i)| self.stops[i].as_str())
+    }
+
     /// Add `id`; the new text that may be sent.
     ///
     /// # Errors
@@ -163,13 +170,14 @@ impl<'a> TextStream<'a> {
             from -= 1;
         }
         self.text.push_str(&piece);
-        if let Some(at) = self
+        if let Some((at, i)) = self
             .stops
             .iter()
-            .filter_map(|s| self.text[from..].find(s.as_str()).map(|i| from + i))
+            .enumerate()
+            .filter_map(|(i, s)| Some((from + self.text[from..].find(s.as_str())?, i)))
             .min()
         {
-            self.stopped_at = Some(at);
+            self.stopped_at = Some((at, i));
             return Ok(self.take(at));
         }
         let mut end = self.text.len().saturating_sub(self.hold);
@@ -205,7 +213,7 @@ impl<'a> TextStream<'a> {
     /// [`Error::InvalidArgument`] if the tokenizer cannot decode the ids.
     pub fn full(&self) -> Result<String> {
         Ok(match self.stopped_at {
-            Some(at) => self.text[..at].to_string(),
+            Some((at, _)) => self.text[..at].to_string(),
             None if self.partial => self.tok.decode(&self.ids)?,
             None => self.text.clone(),
         })
