@@ -35,6 +35,9 @@ pub struct Args {
     /// Sample only among the most likely tokens whose probability reaches p.
     #[arg(long, default_value_t = 1.0)]
     top_p: f32,
+    /// Sample only among tokens at least this likely relative to the most likely one (0: off).
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
     /// Penalise tokens seen in the last 64 (1: off).
     #[arg(long, default_value_t = 1.0)]
     repeat_penalty: f32,
@@ -185,6 +188,7 @@ pub fn run(a: Args) -> Result<()> {
         temperature: a.temperature,
         top_k: a.top_k,
         top_p: a.top_p,
+        min_p: a.min_p,
         repeat_penalty: a.repeat_penalty,
         seed: a.seed,
         ..SamplerConfig::default()

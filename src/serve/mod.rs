@@ -286,7 +286,7 @@ async fn chat_completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     st.check_key(&headers)?;
-    let r: ChatRequest = parse(body)?;
+    let r: ChatRequest = parse(body, wire::CHAT_FIELDS)?;
     let p = st.queue_chat(&r, &rec)?;
     respond(st, p, Kind::Chat, rec).await
 }
@@ -337,7 +337,7 @@ async fn completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     st.check_key(&headers)?;
-    let r: CompletionRequest = parse(body)?;
+    let r: CompletionRequest = parse(body, wire::COMPLETION_FIELDS)?;
     let ids = match &r.prompt {
         Prompt::Text(t) => st.tok.encode(t),
         Prompt::Texts(v) if v.len() == 1 => st.tok.encode(&v[0]),

@@ -50,16 +50,30 @@ pub(super) fn typed<T: serde::de::DeserializeOwned>(v: &Value) -> Result<T, ApiE
     })
 }
 
-/// The body as `T`: its sampling fields checked first on their own (so an error
-/// there names its field, which a flattened struct would not).
+/// The body as `T`, whose own fields are `own` (besides
+/// [`super::wire::SAMPLING_FIELDS`]): a field of neither is a 400 naming it
+/// unless it is `null` or `false` (asking for nothing); the sampling fields
+/// are checked first on their own (so an error there names its field, which a
+/// flattened struct would not).
 pub(super) fn parse<T: serde::de::DeserializeOwned>(
     body: Result<Bytes, BytesRejection>,
+    own: &[&str],
 ) -> Result<T, ApiError> {
     let v = parse_json(body)?;
-    if !v.is_object() {
+    let Some(obj) = v.as_object() else {
         return Err(ApiError::bad(
             "the request body must be a JSON object",
             None,
+        ));
+    };
+    let known = |k: &str| own.contains(&k) || super::wire::SAMPLING_FIELDS.contains(&k);
+    if let Some((k, _)) = obj
+        .iter()
+        .find(|(k, v)| !known(k) && !matches!(v, Value::Null | Value::Bool(false)))
+    {
+        return Err(ApiError::bad(
+            format!("`{k}`: this server does not implement this field"),
+            Some(k),
         ));
     }
     typed::<Sampling>(&v)?;
@@ -126,16 +140,33 @@ pub(super) fn prepare(
         top_p: s.top_p.unwrap_or(1.0),
         top_k: s.top_k.unwrap_or(0),
         repeat_penalty: s.repeat_penalty.unwrap_or(1.0),
+        min_p: s.min_p.unwrap_or(0.0),
+        frequency_penalty: s.frequency_penalty.unwrap_or(0.0),
+        presence_penalty: s.presence_penalty.unwrap_or(0.0),
         seed: s.seed.map_or(0, |v| v as u64),
         ..SamplerConfig::default()
     };
     if let Err(e) = Sampler::new(cfg.clone()) {
         let msg = e.to_string();
-        let param = ["temperature", "top-p", "repeat penalty"]
-            .iter()
-            .zip(["temperature", "top_p", "repeat_penalty"])
-            .find(|(k, _)| msg.contains(**k))
-            .map(|(_, p)| p);
+        let param = [
+            "temperature",
+            "top-p",
+            "min-p",
+            "repeat penalty",
+            "frequency penalty",
+            "presence penalty",
+        ]
+        .iter()
+        .zip([
+            "temperature",
+            "top_p",
+            "min_p",
+            "repeat_penalty",
+            "frequency_penalty",
+            "presence_penalty",
+        ])
+        .find(|(k, _)| msg.contains(**k))
+        .map(|(_, p)| p);
         return Err(ApiError::bad(msg, param));
     }
     let (tx, rx) = mpsc::unbounded_channel::<Event>();

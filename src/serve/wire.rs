@@ -1,6 +1,6 @@
 //! The OpenAI wire format as the official clients send and parse it: request
-//! bodies (unknown fields ignored, as OpenAI's own API does for forward
-//! compatibility), response and chunk bodies, the error shape.
+//! bodies (a field the server does not implement is refused, never silently
+//! dropped: [`SAMPLING_FIELDS`]), response and chunk bodies, the error shape.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -112,7 +112,56 @@ pub struct Sampling {
     /// cqlm's own: the repetition penalty.
     #[serde(default)]
     pub repeat_penalty: Option<f32>,
+    /// Keep tokens at least this likely relative to the most likely one.
+    #[serde(default)]
+    pub min_p: Option<f32>,
+    /// OpenAI's frequency penalty (−2 to 2).
+    #[serde(default)]
+    pub frequency_penalty: Option<f32>,
+    /// OpenAI's presence penalty (−2 to 2).
+    #[serde(default)]
+    pub presence_penalty: Option<f32>,
 }
+
+/// The fields every generating OpenAI request may carry ([`Sampling`]'s), and
+/// those accepted without effect: `user`, `store` and `metadata` (nothing is
+/// stored), `service_tier`, `safety_identifier`, `prompt_cache_key` (the
+/// prompt cache is automatic).
+pub const SAMPLING_FIELDS: &[&str] = &[
+    "model",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "n",
+    "top_k",
+    "repeat_penalty",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "user",
+    "store",
+    "metadata",
+    "service_tier",
+    "safety_identifier",
+    "prompt_cache_key",
+];
+
+/// [`ChatRequest`]'s own fields.
+pub const CHAT_FIELDS: &[&str] = &[
+    "messages",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+];
+
+/// [`CompletionRequest`]'s own fields.
+pub const COMPLETION_FIELDS: &[&str] = &["prompt"];
 
 /// `POST /v1/chat/completions`.
 #[derive(Debug, Clone, Deserialize)]

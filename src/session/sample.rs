@@ -108,8 +108,17 @@ pub struct SamplerConfig {
     pub top_p: f32,
     /// Divide positive logits (multiply negative ones) of recently seen tokens by this (`1`: off).
     pub repeat_penalty: f32,
-    /// How many of the most recent tokens the penalty looks at.
+    /// How many of the most recent tokens the penalties look at.
     pub repeat_last_n: usize,
+    /// Keep only tokens whose probability is at least `min_p` times the most
+    /// likely one's (`0`: off; applied after the temperature, like top-p).
+    pub min_p: f32,
+    /// OpenAI's frequency penalty: subtract `n × frequency_penalty` from the
+    /// logit of a token seen `n` times in the last `repeat_last_n` (`0`: off).
+    pub frequency_penalty: f32,
+    /// OpenAI's presence penalty: subtract it from the logit of every token
+    /// seen in the last `repeat_last_n` (`0`: off).
+    pub presence_penalty: f32,
     /// Seed of the sampling stream; the same seed gives the same choices.
     pub seed: u64,
 }
@@ -122,6 +131,9 @@ impl Default for SamplerConfig {
             top_p: 1.0,
             repeat_penalty: 1.0,
             repeat_last_n: 64,
+            min_p: 0.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
             seed: 0,
         }
     }
@@ -142,7 +154,8 @@ impl Sampler {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a negative or non-finite temperature, `top_p`
-    /// outside `(0, 1]` or a repeat penalty that is not finite and positive.
+    /// outside `(0, 1]`, `min_p` outside `[0, 1]`, a repeat penalty that is not
+    /// finite and positive, or a frequency or presence penalty outside `[-2, 2]`.
     pub fn new(cfg: SamplerConfig) -> Result<Sampler> {
         if !(cfg.temperature.is_finite() && cfg.temperature >= 0.0) {
             return Err(Error::InvalidArgument(format!(
@@ -161,6 +174,22 @@ impl Sampler {
                 "repeat penalty {} is not a finite number > 0",
                 cfg.repeat_penalty
             )));
+        }
+        if !(0.0..=1.0).contains(&cfg.min_p) {
+            return Err(Error::InvalidArgument(format!(
+                "min-p {} is not in [0, 1]",
+                cfg.min_p
+            )));
+        }
+        for (name, v) in [
+            ("frequency penalty", cfg.frequency_penalty),
+            ("presence penalty", cfg.presence_penalty),
+        ] {
+            if !(-2.0..=2.0).contains(&v) {
+                return Err(Error::InvalidArgument(format!(
+                    "{name} {v} is not in [-2, 2]"
+                )));
+            }
         }
         Ok(Sampler {
             rng: ChaCha8Rng::seed_from_u64(cfg.seed),
@@ -182,11 +211,17 @@ impl Sampler {
         }
     }
 
+    /// Whether the logits are used as they come: no penalty looks at the history.
+    fn unpenalized(&self) -> bool {
+        let c = &self.cfg;
+        c.repeat_penalty == 1.0 && c.frequency_penalty == 0.0 && c.presence_penalty == 0.0
+    }
+
     /// Whether [`Sampler::sample`] is plain argmax of the logits (temperature 0 or
-    /// top-k 1, no repetition penalty), so an engine may pick on the device.
+    /// top-k 1, no penalty), so an engine may pick on the device.
     pub fn is_greedy(&self) -> bool {
         let c = &self.cfg;
-        c.repeat_penalty == 1.0 && (c.temperature == 0.0 || c.top_k == 1)
+        self.unpenalized() && (c.temperature == 0.0 || c.top_k == 1)
     }
 
     /// The settings.
@@ -200,20 +235,22 @@ impl Sampler {
         let c = &self.cfg;
         self.adjusted.clear();
         self.adjusted.extend_from_slice(logits);
-        if c.repeat_penalty != 1.0 {
-            // Once per distinct token of the last `repeat_last_n`.
+        if !self.unpenalized() {
+            // Once per distinct token of the last `repeat_last_n`, with its count.
             let start = history.len().saturating_sub(c.repeat_last_n);
             self.seen.clear();
             self.seen.extend_from_slice(&history[start..]);
             self.seen.sort_unstable();
-            self.seen.dedup();
-            for &t in &self.seen {
-                if let Some(v) = self.adjusted.get_mut(t as usize) {
-                    *v = if *v > 0.0 {
-                        *v / c.repeat_penalty
-                    } else {
-                        *v * c.repeat_penalty
-                    };
+            for run in self.seen.chunk_by(|a, b| a == b) {
+                if let Some(v) = self.adjusted.get_mut(run[0] as usize) {
+                    if c.repeat_penalty != 1.0 {
+                        *v = if *v > 0.0 {
+                            *v / c.repeat_penalty
+                        } else {
+                            *v * c.repeat_penalty
+                        };
+                    }
+                    *v -= run.len() as f32 * c.frequency_penalty + c.presence_penalty;
                 }
             }
         }
@@ -228,11 +265,11 @@ impl Sampler {
     }
 
     /// With this sampler, [`Sampler::sample`] only looks at the `k` largest logits
-    /// (top-k `k >= 2`, temperature > 0, no repetition penalty): an engine may then
+    /// (top-k `k >= 2`, temperature > 0, no penalty): an engine may then
     /// hand over just those, e.g. from a [`crate::Readout::TopK`] step.
     pub fn top_k_only(&self) -> Option<usize> {
         let c = &self.cfg;
-        (c.repeat_penalty == 1.0 && c.temperature > 0.0 && c.top_k >= 2).then_some(c.top_k)
+        (self.unpenalized() && c.temperature > 0.0 && c.top_k >= 2).then_some(c.top_k)
     }
 
     /// [`Sampler::sample`] given only the `top_k` largest logits as `(logit, id)`
@@ -250,13 +287,13 @@ impl Sampler {
     }
 
     /// With this sampler, [`Sampler::sample`] is a top-p cut without a top-k
-    /// (temperature > 0, top-p < 1, no top-k, no repetition penalty): its
+    /// (temperature > 0, top-p < 1, no top-k, no min-p, no penalty): its
     /// temperature, for a [`crate::Readout::Nucleus`] step; then
     /// [`Sampler::sample_nucleus`] can usually draw from the largest logits alone.
     pub fn top_p_only(&self) -> Option<f32> {
         let c = &self.cfg;
-        (c.repeat_penalty == 1.0 && c.temperature > 0.0 && c.top_k == 0 && c.top_p < 1.0)
-            .then_some(c.temperature)
+        let plain = self.unpenalized() && c.min_p == 0.0;
+        (plain && c.temperature > 0.0 && c.top_k == 0 && c.top_p < 1.0).then_some(c.temperature)
     }
 
     /// [`Sampler::sample`] for a [`Sampler::top_p_only`] sampler, given only the
@@ -305,7 +342,7 @@ impl Sampler {
         Some(self.draw(total))
     }
 
-    /// The softmax at the temperature, the top-p cut and the draw over
+    /// The softmax at the temperature, the top-p and min-p cuts and the draw over
     /// `self.scratch` (sorted best first, at most `top_k` long).
     fn draw_from_candidates(&mut self) -> u32 {
         let c = &self.cfg;
@@ -329,6 +366,13 @@ impl Sampler {
                     break;
                 }
             }
+            self.scratch.truncate(keep);
+            total = self.scratch.iter().map(|e| e.0 as f64).sum();
+        }
+        if c.min_p > 0.0 {
+            // The weights are relative to the most likely token's (1): keep
+            // the prefix at or above min_p.
+            let keep = self.scratch.partition_point(|e| e.0 >= c.min_p).max(1);
             self.scratch.truncate(keep);
             total = self.scratch.iter().map(|e| e.0 as f64).sum();
         }

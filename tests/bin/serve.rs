@@ -35,6 +35,12 @@ fn errors_come_back_in_the_openai_shape_and_the_server_keeps_serving() {
         (json!({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "nope"}}}}).to_string().into_bytes(), auth.to_vec(), 400, Some("response_format")),
         (json!({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}], "tool_choice": "required"}).to_string().into_bytes(), auth.to_vec(), 400, Some("tools")),
         (vec![b' '; (4 << 20) + 10], auth.to_vec(), 413, None),
+        // Fields the server does not implement are refused, never dropped.
+        (br#"{"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 10}}"#.to_vec(), auth.to_vec(), 400, Some("logit_bias")),
+        (br#"{"messages": [{"role": "user", "content": "x"}], "audio": {"voice": "x"}}"#.to_vec(), auth.to_vec(), 400, Some("audio")),
+        (br#"{"messages": [{"role": "user", "content": "x"}], "min_p": 1.5}"#.to_vec(), auth.to_vec(), 400, Some("min_p")),
+        (br#"{"messages": [{"role": "user", "content": "x"}], "frequency_penalty": 3}"#.to_vec(), auth.to_vec(), 400, Some("frequency_penalty")),
+        (br#"{"messages": [{"role": "user", "content": "x"}], "presence_penalty": -2.5}"#.to_vec(), auth.to_vec(), 400, Some("presence_penalty")),
     ];
     for (i, (body, headers, want, param)) in cases.into_iter().enumerate() {
         let (status, _, b) = http(&s.addr, "POST", "/v1/chat/completions", &headers, &body);
@@ -56,6 +62,39 @@ fn errors_come_back_in_the_openai_shape_and_the_server_keeps_serving() {
         chat.to_string().as_bytes(),
     );
     assert_eq!(status, 200, "{b}");
+    // A field asking for nothing (null, false) is no request for it.
+    let mut quiet = chat.clone();
+    quiet["audio"] = Value::Null;
+    quiet["echo"] = json!(false);
+    let (status, _, b) = http(
+        &s.addr,
+        "POST",
+        "/v1/chat/completions",
+        &auth,
+        quiet.to_string().as_bytes(),
+    );
+    assert_eq!(status, 200, "{b}");
+}
+
+#[test]
+fn min_p_of_one_samples_the_greedy_text_and_penalties_are_taken() {
+    let s = start(&[]);
+    let msgs = json!([{"role": "user", "content": "Tell me about the king."}]);
+    let (_, greedy) = post(
+        &s.addr,
+        "/v1/chat/completions",
+        &json!({"messages": msgs, "max_tokens": 20, "temperature": 0}),
+    );
+    let text = &greedy["choices"][0]["message"]["content"];
+    // min-p 1 keeps only the most likely token: any temperature and seed give the greedy text.
+    for seed in 0..3 {
+        let body = json!({"messages": msgs, "max_tokens": 20, "temperature": 1.5, "min_p": 1.0, "seed": seed});
+        let (status, v) = post(&s.addr, "/v1/chat/completions", &body);
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(&v["choices"][0]["message"]["content"], text, "seed {seed}");
+    }
+    let body = json!({"messages": msgs, "max_tokens": 20, "temperature": 0.7, "frequency_penalty": 0.5, "presence_penalty": 0.5});
+    assert_eq!(post(&s.addr, "/v1/chat/completions", &body).0, 200);
 }
 
 #[test]

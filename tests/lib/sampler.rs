@@ -164,3 +164,100 @@ fn session_generates_what_a_manual_greedy_loop_does() {
     assert!(session.prefill(&[3, 256]).is_err());
     assert_eq!(session.tokens().len(), before);
 }
+
+/// Draw `n` times and return each token's share.
+fn shares(s: &mut Sampler, logits: &[f32], history: &[u32], n: usize) -> Vec<f64> {
+    let mut counts = vec![0usize; logits.len()];
+    for _ in 0..n {
+        counts[s.sample(logits, history) as usize] += 1;
+    }
+    counts.iter().map(|&c| c as f64 / n as f64).collect()
+}
+
+#[test]
+fn min_p_keeps_the_tokens_at_least_that_likely_relative_to_the_best() {
+    // p ∝ (1, 2, 3, 6): min-p 0.4 keeps p ≥ 2.4, i.e. the 3 and the 6.
+    let logits = [0.0f32, 2f32.ln(), 3f32.ln(), 6f32.ln()];
+    let mut s = Sampler::new(SamplerConfig {
+        temperature: 1.0,
+        min_p: 0.4,
+        seed: 5,
+        ..SamplerConfig::default()
+    })
+    .unwrap();
+    let got = shares(&mut s, &logits, &[], 30000);
+    for (i, want) in [0.0, 0.0, 1.0 / 3.0, 2.0 / 3.0].iter().enumerate() {
+        assert!((got[i] - want).abs() < 0.012, "token {i}: {got:?}");
+    }
+    // With a top-k too, from the top-k candidates alone: the same cut.
+    let mut k = Sampler::new(SamplerConfig {
+        temperature: 1.0,
+        top_k: 3,
+        min_p: 0.4,
+        seed: 5,
+        ..SamplerConfig::default()
+    })
+    .unwrap();
+    assert_eq!(k.top_k_only(), Some(3));
+    let cands = [(logits[3], 3), (logits[2], 2), (logits[1], 1)];
+    for _ in 0..200 {
+        assert!(k.sample_top_k(&cands) >= 2);
+    }
+    // Min-p needs the full logits under a top-p: no nucleus shortcut.
+    let p = SamplerConfig {
+        temperature: 1.0,
+        top_p: 0.9,
+        min_p: 0.1,
+        ..SamplerConfig::default()
+    };
+    assert_eq!(Sampler::new(p).unwrap().top_p_only(), None);
+    assert!(Sampler::new(SamplerConfig {
+        min_p: 1.5,
+        ..SamplerConfig::default()
+    })
+    .is_err());
+}
+
+#[test]
+fn frequency_and_presence_penalties_lower_seen_tokens_by_count_and_once() {
+    // Equal logits; token 0 seen twice, token 1 once. Frequency 1: logits
+    // (−2, −1, 0); with presence 0.5 as well: (−2.5, −1.5, 0).
+    let logits = [0.0f32; 3];
+    let history = [0u32, 1, 0];
+    for (freq, pres, adjusted) in [
+        (1.0f32, 0.0f32, [-2.0f64, -1.0, 0.0]),
+        (1.0, 0.5, [-2.5, -1.5, 0.0]),
+    ] {
+        let mut s = Sampler::new(SamplerConfig {
+            temperature: 1.0,
+            frequency_penalty: freq,
+            presence_penalty: pres,
+            seed: 11,
+            ..SamplerConfig::default()
+        })
+        .unwrap();
+        assert!(!s.is_greedy() && s.top_k_only().is_none() && s.top_p_only().is_none());
+        let total: f64 = adjusted.iter().map(|a| a.exp()).sum();
+        let got = shares(&mut s, &logits, &history, 30000);
+        for i in 0..3 {
+            let want = adjusted[i].exp() / total;
+            assert!(
+                (got[i] - want).abs() < 0.012,
+                "({freq}, {pres}) token {i}: {got:?}"
+            );
+        }
+    }
+    // Greedy: the penalty moves the argmax off a seen token.
+    let mut g = Sampler::new(SamplerConfig {
+        presence_penalty: 0.5,
+        ..SamplerConfig::default()
+    })
+    .unwrap();
+    assert_eq!(g.sample(&[1.0, 0.9], &[0]), 1);
+    assert_eq!(g.sample(&[1.0, 0.9], &[]), 0);
+    assert!(Sampler::new(SamplerConfig {
+        frequency_penalty: 2.5,
+        ..SamplerConfig::default()
+    })
+    .is_err());
+}
