@@ -27,6 +27,7 @@ system: You can call these tools. To call one, answer with {{ tool_call_start }}
 /// `tool_call_end`, the markers of a call in `auto` tool mode.
 pub struct ChatTemplate {
     env: minijinja::Environment<'static>,
+    source: String,
     bos: String,
     eos: String,
     markers: ToolMarkers,
@@ -81,14 +82,30 @@ impl ChatTemplate {
             },
         );
         let src = source.unwrap_or(FALLBACK_TEMPLATE).to_string();
-        env.add_template_owned("chat", src)
+        env.add_template_owned("chat", src.clone())
             .map_err(|e| format!("chat template: {e}"))?;
         Ok(ChatTemplate {
             env,
+            source: src,
             bos: bos.to_string(),
             eos: eos.to_string(),
             markers: ToolMarkers::default(),
         })
+    }
+
+    /// The template's Jinja source (the archive's, or [`FALLBACK_TEMPLATE`]).
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// The BOS text it renders as `bos_token`.
+    pub fn bos(&self) -> &str {
+        &self.bos
+    }
+
+    /// The EOS text it renders as `eos_token`.
+    pub fn eos(&self) -> &str {
+        &self.eos
     }
 
     /// The same template with other tool-call markers (`tool_call_start`,

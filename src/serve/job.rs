@@ -52,6 +52,7 @@ pub struct Queue {
     sender: mpsc::Sender<Job>,
     shared: Arc<Shared>,
     limit: usize,
+    slots: usize,
 }
 
 /// What the queue and the batch loop share: the jobs queued or running, the
@@ -97,7 +98,8 @@ impl Queue {
         tok: Arc<TextTokenizer>,
         metrics: Arc<Metrics>,
     ) -> Result<Queue> {
-        let limit = batch.slots() + max_queue;
+        let batch_slots = batch.slots();
+        let limit = batch_slots + max_queue;
         let (tx, rx) = mpsc::channel::<Job>();
         let shared = Arc::new(Shared {
             inflight: AtomicUsize::new(0),
@@ -113,6 +115,7 @@ impl Queue {
             sender: tx,
             shared,
             limit,
+            slots: batch_slots,
         })
     }
 
@@ -129,6 +132,11 @@ impl Queue {
             inflight.fetch_sub(1, Ordering::SeqCst);
         }
         sent
+    }
+
+    /// Sequences that generate at once (the batch's slots).
+    pub fn slots(&self) -> usize {
+        self.slots
     }
 
     /// Jobs queued or running.

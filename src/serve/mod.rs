@@ -3,7 +3,8 @@
 //! `POST /v1/completions`, non-streamed or as server-sent events, and
 //! Anthropic's `POST /v1/messages` and `/v1/messages/count_tokens` (`anthropic`)
 //! over the same chat path; structured output (`response_format`) and tool
-//! calls through [`crate::constrain`]; errors in each API's shape; `GET /metrics` for Prometheus ([`metrics`]) and one log
+//! calls through [`crate::constrain`]; llama-server's `POST /tokenize`,
+//! `POST /detokenize` and `GET /props` (`introspect`); errors in each API's shape; `GET /metrics` for Prometheus ([`metrics`]) and one log
 //! line per request. Requests run in one batch engine on either backend
 //! (`batcher`: every `--parallel` sequence a slot of each pass); beyond them a
 //! bounded queue ([`job::Queue`]), beyond that 503.
@@ -12,6 +13,7 @@ mod anthropic;
 mod batcher;
 pub mod chat;
 pub mod error;
+mod introspect;
 pub mod job;
 pub mod metrics;
 pub mod wire;
@@ -76,6 +78,8 @@ struct AppState {
     metrics: Arc<Metrics>,
     opts: ServeOptions,
     vocab: usize,
+    /// The engine, in words (`GET /props`).
+    backend: String,
     counter: AtomicU64,
     created: u64,
 }
@@ -112,6 +116,7 @@ pub fn serve(
         .map_err(bad)?
         .with_markers(markers.clone());
     let metrics = Arc::new(Metrics::new());
+    let backend = engine.batch.describe();
     let queue = Queue::start(
         engine.batch,
         engine.factory,
@@ -132,6 +137,7 @@ pub fn serve(
         markers,
         metrics,
         vocab: model.config.vocab,
+        backend,
         opts: opts.clone(),
         counter: AtomicU64::new(1),
         created: now(),
@@ -188,6 +194,9 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/tokenize", post(introspect::tokenize))
+        .route("/detokenize", post(introspect::detokenize))
+        .route("/props", get(introspect::props))
         .route("/metrics", get(metrics_text))
         .fallback(|| async {
             ApiError::status(StatusCode::NOT_FOUND, "no such endpoint", "not_found")

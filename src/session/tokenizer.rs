@@ -70,11 +70,67 @@ impl TextTokenizer {
             .map_err(|e| Error::InvalidArgument(format!("cannot decode ids: {e}")))
     }
 
+    /// Token ids of `text` as the tokenizer splits it, without BOS or the
+    /// post-processor's special tokens (special tokens written in the text are
+    /// still recognized).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the tokenizer fails on the text.
+    pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| Error::InvalidArgument(format!("cannot tokenize the text: {e}")))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// The bytes token `id` stands for: an added (special) token's text, a
+    /// byte-fallback token's byte (`<0xNN>`), a byte-level BPE token's bytes
+    /// (GPT-2's byte-to-character table read backwards), else the token
+    /// decoded alone. `None` for an id the tokenizer does not know.
+    pub fn piece(&self, id: u32) -> Option<Vec<u8>> {
+        if let Some(added) = self.inner.get_added_tokens_decoder().get(&id) {
+            return Some(added.content.clone().into_bytes());
+        }
+        let tok = self.inner.id_to_token(id)?;
+        if let Some(hex) = tok.strip_prefix("<0x").and_then(|t| t.strip_suffix('>')) {
+            if let Ok(b) = u8::from_str_radix(hex, 16) {
+                return Some(vec![b]);
+            }
+        }
+        if matches!(
+            self.inner.get_decoder(),
+            Some(tokenizers::DecoderWrapper::ByteLevel(_))
+        ) {
+            if let Some(bytes) = tok.chars().map(byte_level_byte).collect() {
+                return Some(bytes);
+            }
+        }
+        self.inner.decode(&[id], false).ok().map(String::into_bytes)
+    }
+
     /// The text of token `id` as the vocabulary names it (special tokens too;
     /// empty for an unknown id), e.g. the `bos_token` of a chat template.
     pub fn decode_special(&self, id: u32) -> String {
         self.inner.id_to_token(id).unwrap_or_default()
     }
+}
+
+/// The byte a character of a byte-level BPE token stands for: GPT-2's table
+/// maps the printable bytes `!..=~`, `¡..=¬` and `®..=ÿ` to themselves and the
+/// other 68, in order, to U+0100 onwards.
+fn byte_level_byte(c: char) -> Option<u8> {
+    let printable =
+        |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    let c = c as u32;
+    if c < 256 {
+        return printable(c).then_some(c as u8);
+    }
+    let n = (c - 256) as usize;
+    (0..=255u32)
+        .filter(|&b| !printable(b))
+        .nth(n)
+        .map(|b| b as u8)
 }
 
 /// The `tokenizers` crate's incremental decoder over a [`TextTokenizer`].

@@ -19,6 +19,7 @@ mod pack_cli;
 mod profile_cli;
 mod serve;
 mod serve_gpu;
+mod serve_introspect;
 mod serve_messages;
 mod serve_ops;
 mod subcommands;
