@@ -20,7 +20,11 @@ pub struct Args {
     /// Sequences that generate at once, each with its own KV cache and sampler.
     #[arg(long, default_value_t = 1)]
     parallel: usize,
-    /// Require `Authorization: Bearer KEY` on the /v1 endpoints.
+    /// MiB of sequence states the prompt cache keeps across requests (least
+    /// recently used out first; on a GPU, device memory; 0: no cache).
+    #[arg(long, value_name = "MIB", default_value_t = 256)]
+    cache_mb: u64,
+    /// Require `Authorization: Bearer KEY` (or `x-api-key: KEY`) on the API routes.
     #[arg(long, value_name = "KEY")]
     api_key: Option<String>,
     /// Requests that may wait for a sequence; beyond them the server answers 503.
@@ -50,6 +54,7 @@ pub fn run(a: Args) -> Result<()> {
         api_key: a.api_key,
         ctx_tokens: a.ctx_tokens,
         default_max_tokens: a.default_max_tokens.max(1),
+        cache_mb: a.cache_mb,
         model_id,
     };
     let how = engine.batch.describe();

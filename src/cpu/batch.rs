@@ -11,7 +11,9 @@ use super::state::{alloc, State};
 use crate::constrain::TokenMask;
 use crate::engine::precision::Precision;
 use crate::engine::profile::KernelTally;
-use crate::engine::{host_readout_masked, BatchEngine, ItemOuts, Readout, SlotStep, StepOut};
+use crate::engine::{
+    host_readout_masked, BatchEngine, ItemOuts, Readout, SavedSlot, SlotStep, StepOut,
+};
 use crate::error::{Error, Result};
 use crate::model::weights::Model;
 use std::sync::Arc;
@@ -186,6 +188,34 @@ impl BatchEngine for CpuBatch {
     }
     fn position(&self, slot: usize) -> u64 {
         self.states[slot].pos
+    }
+    fn save(&mut self, slot: usize) -> Result<SavedSlot> {
+        let state = self.states.get(slot).ok_or_else(|| {
+            Error::InvalidArgument(format!("save: slot {slot} of {}", self.states.len()))
+        })?;
+        let (bytes, pos) = (state.bytes(), state.pos);
+        Ok(SavedSlot::new(Box::new(state.clone()), bytes, pos))
+    }
+    fn restore(&mut self, slot: usize, saved: &SavedSlot) -> Result<()> {
+        let state: &State = saved.state()?;
+        if slot >= self.states.len() {
+            return Err(Error::InvalidArgument(format!(
+                "restore: slot {slot} of {}",
+                self.states.len()
+            )));
+        }
+        let (a, b) = (&state.kv, &self.states[slot].kv);
+        let same = (a.layers, a.kv_heads, a.rows, a.head_dim)
+            == (b.layers, b.kv_heads, b.rows, b.head_dim)
+            && state.rings.len() == self.states[slot].rings.len();
+        if !same {
+            return Err(Error::InvalidArgument(
+                "restore: the state was saved from a model of another shape".into(),
+            ));
+        }
+        self.reset(slot);
+        self.states[slot].clone_from(state);
+        Ok(())
     }
     fn step(&mut self, work: &[SlotStep<'_>]) -> Result<()> {
         self.step_hooked(work, StepHooks::new(None, None))

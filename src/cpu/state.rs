@@ -15,7 +15,7 @@ pub(super) fn alloc<T: Clone + Default>(what: &str, n: usize) -> Result<Vec<T>> 
 }
 
 /// Incremental state of one sequence.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) struct State {
     /// Logical position of the next token.
     pub(super) pos: u64,
@@ -53,6 +53,15 @@ impl State {
             rings,
             table_rows,
         })
+    }
+
+    /// Bytes of its cache and rings (what a saved copy holds).
+    pub(super) fn bytes(&self) -> u64 {
+        let kv = &self.kv;
+        let codes = kv.k_codes.len() + kv.v_codes.len();
+        let scales = kv.k_scale.len() + kv.v_scale.len();
+        let rings: usize = self.rings.iter().map(Vec::len).sum();
+        (codes + 4 * (scales + rings)) as u64
     }
 
     /// Back to position 0. Stale cache rows and ring rows are never read before

@@ -39,6 +39,56 @@ impl<'a> SlotStep<'a> {
     }
 }
 
+/// A slot's state saved by [`BatchEngine::save`] (its position, token history,
+/// int8 KV cache and engram rings; on a GPU a copy that stays on the device):
+/// what [`BatchEngine::restore`] of the same engine puts back into any slot, so
+/// that the slot continues the saved sequence exactly as it would have.
+pub struct SavedSlot {
+    state: Box<dyn std::any::Any + Send>,
+    bytes: u64,
+    position: u64,
+}
+
+impl std::fmt::Debug for SavedSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SavedSlot")
+            .field("bytes", &self.bytes)
+            .field("position", &self.position)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SavedSlot {
+    /// A backend's saved `state` of `bytes` bytes at `position`.
+    pub(crate) fn new(state: Box<dyn std::any::Any + Send>, bytes: u64, position: u64) -> Self {
+        SavedSlot {
+            state,
+            bytes,
+            position,
+        }
+    }
+
+    /// Bytes it holds (host or device memory).
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Tokens the saved sequence had processed.
+    pub fn position(&self) -> u64 {
+        self.position
+    }
+
+    /// The backend's state, if it is a `T`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when another kind of engine saved it.
+    pub(crate) fn state<T: 'static>(&self) -> Result<&T> {
+        self.state.downcast_ref().ok_or_else(|| {
+            Error::InvalidArgument("restore: this state was saved by another kind of engine".into())
+        })
+    }
+}
+
 /// Several sequences of one model stepped together (continuous batching):
 /// [`crate::CpuBatch`] and [`crate::gpu::GpuBatch`]. Each slot holds one
 /// sequence with its own state; a step appends ids to some slots in one pass and
@@ -55,6 +105,20 @@ pub trait BatchEngine: Send {
     fn reset(&mut self, slot: usize);
     /// Tokens processed by slot `slot` since its reset; panics if out of range.
     fn position(&self, slot: usize) -> u64;
+    /// Save slot `slot`'s state (the slot goes on unchanged).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a slot out of range; [`Error::Alloc`] or
+    /// [`Error::Gpu`] when the copy can't be made.
+    fn save(&mut self, slot: usize) -> Result<SavedSlot>;
+    /// Put `saved` (from this engine's [`BatchEngine::save`]) into slot `slot`:
+    /// its next step continues the saved sequence, bit for bit as the saved
+    /// slot would have.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a slot out of range or a state another
+    /// engine saved.
+    fn restore(&mut self, slot: usize, saved: &SavedSlot) -> Result<()>;
     /// Append each item's ids to its slot and read out what each item asks
     /// ([`BatchEngine::out`] then hands it over, item by item in `work`'s order).
     ///

@@ -13,7 +13,7 @@ pub mod precision;
 pub mod profile;
 
 pub(crate) use batch::{check_batch_work, ItemOut, ItemOuts};
-pub use batch::{BatchEngine, SlotStep};
+pub use batch::{BatchEngine, SavedSlot, SlotStep};
 
 /// Candidates a [`Readout::Nucleus`] step hands over. The GPU selects them on the
 /// device, so this is at most its top-k limit (`gpu::kernels::sample::MAX_K`,

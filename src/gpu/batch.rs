@@ -30,12 +30,13 @@ use super::model::GpuModel;
 use super::prefill::{mixed_ops, PrefillPlan, SeqBinding};
 use super::readout::Readouts;
 use super::recorder::{self, Observer};
+use super::saved;
 use super::step_input::StepInput;
 use super::timing::{describe_method, use_timestamps};
 use super::{GpuContext, ProgramKind};
 use crate::constrain::TokenMask;
 use crate::engine::profile::{KernelTally, KernelTimer, Timing};
-use crate::engine::{BatchEngine, HostTime, Readout, SlotStep, StepOut};
+use crate::engine::{BatchEngine, HostTime, Readout, SavedSlot, SlotStep, StepOut};
 use crate::error::{Error, Result};
 use crate::model::weights::Model;
 use std::sync::Arc;
@@ -346,6 +347,29 @@ impl BatchEngine for GpuBatch {
     }
     fn position(&self, slot: usize) -> u64 {
         self.seqs[slot].pos
+    }
+    fn save(&mut self, slot: usize) -> Result<SavedSlot> {
+        let s = self.seqs.get(slot).ok_or_else(|| {
+            Error::InvalidArgument(format!("save: slot {slot} of {}", self.seqs.len()))
+        })?;
+        let saved = saved::save(&self.gpu, slot, s.pos, s.input.history().clone())?;
+        let (bytes, pos) = (saved.bytes(), s.pos);
+        Ok(SavedSlot::new(Box::new(saved), bytes, pos))
+    }
+    fn restore(&mut self, slot: usize, from: &SavedSlot) -> Result<()> {
+        let state: &saved::SavedSeq = from.state()?;
+        if slot >= self.seqs.len() {
+            return Err(Error::InvalidArgument(format!(
+                "restore: slot {slot} of {}",
+                self.seqs.len()
+            )));
+        }
+        saved::restore(&self.gpu, slot, state)?;
+        self.reset(slot);
+        let s = &mut self.seqs[slot];
+        s.pos = state.pos;
+        s.input.set_history(state.history.clone());
+        Ok(())
     }
     fn step(&mut self, work: &[SlotStep<'_>]) -> Result<()> {
         let vocab = self.gpu.model.config.vocab;

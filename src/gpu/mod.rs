@@ -26,6 +26,7 @@ mod prefill;
 mod program;
 mod readout;
 mod recorder;
+mod saved;
 mod selftest;
 pub mod shader_check;
 mod state;

@@ -98,6 +98,12 @@ impl DeviceState {
         ]
     }
 
+    /// Sequence `s`'s engram rings: byte offset and bytes.
+    pub(crate) fn rings_window(&self, s: usize) -> (u64, u64) {
+        let (bytes, stride) = self.per_seq[2];
+        (s as u64 * stride, bytes)
+    }
+
     /// Elements from one sequence's attention scores to the next's.
     pub(crate) fn scores_stride(&self) -> usize {
         (self.per_seq[1].1 / 4) as usize

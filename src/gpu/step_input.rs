@@ -169,6 +169,16 @@ impl StepInput {
         );
     }
 
+    /// The token history (for a saved sequence).
+    pub(crate) fn history(&self) -> &TokenHistory {
+        &self.history
+    }
+
+    /// Continue from `history` (a restored sequence).
+    pub(crate) fn set_history(&mut self, history: TokenHistory) {
+        self.history = history;
+    }
+
     /// Forget the history (a reset).
     pub(crate) fn clear(&mut self) {
         self.history.clear();

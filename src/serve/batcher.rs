@@ -6,12 +6,19 @@
 //! generation state machine the CLI and library use too, so a sequence's tokens
 //! are what it would generate alone; each item of a pass reads out only what
 //! its sampler needs (on the GPU, the argmax or top-k on the device).
+//!
+//! The prompt cache: when a slot has fed its whole prompt, and when it
+//! finishes, its state is saved ([`BatchEngine::save`]) into a
+//! [`PromptCache`] keyed by the tokens it has processed; a new request whose
+//! prompt extends kept tokens starts from a copy of that state
+//! ([`BatchEngine::restore`]) and feeds only the rest.
 
 use super::job::{panics_on, Event, Job, Shared};
 use super::metrics::TokenClock;
 use crate::engine::{BatchEngine, Readout, SlotStep};
 use crate::error::Result;
 use crate::session::builder::BatchFactory;
+use crate::session::prompt_cache::PromptCache;
 use crate::session::sample::Sampler;
 use crate::session::tokenizer::{TextStream, TextTokenizer};
 use crate::session::{Generation, Next, Progress};
@@ -30,6 +37,8 @@ struct Active<'t> {
     /// The ids of this pass (a copy of the generation's) and their readout.
     feed: Vec<u32>,
     next: Option<Next>,
+    /// Whether the state after the whole prompt has been offered to the cache.
+    prompt_kept: bool,
 }
 
 /// What becomes of a slot.
@@ -46,21 +55,25 @@ pub(super) fn run(
     rx: &mpsc::Receiver<Job>,
     tok: &TextTokenizer,
     sh: &Shared,
+    mut cache: PromptCache,
 ) {
     let mut slots: Vec<Option<Active<'_>>> = (0..batch.slots()).map(|_| None).collect();
     loop {
         // Counted before admitting too: an idle loop waits there for a job.
         sh.metrics.set_active(slots.iter().flatten().count());
-        if !admit(&mut slots, batch.as_mut(), rx, tok, sh) {
+        if !admit(&mut slots, batch.as_mut(), rx, tok, sh, &mut cache) {
             return;
         }
         sh.metrics.set_active(slots.iter().flatten().count());
         // What each slot feeds this pass.
-        for slot in slots.iter_mut() {
+        for (i, slot) in slots.iter_mut().enumerate() {
             let Some(a) = slot.as_mut() else {
                 continue;
             };
             let s = prepare(a, sh);
+            if matches!(s, Slot::Finished) {
+                keep(a, batch.as_mut(), i, &mut cache, false);
+            }
             settle(slot, s, sh);
         }
         let work: Vec<SlotStep<'_>> = slots
@@ -116,8 +129,50 @@ pub(super) fn run(
                 Ok(()) => deliver(a, sh),
                 Err(e) => Slot::Failed(e.to_string()),
             };
+            if !matches!(s, Slot::Failed(_) | Slot::Gone) {
+                keep(
+                    a,
+                    batch.as_mut(),
+                    i,
+                    &mut cache,
+                    matches!(s, Slot::Continue),
+                );
+            }
             settle(&mut slots[i], s, sh);
         }
+        sh.metrics
+            .set_cache(cache.stats(), cache.bytes(), cache.len());
+    }
+}
+
+/// Offer slot `i`'s state to the cache: once its whole prompt is in (while it
+/// `goes_on`), and when it has finished (the tokens it has processed, when
+/// they reach past the prompt). A state that can't be saved is only logged.
+fn keep(
+    a: &mut Active<'_>,
+    batch: &mut dyn BatchEngine,
+    i: usize,
+    cache: &mut PromptCache,
+    goes_on: bool,
+) {
+    let (pos, prompt) = (batch.position(i) as usize, a.generation.prompt_len());
+    let at_prompt = !a.prompt_kept && pos == prompt;
+    // A going slot keeps only its prompt's state; a finished one also the
+    // state past its prompt.
+    let past_prompt = !goes_on && pos > prompt;
+    if !at_prompt && !past_prompt {
+        return;
+    }
+    a.prompt_kept |= at_prompt;
+    let Some(tokens) = a.generation.tokens().get(..pos) else {
+        return;
+    };
+    if !cache.wants(tokens) {
+        return;
+    }
+    match batch.save(i) {
+        Ok(saved) => cache.insert(tokens.to_vec(), saved),
+        Err(e) => log::warn!("prompt cache: cannot save a sequence: {e}"),
     }
 }
 
@@ -129,6 +184,7 @@ fn admit<'t>(
     rx: &mpsc::Receiver<Job>,
     tok: &'t TextTokenizer,
     sh: &Shared,
+    cache: &mut PromptCache,
 ) -> bool {
     let idle = slots.iter().all(Option::is_none);
     let (vocab, eos) = {
@@ -161,7 +217,23 @@ fn admit<'t>(
         };
         batch.reset(i);
         sh.metrics.prompt(job.ids.len());
+        // The longest kept state the prompt extends, put into the slot.
+        let cached = match cache.lookup(&job.ids) {
+            Some((saved, n)) => match batch.restore(i, saved) {
+                Ok(()) => n,
+                Err(e) => {
+                    log::warn!("prompt cache: cannot restore a sequence: {e}");
+                    batch.reset(i);
+                    0
+                }
+            },
+            None => 0,
+        };
+        let _ = job.events.send(Event::Started {
+            cached_tokens: cached,
+        });
         let mut generation = Generation::new(job.ids, sampler, eos, job.max_tokens)
+            .with_prompt_in_engine(cached)
             .with_text(TextStream::new(tok, job.stops));
         if let Some(c) = job.constraint {
             generation = generation.with_constraint(c, vocab);
@@ -173,6 +245,7 @@ fn admit<'t>(
             clock: TokenClock::new(job.arrived),
             feed: Vec::new(),
             next: None,
+            prompt_kept: false,
         });
     }
     true

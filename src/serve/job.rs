@@ -7,6 +7,7 @@ use super::metrics::Metrics;
 use crate::constrain::Constraint;
 use crate::error::{Error, Result};
 use crate::session::builder::BatchFactory;
+use crate::session::prompt_cache::PromptCache;
 use crate::session::sample::SamplerConfig;
 use crate::session::tokenizer::TextTokenizer;
 use crate::session::Output;
@@ -17,6 +18,12 @@ use tokio::sync::mpsc::UnboundedSender;
 /// What a job sends back.
 #[derive(Debug)]
 pub enum Event {
+    /// The job took a sequence, starting from a kept state that covers this
+    /// many prompt tokens (0: none; sent once, before anything else).
+    Started {
+        /// Prompt tokens that came from the prompt cache.
+        cached_tokens: usize,
+    },
     /// More text (never a partial character, never part of a stop string).
     Text(String),
     /// The end: why, the token count, the whole text, the parsed tool calls.
@@ -86,8 +93,8 @@ pub(crate) fn panics_on(ids: &[u32]) -> bool {
 impl Queue {
     /// Start the batch loop over `batch` (its slots are the sequences that
     /// generate at once; `make` builds another after a pass panicked), with
-    /// room for `max_queue` waiting jobs beyond them; it counts what it runs in
-    /// `metrics`.
+    /// room for `max_queue` waiting jobs beyond them and a prompt cache of
+    /// `cache_bytes`; it counts what it runs in `metrics`.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when the loop's thread cannot be started.
@@ -95,6 +102,7 @@ impl Queue {
         batch: Box<dyn crate::engine::BatchEngine>,
         make: BatchFactory,
         max_queue: usize,
+        cache_bytes: u64,
         tok: Arc<TextTokenizer>,
         metrics: Arc<Metrics>,
     ) -> Result<Queue> {
@@ -109,7 +117,10 @@ impl Queue {
         let sh = Arc::clone(&shared);
         std::thread::Builder::new()
             .name("cqlm-serve-batch".into())
-            .spawn(move || super::batcher::run(batch, &make, &rx, &tok, &sh))
+            .spawn(move || {
+                let cache = PromptCache::new(cache_bytes);
+                super::batcher::run(batch, &make, &rx, &tok, &sh, cache)
+            })
             .map_err(|e| Error::InvalidArgument(format!("cannot start the batch loop: {e}")))?;
         Ok(Queue {
             sender: tx,

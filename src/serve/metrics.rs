@@ -35,6 +35,7 @@ pub struct Metrics {
     active: Gauge,
     queued: Gauge,
     read_back: Counter,
+    cache: CacheMetrics,
     ttft: Histogram,
     itl: Histogram,
     duration: Histogram,
@@ -49,6 +50,7 @@ impl Metrics {
         let active = Gauge::default();
         let queued = Gauge::default();
         let read_back = Counter::default();
+        let cache = CacheMetrics::default();
         // 0.5 ms .. 33 s; 50 µs .. 3.3 s; 1 ms .. 65 s.
         let ttft = Histogram::new(exponential_buckets(0.0005, 2.0, 17));
         let itl = Histogram::new(exponential_buckets(0.00005, 2.0, 17));
@@ -85,6 +87,7 @@ impl Metrics {
              token for device readouts, the vocabulary's logits for a request that needs them",
             read_back.clone(),
         );
+        cache.register(&mut r);
         r.register(
             "time_to_first_token_seconds",
             "From a generation request's arrival to its first token",
@@ -108,6 +111,7 @@ impl Metrics {
             active,
             queued,
             read_back,
+            cache,
             ttft,
             itl,
             duration,
@@ -143,6 +147,29 @@ impl Metrics {
         }
     }
 
+    /// Set the prompt cache's figures from its `stats`, `bytes` and `states`.
+    pub fn set_cache(
+        &self,
+        stats: crate::session::prompt_cache::CacheStats,
+        bytes: u64,
+        states: usize,
+    ) {
+        let c = &self.cache;
+        for (counter, now) in [
+            (&c.hits, stats.hits),
+            (&c.misses, stats.misses),
+            (&c.tokens_reused, stats.tokens_reused),
+            (&c.evictions, stats.evictions),
+        ] {
+            let have = counter.get();
+            if now > have {
+                counter.inc_by(now - have);
+            }
+        }
+        c.bytes.set(bytes as i64);
+        c.states.set(states as i64);
+    }
+
     /// A response ended: count it and its duration.
     fn answered(&self, endpoint: &str, status: u16, took: Duration) {
         self.requests
@@ -152,6 +179,52 @@ impl Metrics {
             })
             .inc();
         self.duration.observe(took.as_secs_f64());
+    }
+}
+
+/// The prompt cache's figures.
+#[derive(Default)]
+struct CacheMetrics {
+    hits: Counter,
+    misses: Counter,
+    tokens_reused: Counter,
+    evictions: Counter,
+    bytes: Gauge,
+    states: Gauge,
+}
+
+impl CacheMetrics {
+    fn register(&self, r: &mut Registry) {
+        r.register(
+            "prompt_cache_hits",
+            "Requests that started from a kept sequence state",
+            self.hits.clone(),
+        );
+        r.register(
+            "prompt_cache_misses",
+            "Requests that found no kept state to start from",
+            self.misses.clone(),
+        );
+        r.register(
+            "prompt_cache_tokens_reused",
+            "Prompt tokens not prefilled again thanks to a kept state",
+            self.tokens_reused.clone(),
+        );
+        r.register(
+            "prompt_cache_evictions",
+            "Kept states dropped to stay within --cache-mb",
+            self.evictions.clone(),
+        );
+        r.register(
+            "prompt_cache_bytes",
+            "Bytes of the kept states (device memory on a GPU)",
+            self.bytes.clone(),
+        );
+        r.register(
+            "prompt_cache_states",
+            "Sequence states kept",
+            self.states.clone(),
+        );
     }
 }
 
@@ -203,6 +276,8 @@ pub struct Record {
     pub id: Option<String>,
     /// Prompt tokens, for generations.
     pub prompt_tokens: usize,
+    /// Prompt tokens a kept state covered (the prompt cache), for generations.
+    pub cached_tokens: usize,
     /// Generated tokens, for generations.
     pub completion_tokens: usize,
     /// How the generation ended: `stop`, `length`, `tool_calls`, `failed`,
@@ -225,6 +300,7 @@ impl Tracked {
             status: StatusCode::OK,
             id: None,
             prompt_tokens: 0,
+            cached_tokens: 0,
             completion_tokens: 0,
             outcome: None,
         })))
@@ -253,8 +329,8 @@ impl Drop for Record {
         line += &format!(" status={status}");
         if self.id.is_some() {
             line += &format!(
-                " prompt_tokens={} completion_tokens={}",
-                self.prompt_tokens, self.completion_tokens
+                " prompt_tokens={} cached_tokens={} completion_tokens={}",
+                self.prompt_tokens, self.cached_tokens, self.completion_tokens
             );
         }
         if let Some(o) = self.outcome {

@@ -66,6 +66,8 @@ pub struct ServeOptions {
     pub default_max_tokens: usize,
     /// The model id `/v1/models` lists and requests must name (or omit).
     pub model_id: String,
+    /// MiB of sequence states the prompt cache keeps (0: none).
+    pub cache_mb: u64,
 }
 
 /// What every handler shares.
@@ -121,6 +123,7 @@ pub fn serve(
         engine.batch,
         engine.factory,
         opts.max_queue,
+        opts.cache_mb << 20,
         Arc::clone(&tok),
         Arc::clone(&metrics),
     )?;

@@ -5,7 +5,7 @@ use super::error::ApiError;
 use super::job::Event;
 use super::metrics::Tracked;
 use super::request::Prepared;
-use super::wire::Usage;
+use super::wire::{PromptTokensDetails, Usage};
 use super::{now, AppState};
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -66,14 +66,20 @@ pub(super) async fn respond(
     });
     let created = now();
     let model = st.opts.model_id.clone();
-    let usage = move |n: usize| Usage {
+    let usage = move |n: usize, cached_tokens: usize| Usage {
         prompt_tokens,
         completion_tokens: n,
         total_tokens: prompt_tokens + n,
+        prompt_tokens_details: PromptTokensDetails { cached_tokens },
     };
+    let mut cached = 0;
     if !stream {
         loop {
             match events.recv().await {
+                Some(Event::Started { cached_tokens }) => {
+                    cached = cached_tokens;
+                    rec.with(|r| r.cached_tokens = cached);
+                }
                 Some(Event::Text(_)) => {}
                 Some(Event::Done(out)) => {
                     let (reason, completion_tokens) = (out.finish_reason(), out.tokens);
@@ -92,7 +98,7 @@ pub(super) async fn respond(
                         }
                     };
                     let body = json!({"id": id, "object": object, "created": created, "model": model,
-                        "choices": [choice], "usage": usage(completion_tokens)});
+                        "choices": [choice], "usage": usage(completion_tokens, cached)});
                     rec.with(|r| {
                         r.completion_tokens = completion_tokens;
                         r.outcome = Some(reason);
@@ -137,6 +143,11 @@ pub(super) async fn respond(
         }
         loop {
             let ok = match events.recv().await {
+                Some(Event::Started { cached_tokens }) => {
+                    cached = cached_tokens;
+                    rec.with(|r| r.cached_tokens = cached);
+                    true
+                }
                 Some(Event::Text(t)) => {
                     match kind {
                         Kind::Chat => {
@@ -190,8 +201,8 @@ pub(super) async fn respond(
                     if include_usage {
                         let mut u = chunk(json!(null));
                         u["choices"] = json!([]);
-                        u["usage"] =
-                            serde_json::to_value(usage(completion_tokens)).unwrap_or_default();
+                        u["usage"] = serde_json::to_value(usage(completion_tokens, cached))
+                            .unwrap_or_default();
                         if !send(u).await {
                             return;
                         }

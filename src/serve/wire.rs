@@ -216,6 +216,15 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Their sum.
     pub total_tokens: usize,
+    /// Of the prompt tokens, those a kept state covered.
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+/// `usage.prompt_tokens_details`.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens the prompt cache covered (not prefilled again).
+    pub cached_tokens: usize,
 }
 
 /// The OpenAI error body: `{"error": {"message", "type", "param", "code"}}`.

@@ -236,6 +236,21 @@ impl<'a> Generation<'a> {
         self
     }
 
+    /// The first `n` prompt ids are already in the engine (a state restored
+    /// from a [`crate::session::prompt_cache::PromptCache`]): feeding starts
+    /// after them. At least one prompt id stays to feed (its logits make the
+    /// first choice); a larger `n` is cut to that.
+    pub fn with_prompt_in_engine(mut self, n: usize) -> Self {
+        self.fed = n.min(self.prompt_len.saturating_sub(1));
+        self
+    }
+
+    /// The ids so far: the prompt, then the generated ones (the first
+    /// [`Generation::prompt_len`] are the prompt).
+    pub fn tokens(&self) -> &[u32] {
+        &self.history
+    }
+
     /// Keep the text as it grows, with its stop strings ([`Generation::take_delta`]).
     pub fn with_text(mut self, text: TextStream<'a>) -> Self {
         self.text = Some(text);

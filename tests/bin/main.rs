@@ -18,6 +18,7 @@ mod generate_cli;
 mod pack_cli;
 mod profile_cli;
 mod serve;
+mod serve_cache;
 mod serve_gpu;
 mod serve_introspect;
 mod serve_messages;

@@ -146,3 +146,33 @@ fn a_greedy_request_reads_back_no_logits_and_a_full_sample_does() {
         "sampled read back {sampled} bytes for {n} tokens"
     );
 }
+
+#[test]
+fn the_gpu_prompt_cache_answers_as_a_cold_server() {
+    if generate_gpu("The king", 1).is_none() {
+        return;
+    }
+    let warm = start_on("gpu", &["--parallel", "2"], &[]);
+    let cold = start_on("gpu", &["--parallel", "2", "--cache-mb", "0"], &[]);
+    let ask = |s: &crate::common::serve::Server, prompt: &str| {
+        let (status, v) = post(
+            &s.addr,
+            "/v1/completions",
+            &json!({"prompt": prompt, "max_tokens": 12, "temperature": 0}),
+        );
+        assert_eq!(status, 200, "{v}");
+        let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap();
+        (
+            v["choices"][0]["text"].as_str().unwrap().to_string(),
+            cached,
+        )
+    };
+    let first = "Once upon a time there was a king who had three daughters";
+    assert_eq!(ask(&warm, first).1, 0);
+    let second = format!("{first}, and the youngest was the fairest");
+    let (text, cached) = ask(&warm, &second);
+    assert!(cached > 5, "the state after the first prompt: {cached}");
+    assert_eq!(text, ask(&cold, &second).0);
+}

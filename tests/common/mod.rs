@@ -63,3 +63,54 @@ pub fn batch_logits(
         .flat_map(|k| batch.out(k).logits().expect("a logits readout").to_vec())
         .collect())
 }
+
+/// The prompt cache's engine contract on `batch` (3 slots or more, a model
+/// whose window is under 24 rows so that the saved sequence has wrapped its
+/// ring): a state saved after a prompt and restored into another slot, whose
+/// own earlier sequence poisons its cache and rings, continues with the very
+/// logits (bit for bit) the saved slot gave when it went on; a restore into a
+/// slot beside another's pass does too, and the saved slot is left unchanged.
+pub fn check_saved_slots(batch: &mut dyn cqlm::BatchEngine) {
+    let vocab = batch.model().config.vocab;
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let prompt = token_ids(1, 30, vocab);
+    let rest = token_ids(2, 5, vocab);
+    batch.reset(0);
+    batch_logits(batch, &[(0, &prompt)]).unwrap();
+    let saved = batch.save(0).unwrap();
+    assert_eq!(saved.position(), 30);
+    assert!(saved.bytes() > 0);
+    // The saved slot goes on: a chunk, then three decode steps.
+    let mut want = vec![batch_logits(batch, &[(0, &rest)]).unwrap()];
+    for _ in 0..3 {
+        let next = crate::common::argmax_of(want.last().unwrap());
+        want.push(batch_logits(batch, &[(0, &[next])]).unwrap());
+    }
+    // Slot 1 ran another sequence first; restored, it follows slot 0's path.
+    batch.reset(1);
+    batch_logits(batch, &[(1, &token_ids(3, 27, vocab))]).unwrap();
+    batch.restore(1, &saved).unwrap();
+    assert_eq!(batch.position(1), 30);
+    let mut got = vec![batch_logits(batch, &[(1, &rest)]).unwrap()];
+    for _ in 0..3 {
+        let next = crate::common::argmax_of(got.last().unwrap());
+        got.push(batch_logits(batch, &[(1, &[next])]).unwrap());
+    }
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(bits(g), bits(w), "step {i} after a restore");
+    }
+    // Restored into slot 2 while slot 1 steps in the same passes.
+    batch.restore(2, &saved).unwrap();
+    let other = token_ids(4, 1, vocab);
+    let both = batch_logits(batch, &[(1, &other), (2, &rest)]).unwrap();
+    assert_eq!(
+        bits(&both[vocab..]),
+        bits(&want[0]),
+        "restored beside another slot"
+    );
+}
+
+/// The argmax of a logits row.
+pub fn argmax_of(row: &[f32]) -> u32 {
+    cqlm::session::sample::argmax(row)
+}

@@ -101,6 +101,27 @@ fn batched_sequences_match_each_sequence_alone() {
 }
 
 #[test]
+fn a_saved_slot_restored_continues_bit_for_bit() {
+    let Some(ctx) = gpu() else { return };
+    let config = Config {
+        window: 16,
+        sink: 2,
+        ..Config::preset_tiny()
+    };
+    let model = Arc::new(cqlm::make::synth::synth_model(&config, &BitsPlan::mixed(), 13).unwrap());
+    let program = ProgramKind::choose(&ctx);
+    let mut batch = GpuBatch::new(Arc::clone(&model), Arc::clone(&ctx), 3, Some(program)).unwrap();
+    crate::common::check_saved_slots(&mut batch);
+    // A CPU engine's state is not a GPU batch's.
+    let mut cpu = cqlm::CpuBatch::new(model, 1, cqlm::Precision::Exact).unwrap();
+    let err = batch
+        .restore(0, &cpu.save(0).unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("another kind of engine"), "{err}");
+}
+
+#[test]
 fn bad_batch_work_is_an_error_and_steps_nothing() {
     let Some(ctx) = gpu() else { return };
     let model = Arc::new(

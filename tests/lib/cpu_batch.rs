@@ -88,3 +88,30 @@ fn batched_sequences_match_each_sequence_alone() {
     assert!(crate::common::batch_logits(&mut b, &[(0, &[vocab])]).is_err());
     assert_eq!(b.position(0), 0);
 }
+
+#[test]
+fn a_saved_slot_restored_continues_bit_for_bit() {
+    let config = Config {
+        window: 16,
+        sink: 2,
+        ..Config::preset_tiny()
+    };
+    let model = Arc::new(cqlm::make::synth::synth_model(&config, &BitsPlan::mixed(), 13).unwrap());
+    for precision in [Precision::Exact, Precision::Fast] {
+        let mut batch = CpuBatch::new(Arc::clone(&model), 3, precision).unwrap();
+        crate::common::check_saved_slots(&mut batch);
+    }
+    // A state of a model of another shape is refused, naming why.
+    let wide = Config {
+        window: 32,
+        ..config.clone()
+    };
+    let other = Arc::new(cqlm::make::synth::synth_model(&wide, &BitsPlan::mixed(), 13).unwrap());
+    let mut a = CpuBatch::new(Arc::clone(&model), 1, Precision::Exact).unwrap();
+    let mut b = CpuBatch::new(other, 1, Precision::Exact).unwrap();
+    let saved = b.save(0).unwrap();
+    let err = a.restore(0, &saved).unwrap_err().to_string();
+    assert!(err.contains("another shape"), "{err}");
+    let mine = a.save(0).unwrap();
+    assert!(a.restore(5, &mine).is_err());
+}

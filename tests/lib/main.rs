@@ -21,6 +21,7 @@ mod generation;
 mod grammar_cache;
 mod kernels;
 mod pack;
+mod prompt_cache;
 mod properties;
 mod quantizer;
 mod reference_step;

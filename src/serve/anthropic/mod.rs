@@ -144,9 +144,12 @@ fn done(rec: &Tracked, out: &Output) {
     });
 }
 
-fn usage(input: usize, output: usize) -> Value {
-    json!({"input_tokens": input, "output_tokens": output,
-        "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0})
+/// Anthropic's `usage`: `input_tokens` are the prompt tokens prefilled, and
+/// `cache_read_input_tokens` those a kept state covered (their sum is the
+/// prompt, `count_tokens`' figure), as Anthropic's own API counts them.
+fn usage(input: usize, cached: usize, output: usize) -> Value {
+    json!({"input_tokens": input - cached, "output_tokens": output,
+        "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached})
 }
 
 fn failed(e: &str) -> ApiError {
@@ -174,18 +177,26 @@ pub(super) async fn messages(
         r.prompt_tokens = input;
     });
     let model = st.opts.model_id.clone();
-    let message = move |content: Vec<Value>, stop: (Option<&str>, Option<String>), out: usize| {
+    let message = move |content: Vec<Value>,
+                        stop: (Option<&str>, Option<String>),
+                        cached: usize,
+                        out: usize| {
         json!({"id": id, "type": "message", "role": "assistant", "model": model, "content": content,
-            "stop_reason": stop.0, "stop_sequence": stop.1, "usage": usage(input, out)})
+            "stop_reason": stop.0, "stop_sequence": stop.1, "usage": usage(input, cached, out)})
     };
+    let mut cached = 0;
     if !p.stream {
         loop {
             match p.events.recv().await {
+                Some(Event::Started { cached_tokens }) => {
+                    cached = cached_tokens;
+                    rec.with(|r| r.cached_tokens = cached);
+                }
                 Some(Event::Text(_)) => {}
                 Some(Event::Done(out)) => {
                     done(&rec, &out);
                     let (reason, seq) = stop_reason(&out);
-                    let body = message(blocks(&out, &tag), (Some(reason), seq), out.tokens);
+                    let body = message(blocks(&out, &tag), (Some(reason), seq), cached, out.tokens);
                     return Ok(Json(body).into_response());
                 }
                 Some(Event::Failed(e)) => {
@@ -207,7 +218,16 @@ pub(super) async fn messages(
                     .is_ok()
             }
         };
-        let start = message(Vec::new(), (None, None), 0);
+        // The first event says how much of the prompt the cache covered.
+        let mut first = match p.events.recv().await {
+            Some(Event::Started { cached_tokens }) => {
+                cached = cached_tokens;
+                rec.with(|r| r.cached_tokens = cached);
+                None
+            }
+            other => Some(other),
+        };
+        let start = message(Vec::new(), (None, None), cached, 0);
         if !send(
             "message_start",
             json!({"type": "message_start", "message": start}),
@@ -233,7 +253,12 @@ pub(super) async fn messages(
             return;
         }
         let out = loop {
-            match p.events.recv().await {
+            let event = match first.take() {
+                Some(e) => e,
+                None => p.events.recv().await,
+            };
+            match event {
+                Some(Event::Started { .. }) => {}
                 Some(Event::Text(t)) => {
                     if !send(
                         "content_block_delta",
