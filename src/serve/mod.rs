@@ -1,7 +1,7 @@
 //! `cqlm serve`: an OpenAI- and Anthropic-compatible HTTP server (axum on tokio) over the
 //! engine. `GET /health`, `GET /v1/models`, `POST /v1/chat/completions` and
-//! `POST /v1/completions`, non-streamed or as server-sent events, and
-//! Anthropic's `POST /v1/messages` and `/v1/messages/count_tokens` (`anthropic`)
+//! `POST /v1/completions`, non-streamed or as server-sent events, OpenAI's
+//! `POST /v1/responses` (`responses`), and Anthropic's `POST /v1/messages` and `/v1/messages/count_tokens` (`anthropic`)
 //! over the same chat path; structured output (`response_format`) and tool
 //! calls through [`crate::constrain`]; llama-server's `POST /tokenize`,
 //! `POST /detokenize` and `GET /props` (`introspect`); errors in each API's shape; `GET /metrics` for Prometheus ([`metrics`]) and one log
@@ -16,6 +16,7 @@ pub mod error;
 mod introspect;
 pub mod job;
 pub mod metrics;
+mod responses;
 pub mod wire;
 
 mod request;
@@ -195,6 +196,7 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/v1/responses", post(responses::responses))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/tokenize", post(introspect::tokenize))

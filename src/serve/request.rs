@@ -216,7 +216,11 @@ impl AppState {
 }
 
 /// Compile `spec` (a 400 naming `param` when it can't be).
-fn compile(st: &AppState, spec: &ConstraintSpec, param: &str) -> Result<Constraint, ApiError> {
+pub(super) fn compile(
+    st: &AppState,
+    spec: &ConstraintSpec,
+    param: &str,
+) -> Result<Constraint, ApiError> {
     st.space
         .compile(spec)
         .map_err(|e| ApiError::bad(e.to_string(), Some(param)))

@@ -23,5 +23,6 @@ mod serve_gpu;
 mod serve_introspect;
 mod serve_messages;
 mod serve_ops;
+mod serve_responses;
 mod subcommands;
 mod threads_cli;
