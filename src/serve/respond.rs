@@ -40,6 +40,40 @@ fn tool_calls_json(calls: &[crate::constrain::ToolCall], id: &str) -> Vec<Value>
         .collect()
 }
 
+/// The 500 of a request the engine failed on.
+pub(super) fn engine_failed(e: &str) -> ApiError {
+    ApiError::status(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        format!("the engine failed on this request: {e}"),
+        "engine_error",
+    )
+}
+
+/// Wait for a request answered whole: its output and the prompt tokens the
+/// prompt cache covered (both noted in `rec`, the failure too), or the 500 of
+/// a request the engine failed on or dropped.
+pub(super) async fn whole(
+    events: &mut mpsc::UnboundedReceiver<Event>,
+    rec: &Tracked,
+) -> Result<(crate::session::Output, usize), ApiError> {
+    let mut cached = 0;
+    loop {
+        match events.recv().await {
+            Some(Event::Started { cached_tokens }) => {
+                cached = cached_tokens;
+                rec.with(|r| r.cached_tokens = cached);
+            }
+            Some(Event::Text(_)) => {}
+            Some(Event::Done(out)) => return Ok((out, cached)),
+            Some(Event::Failed(e)) => {
+                rec.with(|r| r.outcome = Some("failed"));
+                return Err(engine_failed(&e));
+            }
+            None => return Err(engine_failed("the request was dropped")),
+        }
+    }
+}
+
 /// Answer the queued request `p` from its events: one JSON body, or a stream
 /// of server-sent events when it asked for one.
 pub(super) async fn respond(
@@ -74,54 +108,29 @@ pub(super) async fn respond(
     };
     let mut cached = 0;
     if !stream {
-        loop {
-            match events.recv().await {
-                Some(Event::Started { cached_tokens }) => {
-                    cached = cached_tokens;
-                    rec.with(|r| r.cached_tokens = cached);
+        let (out, cached) = whole(&mut events, &rec).await?;
+        let (reason, completion_tokens) = (out.finish_reason(), out.tokens);
+        let (text, tool_calls) = (out.text, out.tool_calls);
+        let choice = match kind {
+            Kind::Chat => {
+                let calls = tool_calls_json(&tool_calls, &id);
+                let mut message = json!({"role": "assistant", "content": if calls.is_empty() { Value::String(text) } else { Value::Null }});
+                if !calls.is_empty() {
+                    message["tool_calls"] = Value::Array(calls);
                 }
-                Some(Event::Text(_)) => {}
-                Some(Event::Done(out)) => {
-                    let (reason, completion_tokens) = (out.finish_reason(), out.tokens);
-                    let (text, tool_calls) = (out.text, out.tool_calls);
-                    let choice = match kind {
-                        Kind::Chat => {
-                            let calls = tool_calls_json(&tool_calls, &id);
-                            let mut message = json!({"role": "assistant", "content": if calls.is_empty() { Value::String(text) } else { Value::Null }});
-                            if !calls.is_empty() {
-                                message["tool_calls"] = Value::Array(calls);
-                            }
-                            json!({"index": 0, "message": message, "finish_reason": reason, "logprobs": null})
-                        }
-                        Kind::Completion => {
-                            json!({"index": 0, "text": text, "finish_reason": reason, "logprobs": null})
-                        }
-                    };
-                    let body = json!({"id": id, "object": object, "created": created, "model": model,
-                        "choices": [choice], "usage": usage(completion_tokens, cached)});
-                    rec.with(|r| {
-                        r.completion_tokens = completion_tokens;
-                        r.outcome = Some(reason);
-                    });
-                    return Ok(Json(body).into_response());
-                }
-                Some(Event::Failed(e)) => {
-                    rec.with(|r| r.outcome = Some("failed"));
-                    return Err(ApiError::status(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        format!("the engine failed on this request: {e}"),
-                        "engine_error",
-                    ));
-                }
-                None => {
-                    return Err(ApiError::status(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "the request was dropped by the engine",
-                        "engine_error",
-                    ))
-                }
+                json!({"index": 0, "message": message, "finish_reason": reason, "logprobs": null})
             }
-        }
+            Kind::Completion => {
+                json!({"index": 0, "text": text, "finish_reason": reason, "logprobs": null})
+            }
+        };
+        let body = json!({"id": id, "object": object, "created": created, "model": model,
+            "choices": [choice], "usage": usage(completion_tokens, cached)});
+        rec.with(|r| {
+            r.completion_tokens = completion_tokens;
+            r.outcome = Some(reason);
+        });
+        return Ok(Json(body).into_response());
     }
     // Streamed: a forwarder turns the batch loop's events into SSE events; a client
     // that hangs up drops the stream, so the forwarder and then the job stop.
@@ -212,11 +221,7 @@ pub(super) async fn respond(
                 }
                 Some(Event::Failed(e)) => {
                     rec.with(|r| r.outcome = Some("failed"));
-                    let err = ApiError::status(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        format!("the engine failed on this request: {e}"),
-                        "engine_error",
-                    );
+                    let err = engine_failed(&e);
                     let _ = send(serde_json::to_value(err.body()).unwrap_or_default()).await;
                     return;
                 }

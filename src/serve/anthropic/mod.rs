@@ -10,6 +10,7 @@ use super::error::ApiError;
 use super::job::Event;
 use super::metrics::Tracked;
 use super::request::{parse_json, Prepared};
+use super::respond::{engine_failed, whole};
 use super::AppState;
 use crate::session::Output;
 use axum::body::Bytes;
@@ -152,14 +153,6 @@ fn usage(input: usize, cached: usize, output: usize) -> Value {
         "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached})
 }
 
-fn failed(e: &str) -> ApiError {
-    ApiError::status(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        format!("the engine failed on this request: {e}"),
-        "engine_error",
-    )
-}
-
 /// `POST /v1/messages`: the message, or its events when `stream` is true.
 pub(super) async fn messages(
     State(st): State<Arc<AppState>>,
@@ -186,26 +179,11 @@ pub(super) async fn messages(
     };
     let mut cached = 0;
     if !p.stream {
-        loop {
-            match p.events.recv().await {
-                Some(Event::Started { cached_tokens }) => {
-                    cached = cached_tokens;
-                    rec.with(|r| r.cached_tokens = cached);
-                }
-                Some(Event::Text(_)) => {}
-                Some(Event::Done(out)) => {
-                    done(&rec, &out);
-                    let (reason, seq) = stop_reason(&out);
-                    let body = message(blocks(&out, &tag), (Some(reason), seq), cached, out.tokens);
-                    return Ok(Json(body).into_response());
-                }
-                Some(Event::Failed(e)) => {
-                    rec.with(|r| r.outcome = Some("failed"));
-                    return Err(failed(&e).into());
-                }
-                None => return Err(failed("the request was dropped").into()),
-            }
-        }
+        let (out, cached) = whole(&mut p.events, &rec).await?;
+        done(&rec, &out);
+        let (reason, seq) = stop_reason(&out);
+        let body = message(blocks(&out, &tag), (Some(reason), seq), cached, out.tokens);
+        return Ok(Json(body).into_response());
     }
     let (tx, rx) = mpsc::channel::<Result<SseEvent, std::convert::Infallible>>(64);
     tokio::spawn(async move {
@@ -272,7 +250,7 @@ pub(super) async fn messages(
                 Some(Event::Done(out)) => break out,
                 Some(Event::Failed(e)) => {
                     rec.with(|r| r.outcome = Some("failed"));
-                    let _ = send("error", AnthropicError(failed(&e)).body()).await;
+                    let _ = send("error", AnthropicError(engine_failed(&e)).body()).await;
                     return;
                 }
                 None => return,

@@ -10,6 +10,7 @@ use super::error::ApiError;
 use super::job::Event;
 use super::metrics::Tracked;
 use super::request::{chat_constraint, compile, parse_json, prepare, Prepared};
+use super::respond::{engine_failed, whole};
 use super::{now, AppState};
 use crate::session::{Finish, Output};
 use axum::body::Bytes;
@@ -104,14 +105,6 @@ impl Frame {
     }
 }
 
-fn failed(e: &str) -> ApiError {
-    ApiError::status(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        format!("the engine failed on this request: {e}"),
-        "engine_error",
-    )
-}
-
 /// Note the end of a request in its record.
 fn done(rec: &Tracked, out: &Output) {
     rec.with(|r| {
@@ -201,27 +194,10 @@ pub(super) async fn responses(
         return Ok(stream(frame, p, shape, rec));
     }
     let mut p = p;
-    let mut cached = 0;
-    loop {
-        match p.events.recv().await {
-            Some(Event::Started { cached_tokens }) => {
-                cached = cached_tokens;
-                rec.with(|r| r.cached_tokens = cached);
-            }
-            Some(Event::Text(_)) => {}
-            Some(Event::Done(out)) => {
-                done(&rec, &out);
-                let body =
-                    frame.response(Frame::status(&out), frame.items(&out), Some((&out, cached)));
-                return Ok(Json(body).into_response());
-            }
-            Some(Event::Failed(e)) => {
-                rec.with(|r| r.outcome = Some("failed"));
-                return Err(failed(&e));
-            }
-            None => return Err(failed("the request was dropped")),
-        }
-    }
+    let (out, cached) = whole(&mut p.events, &rec).await?;
+    done(&rec, &out);
+    let body = frame.response(Frame::status(&out), frame.items(&out), Some((&out, cached)));
+    Ok(Json(body).into_response())
 }
 
 /// The response as its stream of events.
@@ -306,7 +282,8 @@ fn stream(frame: Frame, mut p: Prepared, shape: Shape, rec: Tracked) -> Response
                 Some(Event::Failed(e)) => {
                     rec.with(|r| r.outcome = Some("failed"));
                     let mut r = frame.response("failed", Vec::new(), None);
-                    r["error"] = json!({"code": "server_error", "message": failed(&e).message});
+                    r["error"] =
+                        json!({"code": "server_error", "message": engine_failed(&e).message});
                     let _ = send("response.failed", json!({"response": r})).await;
                     return;
                 }
