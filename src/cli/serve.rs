@@ -30,12 +30,20 @@ pub struct Args {
     /// Requests that may wait for a sequence; beyond them the server answers 503.
     #[arg(long, value_name = "N", default_value_t = 64)]
     max_queue: usize,
-    /// Longest prompt in tokens (a longer one is a 400).
-    #[arg(long, value_name = "N", default_value_t = 2048)]
+    /// Longest prompt in tokens (a longer one is a 400). The sliding window
+    /// bounds each sequence's memory at any length; this bounds the time one
+    /// prompt's prefill may take. Coding agents send 10-25k tokens of
+    /// instructions and tools.
+    #[arg(long, value_name = "N", default_value_t = 32768)]
     ctx_tokens: usize,
     /// Tokens generated when a request sets no max_tokens.
     #[arg(long, value_name = "N", default_value_t = 256)]
     default_max_tokens: usize,
+    /// Most tokens one request generates, whatever it asks for (it ends there
+    /// with the finish reason of its limit: `length`, `max_tokens`,
+    /// `max_output_tokens`); default: what it asks for.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    max_tokens_cap: Option<u32>,
     /// The model id clients name (default: the archive's file stem, or cqlm-small).
     #[arg(long, value_name = "ID")]
     model_id: Option<String>,
@@ -54,6 +62,7 @@ pub fn run(a: Args) -> Result<()> {
         api_key: a.api_key,
         ctx_tokens: a.ctx_tokens,
         default_max_tokens: a.default_max_tokens.max(1),
+        max_tokens_cap: a.max_tokens_cap.map(|n| n as usize),
         cache_mb: a.cache_mb,
         model_id,
     };

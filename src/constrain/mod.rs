@@ -14,4 +14,6 @@ mod tools;
 pub use mask::TokenMask;
 pub use space::TokenSpace;
 pub use spec::{Constraint, ConstraintSpec};
-pub use tools::{JsonWhitespace, Tool, ToolCall, ToolChoice, ToolMarkers, ToolSet};
+pub use tools::{
+    CustomTool, JsonWhitespace, TextGrammar, Tool, ToolCall, ToolChoice, ToolMarkers, ToolSet,
+};

@@ -1,13 +1,23 @@
-//! Tool calls: a tool set in the OpenAI `tools` format, the choice of
-//! `auto | required | none | <name>`, the grammar of a call and the parsing of
-//! calls out of the generated text.
+//! Tool calls: a tool set in the OpenAI `tools` format (function tools, and the
+//! Responses API's custom tools), the choice of `auto | required | none |
+//! <name>`, the grammar of a call and the parsing of calls out of the
+//! generated text.
 //!
-//! A call is the JSON object `{"name": <a tool's name>, "arguments": <an object
-//! valid against that tool's parameters>}`. With `required` or a name the whole
-//! output is one call (or, parallel, a JSON array of at least one); with `auto`
-//! it is free text (not starting with the start marker's first character) or
-//! one call between the markers (`<tool_call>` … `</tool_call>` by default, or the
-//! archive's `cqlm.tool_call_markers`); with `none`, free text.
+//! A function call is the JSON object `{"name": <a tool's name>, "arguments":
+//! <an object valid against that tool's parameters>}`. With `required` or a
+//! name the whole output is one call (or, parallel, a JSON array of at least
+//! one); with `auto` it is free text (not starting with the start marker's
+//! first character) or one call between the markers (`<tool_call>` …
+//! `</tool_call>` by default, or the archive's `cqlm.tool_call_markers`); with
+//! `none`, free text.
+//!
+//! A set with custom tools ([`CustomTool`]: free-text input, optionally in a
+//! Lark or regex grammar) writes every call between the markers, under every
+//! choice but `none`: a function call as its JSON, a custom call as the tool's
+//! name, a newline and its input (`<tool_call>apply_patch\n*** Begin
+//! Patch…</tool_call>`). One Lark grammar holds it all, the custom grammars
+//! and the calls' JSON Schema as its sub-grammars, so an input always parses
+//! under its tool's grammar (an input ends at the first end marker).
 
 use crate::error::{Error, Result};
 use llguidance::api::{GrammarWithLexer, TopLevelGrammar};
@@ -43,6 +53,27 @@ pub struct Tool {
     pub description: Option<String>,
     /// The JSON Schema of the arguments (an object schema).
     pub parameters: Value,
+}
+
+/// The grammar a custom tool's input must parse under.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TextGrammar {
+    /// llguidance's Lark dialect (its `start` rule).
+    Lark(String),
+    /// A regular expression the whole input matches.
+    Regex(String),
+}
+
+/// A custom tool (OpenAI's Responses API `custom` type): its input is free
+/// text, in its grammar when it has one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CustomTool {
+    /// The tool's name (as a function's).
+    pub name: String,
+    /// What it does (for the prompt).
+    pub description: Option<String>,
+    /// The input's grammar; `None`: any text without the end marker.
+    pub grammar: Option<TextGrammar>,
 }
 
 /// The llguidance grammars of a constraint.
@@ -125,10 +156,7 @@ impl CallGrammars {
     /// Free text: empty, or not starting with the start marker's first
     /// character (so the first token chooses between text and a call).
     fn text_rule(&self) -> String {
-        format!(
-            "TEXT: /([^{}](.|\\n)*)?/\n",
-            class_escape(self.markers.start.chars().next().unwrap_or('<'))
-        )
+        text_rule(&self.markers)
     }
 
     /// Whether a token of these bytes could cross from one part into the next:
@@ -149,6 +177,15 @@ impl CallGrammars {
         });
         into_call || into_end
     }
+}
+
+/// The Lark rule `TEXT` of free text: empty, or not starting with the start
+/// marker's first character (so the first token chooses between text and a call).
+fn text_rule(markers: &ToolMarkers) -> String {
+    format!(
+        "TEXT: /([^{}](.|\\n)*)?/\n",
+        class_escape(markers.start.chars().next().unwrap_or('<'))
+    )
 }
 
 /// `s` as a Lark string literal.
@@ -203,6 +240,7 @@ impl Default for ToolMarkers {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolSet {
     tools: Vec<Tool>,
+    custom: Vec<CustomTool>,
     markers: ToolMarkers,
 }
 
@@ -244,12 +282,30 @@ impl std::str::FromStr for ToolChoice {
 pub struct ToolCall {
     /// The tool's name.
     pub name: String,
-    /// Its arguments (an object valid against the tool's parameters).
+    /// A function's arguments (an object valid against the tool's
+    /// parameters); null for a custom tool's call.
     pub arguments: Value,
+    /// A custom tool's input (valid under its grammar); `None` for a function's call.
+    pub input: Option<String>,
 }
 
 fn bad(msg: String) -> Error {
     Error::InvalidArgument(format!("tool set: {msg}"))
+}
+
+/// Check a tool's name (`what` says where it is): 1 to 64 of `[A-Za-z0-9_-]`.
+fn check_name(name: &str, what: &str) -> Result<()> {
+    let ok = (1..=64).contains(&name.len())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if ok {
+        Ok(())
+    } else {
+        Err(bad(format!(
+            "{what} `{name}`: 1 to 64 of A-Z, a-z, 0-9, _ and -"
+        )))
+    }
 }
 
 impl ToolChoice {
@@ -259,8 +315,8 @@ impl ToolChoice {
     /// [`Error::InvalidArgument`] for a name no tool has.
     pub fn check(&self, tools: &ToolSet) -> Result<()> {
         if let ToolChoice::Function(n) = self {
-            if !tools.tools.iter().any(|t| &t.name == n) {
-                let names: Vec<&str> = tools.tools.iter().map(|t| t.name.as_str()).collect();
+            if !tools.names().any(|t| t == n) {
+                let names: Vec<&str> = tools.names().collect();
                 return Err(Error::InvalidArgument(format!(
                     "tool choice `{n}`: no such tool (the tools are {}; or auto, required, none)",
                     names.join(", ")
@@ -301,15 +357,7 @@ impl ToolSet {
                 .get("name")
                 .and_then(Value::as_str)
                 .ok_or_else(|| bad(format!("tools[{i}].function.name must be a string")))?;
-            let ok = (1..=64).contains(&name.len())
-                && name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
-            if !ok {
-                return Err(bad(format!(
-                    "tools[{i}].function.name `{name}`: 1 to 64 of A-Z, a-z, 0-9, _ and -"
-                )));
-            }
+            check_name(name, &format!("tools[{i}].function.name"))?;
             if tools.iter().any(|t| t.name == name) {
                 return Err(bad(format!("tools[{i}]: a second tool named `{name}`")));
             }
@@ -346,8 +394,46 @@ impl ToolSet {
         }
         Ok(ToolSet {
             tools,
+            custom: Vec::new(),
             markers: ToolMarkers::default(),
         })
+    }
+
+    /// A tool set of the function tools `functions` (the OpenAI `tools` array,
+    /// as [`ToolSet::from_openai`]; `None` for none) and the custom tools `custom`.
+    ///
+    /// # Errors
+    /// As [`ToolSet::from_openai`]; also for no tool at all, a custom tool's
+    /// invalid name, or a name two tools share.
+    pub fn from_parts(functions: Option<&Value>, custom: Vec<CustomTool>) -> Result<ToolSet> {
+        let mut set = match functions {
+            Some(f) => ToolSet::from_openai(f)?,
+            None if custom.is_empty() => return Err(bad("no tools".into())),
+            None => ToolSet {
+                tools: Vec::new(),
+                custom: Vec::new(),
+                markers: ToolMarkers::default(),
+            },
+        };
+        for c in custom {
+            check_name(&c.name, "a custom tool's name")?;
+            if set.names().any(|n| n == c.name) {
+                return Err(bad(format!("a second tool named `{}`", c.name)));
+            }
+            set.custom.push(c);
+        }
+        Ok(set)
+    }
+
+    /// The names of every tool, functions first.
+    fn names(&self) -> impl Iterator<Item = &str> {
+        let functions = self.tools.iter().map(|t| t.name.as_str());
+        functions.chain(self.custom.iter().map(|c| c.name.as_str()))
+    }
+
+    /// The custom tools.
+    pub fn custom(&self) -> &[CustomTool] {
+        &self.custom
     }
 
     /// The same tools with other `auto` markers.
@@ -398,6 +484,9 @@ impl ToolSet {
             ToolChoice::Function(n) => Some(n.as_str()),
             _ => None,
         };
+        if !self.custom.is_empty() && *choice != ToolChoice::None {
+            return Grammars::One(self.marked_grammar(choice, only, parallel));
+        }
         let mut call = self.call_schema(only);
         JsonWhitespace::default().apply(&mut call);
         match choice {
@@ -420,11 +509,124 @@ impl ToolSet {
         }
     }
 
+    /// The grammar of a set with custom tools (see the module's note): under
+    /// `auto` free text or calls, else calls (of `only` when it names a tool),
+    /// each between the markers; several with `parallel`.
+    fn marked_grammar(
+        &self,
+        choice: &ToolChoice,
+        only: Option<&str>,
+        parallel: bool,
+    ) -> TopLevelGrammar {
+        let (start, end) = (
+            lark_literal(&self.markers.start),
+            lark_literal(&self.markers.end),
+        );
+        let mut subs = Vec::new();
+        let mut bodies = Vec::new();
+        let mut rules = String::new();
+        if self.tools.iter().any(|t| only.is_none_or(|n| n == t.name)) {
+            let mut call = self.call_schema(only);
+            JsonWhitespace::default().apply(&mut call);
+            bodies.push(format!("@function_call {end}"));
+            subs.push(GrammarWithLexer {
+                name: Some("function_call".into()),
+                json_schema: Some(call),
+                lark_grammar: None,
+            });
+        }
+        for (i, c) in self.custom.iter().enumerate() {
+            if only.is_some_and(|n| n != c.name) {
+                continue;
+            }
+            let head = lark_literal(&format!("{}\n", c.name));
+            let name = format!("custom_input_{i}");
+            let sub = match &c.grammar {
+                None => {
+                    // Any text up to (and with) the first end marker.
+                    bodies.push(format!("{head} free_input_{i}"));
+                    rules.push_str(&format!("free_input_{i}[suffix={end}]: /(.|\\n)*/\n"));
+                    continue;
+                }
+                Some(TextGrammar::Lark(g)) => GrammarWithLexer::from_lark(g.clone()),
+                Some(TextGrammar::Regex(r)) => GrammarWithLexer::from_regex(r),
+            };
+            bodies.push(format!("{head} @{name} {end}"));
+            subs.push(GrammarWithLexer {
+                name: Some(name),
+                ..sub
+            });
+        }
+        let calls = if parallel { "call+" } else { "call" };
+        let top = if *choice == ToolChoice::Auto {
+            format!("start: TEXT | {calls}\n{}", text_rule(&self.markers))
+        } else {
+            format!("start: {calls}\n")
+        };
+        let lark = format!(
+            "{top}call: {start} body\nbody: {}\n{rules}",
+            bodies.join(" | ")
+        );
+        let mut grammars = vec![GrammarWithLexer::from_lark(lark)];
+        grammars.extend(subs);
+        TopLevelGrammar {
+            grammars,
+            max_tokens: None,
+        }
+    }
+
+    /// The calls in `text`, every one between the markers (a set with custom
+    /// tools): none for free text.
+    fn parse_marked(&self, text: &str) -> Result<Vec<ToolCall>> {
+        let (start, end) = (self.markers.start.as_str(), self.markers.end.as_str());
+        let mut rest = text;
+        let mut calls = Vec::new();
+        let missing = || Error::InvalidArgument("tool call: the end marker is missing".into());
+        while let Some(after) = rest.strip_prefix(start) {
+            if after.starts_with('{') {
+                // A function call: its JSON (whose strings may hold the end
+                // marker), then the end marker.
+                let mut values = serde_json::Deserializer::from_str(after).into_iter::<Value>();
+                values
+                    .next()
+                    .ok_or_else(missing)?
+                    .map_err(|e| Error::InvalidArgument(format!("tool call: not JSON: {e}")))?;
+                let (json, tail) = after.split_at(values.byte_offset());
+                rest = tail.strip_prefix(end).ok_or_else(missing)?;
+                calls.extend(self.parse_json_calls(json)?);
+                continue;
+            }
+            let cut = after.find(end).ok_or_else(missing)?;
+            let body = &after[..cut];
+            rest = &after[cut + end.len()..];
+            let (name, input) = body.split_once('\n').ok_or_else(|| {
+                Error::InvalidArgument("tool call: no newline after the custom tool's name".into())
+            })?;
+            if !self.custom.iter().any(|c| c.name == name) {
+                return Err(Error::InvalidArgument(format!(
+                    "tool call: no custom tool named `{name}`"
+                )));
+            }
+            calls.push(ToolCall {
+                name: name.to_string(),
+                arguments: Value::Null,
+                input: Some(input.to_string()),
+            });
+        }
+        Ok(calls)
+    }
+
     /// The calls in `text` as `choice` lays them out (none for free text).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when a call does not parse or names no tool.
     pub(crate) fn parse_calls(&self, choice: &ToolChoice, text: &str) -> Result<Vec<ToolCall>> {
+        if !self.custom.is_empty() {
+            return match choice {
+                ToolChoice::None => Ok(Vec::new()),
+                _ => self.parse_marked(text),
+            };
+        }
         let body = match choice {
             ToolChoice::None => return Ok(Vec::new()),
             ToolChoice::Auto => {
@@ -438,6 +640,11 @@ impl ToolSet {
             }
             _ => text,
         };
+        self.parse_json_calls(body)
+    }
+
+    /// The function calls of a call's JSON (one call, or an array of them).
+    fn parse_json_calls(&self, body: &str) -> Result<Vec<ToolCall>> {
         let v: Value = serde_json::from_str(body)
             .map_err(|e| Error::InvalidArgument(format!("tool call: not JSON: {e}")))?;
         let list = match v {
@@ -455,6 +662,7 @@ impl ToolSet {
                 Ok(ToolCall {
                     name: name.to_string(),
                     arguments: c.get("arguments").cloned().unwrap_or(Value::Null),
+                    input: None,
                 })
             })
             .collect()

@@ -238,6 +238,9 @@ fn admit<'t>(
         if let Some(c) = job.constraint {
             generation = generation.with_constraint(c, vocab);
         }
+        if let Some(top) = job.logprobs {
+            generation = generation.with_logprobs(top);
+        }
         *slot = Some(Active {
             generation,
             events: job.events,
@@ -295,11 +298,15 @@ fn advance(a: &mut Active<'_>, batch: &mut dyn BatchEngine, k: usize) -> Result<
     Ok(())
 }
 
-/// Send the text emitted since the last call, tick the token clock; say
+/// Send the logprobs and text emitted since the last call, tick the token clock; say
 /// whether the slot goes on.
 fn deliver(a: &mut Active<'_>, sh: &Shared) -> Slot {
     for _ in a.generation.take_emitted() {
         a.clock.tick(&sh.metrics);
+    }
+    let logprobs = a.generation.take_logprobs();
+    if !logprobs.is_empty() && a.events.send(Event::Logprobs(logprobs)).is_err() {
+        return Slot::Gone;
     }
     let delta = a.generation.take_delta();
     if a.stream_text && !delta.is_empty() && a.events.send(Event::Text(delta)).is_err() {

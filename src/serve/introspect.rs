@@ -1,5 +1,6 @@
 //! llama-server's introspection routes: `POST /tokenize` (`content`,
-//! `add_special`, `with_pieces`), `POST /detokenize` (`tokens`) and `GET /props`
+//! `add_special`, `with_pieces`), `POST /detokenize` (`tokens`),
+//! `POST /apply-template` (`messages`, `tools`) and `GET /props`
 //! (the model, context size, slots, chat template and default sampling
 //! settings). Behind the API key when one is set; errors in the OpenAI shape.
 
@@ -34,6 +35,30 @@ struct TokenizeRequest {
 #[serde(deny_unknown_fields)]
 struct DetokenizeRequest {
     tokens: Vec<u32>,
+}
+
+/// `POST /apply-template`'s body.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ApplyTemplateRequest {
+    messages: Vec<super::wire::Message>,
+    #[serde(default)]
+    tools: Option<Value>,
+}
+
+/// `POST /apply-template`: `{"prompt": text}`, the chat template's rendering of
+/// `messages` (and `tools`) up to the assistant's turn: the text whose
+/// `/tokenize` with `add_special` is what `/v1/chat/completions` prefills for
+/// the same messages and tools.
+pub(super) async fn apply_template(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    st.check_key(&headers)?;
+    let r: ApplyTemplateRequest = typed(&parse_json(body)?)?;
+    let prompt = st.template.render(&r.messages, r.tools.as_ref())?;
+    Ok(Json(json!({ "prompt": prompt })))
 }
 
 /// `POST /tokenize`: `{"tokens": [id, ...]}`, or with pieces `{"tokens": [{"id",
@@ -113,6 +138,7 @@ pub(super) async fn props(
         "n_ctx": o.ctx_tokens,
         "total_slots": st.queue.slots(),
         "vocab_size": st.vocab,
+        "max_tokens_cap": o.max_tokens_cap,
         "chat_template": st.template.source(),
         "bos_token": st.template.bos(),
         "eos_token": st.template.eos(),

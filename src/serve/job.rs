@@ -7,6 +7,7 @@ use super::metrics::Metrics;
 use crate::constrain::Constraint;
 use crate::error::{Error, Result};
 use crate::session::builder::BatchFactory;
+use crate::session::logprobs::TokenLogprob;
 use crate::session::prompt_cache::PromptCache;
 use crate::session::sample::SamplerConfig;
 use crate::session::tokenizer::TextTokenizer;
@@ -24,6 +25,9 @@ pub enum Event {
         /// Prompt tokens that came from the prompt cache.
         cached_tokens: usize,
     },
+    /// The logprobs of the tokens emitted since the last event (only for a
+    /// job that asked for them; sent before the text those tokens add).
+    Logprobs(Vec<TokenLogprob>),
     /// More text (never a partial character, never part of a stop string).
     Text(String),
     /// The end: why, the token count, the whole text, the parsed tool calls.
@@ -44,6 +48,9 @@ pub struct Job {
     pub stops: Vec<String>,
     /// A compiled constraint, if the request has one.
     pub constraint: Option<Constraint>,
+    /// Report each token's logprob and this many alternatives
+    /// ([`Event::Logprobs`]).
+    pub logprobs: Option<usize>,
     /// Stream text events as tokens come (else only `Done`: tool calls, whose
     /// shape is known only at the end).
     pub stream_text: bool,

@@ -15,6 +15,7 @@ pub mod chat;
 pub mod error;
 mod introspect;
 pub mod job;
+mod logprobs;
 pub mod metrics;
 mod responses;
 pub mod wire;
@@ -22,7 +23,7 @@ pub mod wire;
 mod request;
 mod respond;
 
-use request::{chat_constraint, parse, prepare};
+use request::{chat_constraint, parse, prepare, OutputPlan};
 use respond::{respond, Kind};
 
 use crate::constrain::{TokenSpace, ToolMarkers};
@@ -65,6 +66,8 @@ pub struct ServeOptions {
     pub ctx_tokens: usize,
     /// Tokens generated when a request names no limit.
     pub default_max_tokens: usize,
+    /// Most tokens one request generates, whatever it asks for (`None`: no cap).
+    pub max_tokens_cap: Option<usize>,
     /// The model id `/v1/models` lists and requests must name (or omit).
     pub model_id: String,
     /// MiB of sequence states the prompt cache keeps (0: none).
@@ -201,6 +204,7 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/tokenize", post(introspect::tokenize))
         .route("/detokenize", post(introspect::detokenize))
+        .route("/apply-template", post(introspect::apply_template))
         .route("/props", get(introspect::props))
         .route("/metrics", get(metrics_text))
         .fallback(|| async {
@@ -313,13 +317,25 @@ impl AppState {
     /// A 400 for no messages, a message the template can't take, text that
     /// does not tokenize.
     fn chat_prompt(&self, r: &ChatRequest) -> Result<Vec<u32>, ApiError> {
-        if r.messages.is_empty() {
+        self.prompt_of(&r.messages, r.tools.as_ref())
+    }
+
+    /// The prompt ids of `messages` listing `tools` (an OpenAI array).
+    ///
+    /// # Errors
+    /// As [`AppState::chat_prompt`].
+    fn prompt_of(
+        &self,
+        messages: &[wire::Message],
+        tools: Option<&Value>,
+    ) -> Result<Vec<u32>, ApiError> {
+        if messages.is_empty() {
             return Err(ApiError::bad(
                 "messages must not be empty",
                 Some("messages"),
             ));
         }
-        let text = self.template.render(&r.messages, r.tools.as_ref())?;
+        let text = self.template.render(messages, tools)?;
         self.tok
             .encode(&text)
             .map_err(|e| ApiError::bad(e.to_string(), Some("messages")))
@@ -331,16 +347,14 @@ impl AppState {
     /// As [`AppState::chat_prompt`], [`chat_constraint`] and [`prepare`].
     fn queue_chat(&self, r: &ChatRequest, rec: &Tracked) -> Result<request::Prepared, ApiError> {
         let ids = self.chat_prompt(r)?;
-        let (constraint, stream_text) = chat_constraint(self, r)?;
-        prepare(
-            self,
-            &r.sampling,
-            ids,
-            constraint,
-            stream_text,
-            "messages",
-            rec,
-        )
+        let top = request::top_logprobs(
+            r.logprobs.unwrap_or(false),
+            r.top_logprobs,
+            crate::session::logprobs::MAX_TOP_LOGPROBS,
+            "top_logprobs",
+        )?;
+        let plan = OutputPlan::of(chat_constraint(self, r)?).with_logprobs(top);
+        prepare(self, &r.sampling, ids, plan, "messages", rec)
     }
 }
 
@@ -370,6 +384,13 @@ async fn completions(
         }
     }
     .map_err(|e| ApiError::bad(e.to_string(), Some("prompt")))?;
-    let p = prepare(&st, &r.sampling, ids, None, true, "prompt", &rec)?;
-    respond(st, p, Kind::Completion, rec).await
+    let top = request::top_logprobs(r.logprobs.is_some(), r.logprobs, 5, "logprobs")?;
+    let prompt_chars = st.tok.decode(&ids).map_or(0, |t| t.chars().count());
+    let plan = OutputPlan {
+        stream_text: true,
+        ..OutputPlan::default()
+    }
+    .with_logprobs(top);
+    let p = prepare(&st, &r.sampling, ids, plan, "prompt", &rec)?;
+    respond(st, p, Kind::Completion { prompt_chars }, rec).await
 }

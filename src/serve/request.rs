@@ -6,7 +6,7 @@ use super::job::{Event, Job};
 use super::metrics::Tracked;
 use super::wire::{ChatRequest, Sampling};
 use super::{AppState, MAX_BODY};
-use crate::constrain::{Constraint, ConstraintSpec, ToolChoice, ToolSet};
+use crate::constrain::{Constraint, ConstraintSpec, CustomTool, ToolChoice, ToolSet};
 use crate::session::sample::{Sampler, SamplerConfig};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -93,19 +93,77 @@ pub(super) struct Prepared {
     /// Whether its text streams as it comes (not for tool calls, held back
     /// until they are known to be calls or text).
     pub(super) stream_text: bool,
+    /// Whether it reports logprobs.
+    pub(super) logprobs: bool,
+}
+
+/// What a request's output is to be: its constraint, whether its text
+/// streams, its logprobs.
+#[derive(Default)]
+pub(super) struct OutputPlan {
+    /// A compiled constraint, if the request has one.
+    pub(super) constraint: Option<Constraint>,
+    /// Whether its text streams as it comes (not for tool calls).
+    pub(super) stream_text: bool,
+    /// Report each token's logprob and this many alternatives.
+    pub(super) logprobs: Option<usize>,
+}
+
+impl OutputPlan {
+    /// The plan of `(constraint, stream_text)` ([`chat_constraint`]) without logprobs.
+    pub(super) fn of((constraint, stream_text): (Option<Constraint>, bool)) -> OutputPlan {
+        OutputPlan {
+            constraint,
+            stream_text,
+            logprobs: None,
+        }
+    }
+
+    /// The same plan reporting logprobs with `top` alternatives (`None`: none).
+    pub(super) fn with_logprobs(mut self, top: Option<usize>) -> OutputPlan {
+        self.logprobs = top;
+        self
+    }
+}
+
+/// `top_logprobs` (`param`) checked: at most `limit`, and only with
+/// `logprobs`; the alternatives to report, `None` without logprobs.
+pub(super) fn top_logprobs(
+    logprobs: bool,
+    top: Option<u32>,
+    limit: usize,
+    param: &str,
+) -> Result<Option<usize>, ApiError> {
+    let top = top.map(|t| t as usize);
+    match (logprobs, top) {
+        (_, Some(t)) if t > limit => Err(ApiError::bad(
+            format!("{param} = {t}: at most {limit}"),
+            Some(param),
+        )),
+        (false, Some(t)) if t > 0 => Err(ApiError::bad(
+            format!("{param} needs the logprobs asked for (`logprobs`; on /v1/responses `include: [\"message.output_text.logprobs\"]`)"),
+            Some(param),
+        )),
+        (true, t) => Ok(Some(t.unwrap_or(0))),
+        (false, _) => Ok(None),
+    }
 }
 
 /// Check the sampling settings, limits and model of `s` for the prompt `ids`,
-/// then queue the job (a 503 when the server is full).
+/// then queue the job as `plan` says (a 503 when the server is full).
 pub(super) fn prepare(
     st: &AppState,
     s: &Sampling,
     ids: Vec<u32>,
-    constraint: Option<Constraint>,
-    stream_text: bool,
+    plan: OutputPlan,
     prompt_param: &str,
     rec: &Tracked,
 ) -> Result<Prepared, ApiError> {
+    let OutputPlan {
+        constraint,
+        stream_text,
+        logprobs,
+    } = plan;
     if let Some(n) = s.n {
         if n != 1 {
             return Err(ApiError::bad(
@@ -134,7 +192,8 @@ pub(super) fn prepare(
         }
         Some(n) => n as usize,
         None => st.opts.default_max_tokens,
-    };
+    }
+    .min(st.opts.max_tokens_cap.unwrap_or(usize::MAX));
     let cfg = SamplerConfig {
         temperature: s.temperature.unwrap_or(1.0),
         top_p: s.top_p.unwrap_or(1.0),
@@ -177,6 +236,7 @@ pub(super) fn prepare(
         max_tokens,
         stops: s.stop.as_ref().map(|v| v.strings()).unwrap_or_default(),
         constraint,
+        logprobs,
         stream_text,
         events: tx,
         arrived: rec.arrived(),
@@ -194,6 +254,7 @@ pub(super) fn prepare(
         stream: s.stream.unwrap_or(false),
         include_usage: s.stream_options.as_ref().is_some_and(|o| o.include_usage),
         stream_text,
+        logprobs: logprobs.is_some(),
     })
 }
 
@@ -226,10 +287,21 @@ pub(super) fn compile(
         .map_err(|e| ApiError::bad(e.to_string(), Some(param)))
 }
 
-/// The constraint of a chat request: `response_format` or the tools.
+/// The constraint of a chat request: `response_format` or the tools; and
+/// whether its text streams as it comes (not for tools).
 pub(super) fn chat_constraint(
     st: &AppState,
     r: &ChatRequest,
+) -> Result<(Option<Constraint>, bool), ApiError> {
+    tool_constraint(st, r, &[])
+}
+
+/// [`chat_constraint`] with `custom` tools offered beside the request's
+/// function tools (the Responses API's).
+pub(super) fn tool_constraint(
+    st: &AppState,
+    r: &ChatRequest,
+    custom: &[CustomTool],
 ) -> Result<(Option<Constraint>, bool), ApiError> {
     let choice =
         match &r.tool_choice {
@@ -257,13 +329,15 @@ pub(super) fn chat_constraint(
                 )),
             },
         };
-    let tools = match &r.tools {
-        Some(t) if choice != ToolChoice::None => Some(
-            ToolSet::from_openai(t)
+    let offered = r.tools.is_some() || !custom.is_empty();
+    let tools = if offered && choice != ToolChoice::None {
+        Some(
+            ToolSet::from_parts(r.tools.as_ref(), custom.to_vec())
                 .map_err(|e| ApiError::bad(e.to_string(), Some("tools")))?
                 .with_markers(st.markers.clone()),
-        ),
-        _ => None,
+        )
+    } else {
+        None
     };
     let format = match &r.response_format {
         None => None,

@@ -3,10 +3,12 @@
 
 use super::error::ApiError;
 use super::job::Event;
+use super::logprobs;
 use super::metrics::Tracked;
 use super::request::Prepared;
 use super::wire::{PromptTokensDetails, Usage};
 use super::{now, AppState};
+use crate::session::logprobs::TokenLogprob;
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -20,8 +22,12 @@ use tokio::sync::mpsc;
 pub(super) enum Kind {
     /// `/v1/chat/completions`.
     Chat,
-    /// `/v1/completions`.
-    Completion,
+    /// `/v1/completions`, whose prompt's text has `prompt_chars` characters
+    /// (where its logprobs' `text_offset` starts).
+    Completion {
+        /// Characters of the prompt's text.
+        prompt_chars: usize,
+    },
 }
 
 /// The calls as OpenAI's `tool_calls` array (ids from the response's `id`).
@@ -49,22 +55,40 @@ pub(super) fn engine_failed(e: &str) -> ApiError {
     )
 }
 
-/// Wait for a request answered whole: its output and the prompt tokens the
-/// prompt cache covered (both noted in `rec`, the failure too), or the 500 of
-/// a request the engine failed on or dropped.
+/// A request answered whole.
+pub(super) struct Whole {
+    /// What it generated.
+    pub(super) out: crate::session::Output,
+    /// Prompt tokens the prompt cache covered.
+    pub(super) cached: usize,
+    /// Each token's logprob, when the request asked for them.
+    pub(super) logprobs: Vec<TokenLogprob>,
+}
+
+/// Wait for a request answered whole: its output, logprobs and the prompt
+/// tokens the prompt cache covered (noted in `rec`, the failure too), or the
+/// 500 of a request the engine failed on or dropped.
 pub(super) async fn whole(
     events: &mut mpsc::UnboundedReceiver<Event>,
     rec: &Tracked,
-) -> Result<(crate::session::Output, usize), ApiError> {
+) -> Result<Whole, ApiError> {
     let mut cached = 0;
+    let mut logprobs = Vec::new();
     loop {
         match events.recv().await {
             Some(Event::Started { cached_tokens }) => {
                 cached = cached_tokens;
                 rec.with(|r| r.cached_tokens = cached);
             }
+            Some(Event::Logprobs(l)) => logprobs.extend(l),
             Some(Event::Text(_)) => {}
-            Some(Event::Done(out)) => return Ok((out, cached)),
+            Some(Event::Done(out)) => {
+                return Ok(Whole {
+                    out,
+                    cached,
+                    logprobs,
+                })
+            }
             Some(Event::Failed(e)) => {
                 rec.with(|r| r.outcome = Some("failed"));
                 return Err(engine_failed(&e));
@@ -88,10 +112,36 @@ pub(super) async fn respond(
         stream,
         include_usage,
         stream_text: streamed_text,
+        logprobs: wants_logprobs,
     } = p;
     let (prefix, object, chunk_object) = match kind {
         Kind::Chat => ("chatcmpl", "chat.completion", "chat.completion.chunk"),
-        Kind::Completion => ("cmpl", "text_completion", "text_completion"),
+        Kind::Completion { .. } => ("cmpl", "text_completion", "text_completion"),
+    };
+    // The `logprobs` of a choice (null unless asked for); a completion's
+    // offsets go on from `*at` characters.
+    let tok = Arc::clone(&st.tok);
+    let logprobs_json = move |lps: &[TokenLogprob], at: &mut usize| -> Value {
+        if !wants_logprobs {
+            return Value::Null;
+        }
+        match kind {
+            Kind::Chat => logprobs::chat(&tok, lps),
+            Kind::Completion { .. } => {
+                let v = logprobs::completion(&tok, lps, *at);
+                *at += v["tokens"].as_array().map_or(0, |t| {
+                    t.iter()
+                        .filter_map(Value::as_str)
+                        .map(|s| s.chars().count())
+                        .sum()
+                });
+                v
+            }
+        }
+    };
+    let mut offset = match kind {
+        Kind::Chat => 0,
+        Kind::Completion { prompt_chars } => prompt_chars,
     };
     let id = st.next_id(prefix);
     rec.with(|r| {
@@ -108,9 +158,14 @@ pub(super) async fn respond(
     };
     let mut cached = 0;
     if !stream {
-        let (out, cached) = whole(&mut events, &rec).await?;
+        let Whole {
+            out,
+            cached,
+            logprobs: lps,
+        } = whole(&mut events, &rec).await?;
         let (reason, completion_tokens) = (out.finish_reason(), out.tokens);
         let (text, tool_calls) = (out.text, out.tool_calls);
+        let lp = logprobs_json(&lps, &mut offset);
         let choice = match kind {
             Kind::Chat => {
                 let calls = tool_calls_json(&tool_calls, &id);
@@ -118,10 +173,10 @@ pub(super) async fn respond(
                 if !calls.is_empty() {
                     message["tool_calls"] = Value::Array(calls);
                 }
-                json!({"index": 0, "message": message, "finish_reason": reason, "logprobs": null})
+                json!({"index": 0, "message": message, "finish_reason": reason, "logprobs": lp})
             }
-            Kind::Completion => {
-                json!({"index": 0, "text": text, "finish_reason": reason, "logprobs": null})
+            Kind::Completion { .. } => {
+                json!({"index": 0, "text": text, "finish_reason": reason, "logprobs": lp})
             }
         };
         let body = json!({"id": id, "object": object, "created": created, "model": model,
@@ -150,6 +205,9 @@ pub(super) async fn respond(
         if kind == Kind::Chat && !send(chunk(json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}))).await {
             return;
         }
+        // Logprobs wait for the text their tokens add (a stop string's or a
+        // partial character's are held back with it).
+        let mut pending: Vec<TokenLogprob> = Vec::new();
         loop {
             let ok = match events.recv().await {
                 Some(Event::Started { cached_tokens }) => {
@@ -157,16 +215,21 @@ pub(super) async fn respond(
                     rec.with(|r| r.cached_tokens = cached);
                     true
                 }
+                Some(Event::Logprobs(l)) => {
+                    pending.extend(l);
+                    true
+                }
                 Some(Event::Text(t)) => {
+                    let lp = logprobs_json(&std::mem::take(&mut pending), &mut offset);
                     match kind {
                         Kind::Chat => {
                             send(chunk(
-                                json!({"index": 0, "delta": {"content": t}, "finish_reason": null}),
+                                json!({"index": 0, "delta": {"content": t}, "finish_reason": null, "logprobs": lp}),
                             ))
                             .await
                         }
-                        Kind::Completion => send(chunk(
-                            json!({"index": 0, "text": t, "finish_reason": null, "logprobs": null}),
+                        Kind::Completion { .. } => send(chunk(
+                            json!({"index": 0, "text": t, "finish_reason": null, "logprobs": lp}),
                         ))
                         .await,
                     }
@@ -196,12 +259,18 @@ pub(super) async fn respond(
                             }
                         }
                     }
+                    // The logprobs of tokens whose text never came (held back).
+                    let lp = if pending.is_empty() {
+                        Value::Null
+                    } else {
+                        logprobs_json(&std::mem::take(&mut pending), &mut offset)
+                    };
                     let last = match kind {
                         Kind::Chat => {
-                            json!({"index": 0, "delta": {}, "finish_reason": reason})
+                            json!({"index": 0, "delta": {}, "finish_reason": reason, "logprobs": lp})
                         }
-                        Kind::Completion => {
-                            json!({"index": 0, "text": "", "finish_reason": reason, "logprobs": null})
+                        Kind::Completion { .. } => {
+                            json!({"index": 0, "text": "", "finish_reason": reason, "logprobs": lp})
                         }
                     };
                     if !send(chunk(last)).await {

@@ -158,10 +158,12 @@ pub const CHAT_FIELDS: &[&str] = &[
     "tools",
     "tool_choice",
     "parallel_tool_calls",
+    "logprobs",
+    "top_logprobs",
 ];
 
 /// [`CompletionRequest`]'s own fields.
-pub const COMPLETION_FIELDS: &[&str] = &["prompt"];
+pub const COMPLETION_FIELDS: &[&str] = &["prompt", "logprobs"];
 
 /// `POST /v1/chat/completions`.
 #[derive(Debug, Clone, Deserialize)]
@@ -183,6 +185,12 @@ pub struct ChatRequest {
     /// Allow several calls (a JSON array).
     #[serde(default)]
     pub parallel_tool_calls: Option<bool>,
+    /// Report each output token's log-probability.
+    #[serde(default)]
+    pub logprobs: Option<bool>,
+    /// And this many most likely alternatives at its position (0-20).
+    #[serde(default)]
+    pub top_logprobs: Option<u32>,
 }
 
 /// `prompt`: a string, strings (one only), or token ids.
@@ -202,6 +210,10 @@ pub enum Prompt {
 pub struct CompletionRequest {
     /// The prompt.
     pub prompt: Prompt,
+    /// Report each output token's log-probability and this many most likely
+    /// alternatives (0-5).
+    #[serde(default)]
+    pub logprobs: Option<u32>,
     /// Sampling and output settings.
     #[serde(flatten)]
     pub sampling: Sampling,

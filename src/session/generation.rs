@@ -13,8 +13,9 @@
 //! same alone or in a batch.
 
 use crate::constrain::{Constraint, TokenMask, ToolCall};
-use crate::engine::{Readout, StepOut};
+use crate::engine::{Readout, StepOut, NUCLEUS_CANDIDATES};
 use crate::error::{Error, Result};
+use crate::session::logprobs::TokenLogprob;
 use crate::session::sample::Sampler;
 use crate::session::tokenizer::TextStream;
 use std::time::Instant;
@@ -171,6 +172,12 @@ pub struct Generation<'a> {
     finish: Option<Finish>,
     stats: ConstraintStats,
     nucleus_misses: u64,
+    /// Alternatives to report per token when the logprobs are kept.
+    logprobs: Option<usize>,
+    /// The logprob of the token chosen at this step, for [`Generation::emit`].
+    chosen: Option<TokenLogprob>,
+    /// The logprobs of emitted tokens not yet taken by the driver.
+    logprobs_out: Vec<TokenLogprob>,
 }
 
 impl std::fmt::Debug for Generation<'_> {
@@ -224,6 +231,9 @@ impl<'a> Generation<'a> {
             finish: (max_tokens == 0).then_some(Finish::Length),
             stats: ConstraintStats::default(),
             nucleus_misses: 0,
+            logprobs: None,
+            chosen: None,
+            logprobs_out: Vec::new(),
         }
     }
 
@@ -249,6 +259,24 @@ impl<'a> Generation<'a> {
     /// [`Generation::prompt_len`] are the prompt).
     pub fn tokens(&self) -> &[u32] {
         &self.history
+    }
+
+    /// Keep each emitted token's log-probability and its position's `top`
+    /// likeliest alternatives ([`Generation::take_logprobs`]; the values are
+    /// described in [`crate::session::logprobs`]). The choices' readouts then
+    /// carry the softmax denominator: a greedy, top-k or top-p (temperature 1)
+    /// draw reads the device's top candidates, any other the full logits. The
+    /// tokens drawn are the same as without logprobs.
+    pub fn with_logprobs(mut self, top: usize) -> Self {
+        self.logprobs = Some(top);
+        self
+    }
+
+    /// The logprobs of the tokens emitted since the last call, one per token
+    /// in the order of [`Generation::take_emitted`] (empty unless
+    /// [`Generation::with_logprobs`]).
+    pub fn take_logprobs(&mut self) -> Vec<TokenLogprob> {
+        std::mem::take(&mut self.logprobs_out)
     }
 
     /// Keep the text as it grows, with its stop strings ([`Generation::take_delta`]).
@@ -390,10 +418,12 @@ impl<'a> Generation<'a> {
 
     /// The readout the sampler needs: the device's argmax for greedy, its top-k
     /// candidates for top-k, its candidates and softmax denominator for top-p,
-    /// else the logits.
+    /// else the logits. Logprobs need the denominator at temperature 1: the
+    /// nucleus readout at 1 serves a greedy or top-k draw as well (its
+    /// candidates hold theirs), anything else reads the logits.
     fn choice_readout(&self) -> Readout {
         let s = &*self.sampler;
-        if s.is_greedy() {
+        let plain = if s.is_greedy() {
             Readout::Argmax
         } else if let Some(k) = s.top_k_only() {
             Readout::TopK(k)
@@ -401,6 +431,16 @@ impl<'a> Generation<'a> {
             Readout::Nucleus { temperature }
         } else {
             Readout::Logits
+        };
+        if self.logprobs.is_none() {
+            return plain;
+        }
+        const AT_ONE: Readout = Readout::Nucleus { temperature: 1.0 };
+        match plain {
+            Readout::Argmax => AT_ONE,
+            Readout::TopK(k) if k <= NUCLEUS_CANDIDATES => AT_ONE,
+            Readout::Nucleus { temperature: 1.0 } => AT_ONE,
+            _ => Readout::Logits,
         }
     }
 
@@ -451,6 +491,13 @@ impl<'a> Generation<'a> {
         let id = match out {
             StepOut::Token(id) => id,
             StepOut::Candidates(c) => s.sample_top_k(c),
+            // A greedy or top-k draw from a logprobs readout's candidates.
+            StepOut::Nucleus { candidates, .. } if s.is_greedy() => {
+                crate::session::sample::best_candidate(candidates)
+            }
+            StepOut::Nucleus { candidates, .. } if s.top_k_only().is_some() => {
+                s.sample_top_k(candidates)
+            }
             StepOut::Nucleus {
                 candidates,
                 nucleus,
@@ -469,6 +516,21 @@ impl<'a> Generation<'a> {
             }
         };
         self.choosing = false;
+        if let Some(top) = self.logprobs {
+            let entry = match out {
+                StepOut::Logits(l) => TokenLogprob::from_logits(l, id, top),
+                StepOut::Nucleus {
+                    candidates,
+                    nucleus,
+                } => TokenLogprob::from_candidates(candidates, nucleus, id, top),
+                _ => None,
+            };
+            self.chosen = Some(entry.ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "logprobs: the step's readout cannot give the log-probability of token {id}"
+                ))
+            })?);
+        }
         if let Some(c) = self.constraint.as_mut() {
             if !(self.mask_ready && self.mask.is_allowed(id)) {
                 return Err(Error::InvalidArgument(format!(
@@ -507,6 +569,12 @@ impl<'a> Generation<'a> {
         let room = self.max_tokens - self.generated;
         let cut = ids.len() > room;
         for &id in &ids[..ids.len().min(room)] {
+            if let Some(top) = self.logprobs {
+                // The chosen token first; any after it were forced.
+                let entry = self.chosen.take();
+                let entry = entry.unwrap_or_else(|| TokenLogprob::forced(id, top));
+                self.logprobs_out.push(entry);
+            }
             self.generated += 1;
             self.history.push(id);
             self.emitted.push(id);

@@ -6,6 +6,7 @@
 
 pub mod builder;
 mod generation;
+pub mod logprobs;
 pub mod prompt_cache;
 pub mod sample;
 pub mod tokenizer;

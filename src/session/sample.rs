@@ -51,8 +51,19 @@ crate::host::simd::simd_fn! {
     }
 }
 
+/// The greedy choice among `(logit, id)` candidates in any order: the largest
+/// logit, the lowest id among equals, as [`argmax`] over the logits they came
+/// from (NaN skipped; 0 for no candidate).
+pub fn best_candidate(candidates: &[(f32, u32)]) -> u32 {
+    candidates
+        .iter()
+        .filter(|(v, _)| !v.is_nan())
+        .min_by(|a, b| best_first(a, b))
+        .map_or(0, |c| c.1)
+}
+
 /// Order of candidates: larger logit first, then lower id.
-fn best_first(a: &(f32, u32), b: &(f32, u32)) -> std::cmp::Ordering {
+pub(crate) fn best_first(a: &(f32, u32), b: &(f32, u32)) -> std::cmp::Ordering {
     b.0.total_cmp(&a.0).then(a.1.cmp(&b.1))
 }
 

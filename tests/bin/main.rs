@@ -12,6 +12,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod agent_clis;
 mod backend_cli;
 mod constrained_cli;
 mod generate_cli;
@@ -21,6 +22,7 @@ mod serve;
 mod serve_cache;
 mod serve_gpu;
 mod serve_introspect;
+mod serve_logprobs;
 mod serve_messages;
 mod serve_ops;
 mod serve_responses;

@@ -3,7 +3,8 @@
 //! --backend gpu` for its prompt, one at a time (`--parallel 1`, the others
 //! queued) and batched (`--parallel 4`, the requests in one pass); a greedy
 //! request reads back a few bytes a token (the device's argmax), one that
-//! samples from the full logits reads them back. Skips only where no GPU adapter
+//! samples from the full logits reads them back, and logprobs come from the
+//! device's top candidates. Skips only where no GPU adapter
 //! exists and `CQLM_REQUIRE_GPU` is unset.
 
 use crate::common::serve::{http, post, start_on};
@@ -145,6 +146,41 @@ fn a_greedy_request_reads_back_no_logits_and_a_full_sample_does() {
         sampled >= 4.0 * vocab * n,
         "sampled read back {sampled} bytes for {n} tokens"
     );
+}
+
+#[test]
+fn gpu_logprobs_come_from_the_device_top_k_and_match_cqlm_logits() {
+    if generate_gpu("x", 1).is_none() {
+        return;
+    }
+    use crate::serve_logprobs::{chat_prompt_ids, check_against_reference, entries};
+    let s = start_on("gpu", &["--parallel", "2"], &[]);
+    let vocab = cqlm::model::builtin::model().unwrap().config.vocab as f64;
+    let messages = json!([{"role": "user", "content": "Tell me about the king."}]);
+    let prompt = chat_prompt_ids(&s, &messages);
+    let ask = |extra: serde_json::Value| {
+        let mut body = json!({"messages": messages, "max_tokens": 10, "temperature": 0});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let before = read_back(&s.addr);
+        let (status, v) = post(&s.addr, "/v1/chat/completions", &body);
+        assert_eq!(status, 200, "{v}");
+        (v, read_back(&s.addr) - before)
+    };
+    let (plain, _) = ask(json!({}));
+    let (v, bytes) = ask(json!({"logprobs": true, "top_logprobs": 5}));
+    // The same greedy answer; each choice read back the device's top
+    // candidates and softmax denominator, never the vocabulary's logits.
+    assert_eq!(v["choices"][0]["message"], plain["choices"][0]["message"]);
+    let n = v["usage"]["completion_tokens"].as_f64().unwrap();
+    assert!(
+        bytes > 8.0 * n && bytes < 4.0 * vocab * n / 2.0,
+        "read back {bytes} bytes for {n} tokens"
+    );
+    let got = entries(&v["choices"][0]["logprobs"]["content"]);
+    assert_eq!(got.len() as f64, n);
+    check_against_reference(&prompt, &got, 5, "gpu");
 }
 
 #[test]

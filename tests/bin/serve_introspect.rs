@@ -8,7 +8,14 @@ use serde_json::{json, Value};
 
 #[test]
 fn tokenize_and_detokenize_round_trip_and_count_as_a_prompt_does() {
-    let s = start(&["--parallel", "3", "--ctx-tokens", "512"]);
+    let s = start(&[
+        "--parallel",
+        "3",
+        "--ctx-tokens",
+        "512",
+        "--max-tokens-cap",
+        "7",
+    ]);
     let text = "The king said: « Ça va, 東京? » 🙂 42";
     let (status, plain) = post(&s.addr, "/tokenize", &json!({"content": text}));
     assert_eq!(status, 200, "{plain}");
@@ -78,6 +85,15 @@ fn tokenize_and_detokenize_round_trip_and_count_as_a_prompt_does() {
     assert_eq!(props["n_ctx"], 512);
     assert_eq!(props["total_slots"], 3);
     assert_eq!(props["vocab_size"], 4103);
+    assert_eq!(props["max_tokens_cap"], 7);
+    // The cap: a request asking for more ends at 7 tokens, by its limit.
+    let (_, capped) = post(
+        &s.addr,
+        "/v1/completions",
+        &json!({"prompt": "Once upon a time", "max_tokens": 50, "temperature": 0}),
+    );
+    assert_eq!(capped["usage"]["completion_tokens"], 7, "{capped}");
+    assert_eq!(capped["choices"][0]["finish_reason"], "length", "{capped}");
     assert!(
         props["chat_template"]
             .as_str()

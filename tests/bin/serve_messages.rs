@@ -70,7 +70,7 @@ fn messages_errors_come_in_anthropics_shape_and_the_server_keeps_serving() {
             "frequency_penalty",
         ),
         (
-            with("messages", json!([{"role": "system", "content": "x"}])),
+            with("messages", json!([{"role": "tool", "content": "x"}])),
             key.to_vec(),
             400,
             "invalid_request_error",

@@ -80,10 +80,6 @@ fn a_response_answers_as_chat_completions_and_streams_numbered_events() {
             json!({"input": "x", "tools": [{"type": "custom", "name": "p"}], "tool_choice": {"type": "custom", "name": "q"}}),
             "tool_choice.name",
         ),
-        (
-            json!({"input": "x", "include": ["message.output_text.logprobs"]}),
-            "include",
-        ),
         (json!({"max_output_tokens": 4}), "input"),
     ] {
         let (status, v) = post(&s.addr, "/v1/responses", &body);

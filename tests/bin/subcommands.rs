@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::sync::Arc;
 
-use crate::common::cli::{assert_ok, cqlm, text};
+use crate::common::cli::{assert_ok, cqlm, read_npy, text};
 use crate::common::StepLogits;
 
 /// `cqlm synth --preset tiny --seed SEED --out NAME` in `dir`.
@@ -31,45 +31,6 @@ fn synth(dir: &Path, seed: u64, name: &str) -> PathBuf {
     );
     assert_ok(&out, "synth");
     dir.join(name)
-}
-
-/// A minimal .npy reader: checks a little-endian float32 C-order array and returns (shape, values).
-fn read_npy(path: &Path) -> (Vec<usize>, Vec<f32>) {
-    let b = std::fs::read(path).unwrap();
-    assert_eq!(&b[..6], b"\x93NUMPY", "magic");
-    let major = b[6];
-    let (hlen, start) = match major {
-        1 => (u16::from_le_bytes([b[8], b[9]]) as usize, 10),
-        2 | 3 => (
-            u32::from_le_bytes(b[8..12].try_into().unwrap()) as usize,
-            12,
-        ),
-        v => panic!("unknown .npy version {v}"),
-    };
-    let header = std::str::from_utf8(&b[start..start + hlen]).unwrap();
-    assert_eq!(
-        (start + hlen) % 16,
-        0,
-        "data is not 16-byte aligned: {header}"
-    );
-    assert!(header.contains("'descr': '<f4'"), "{header}");
-    assert!(header.contains("'fortran_order': False"), "{header}");
-    let s = header.find("'shape': (").expect("shape") + "'shape': (".len();
-    let e = s + header[s..].find(')').unwrap();
-    let shape: Vec<usize> = header[s..e]
-        .split(',')
-        .map(str::trim)
-        .filter(|x| !x.is_empty())
-        .map(|x| x.parse().unwrap())
-        .collect();
-    let data = &b[start + hlen..];
-    let n: usize = shape.iter().product();
-    assert_eq!(data.len(), n * 4, "data length for shape {shape:?}");
-    let values = data
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
-    (shape, values)
 }
 
 /// Logits after every id of `ids`, from the library's CPU engine.

@@ -436,3 +436,73 @@ fn a_byte_fallback_tokenizer_streams_whole_characters() {
     }
     assert_eq!(streamed, whole);
 }
+
+#[test]
+fn logprobs_keep_every_draw_and_read_the_denominator_at_temperature_one() {
+    let model = builtin();
+    let eos = model.config.eos;
+    let prompt: Vec<u32> = vec![model.config.bos, 312, 97, 1040, 33];
+    let sampler = |temperature: f32, top_k: usize, top_p: f32| SamplerConfig {
+        temperature,
+        top_k,
+        top_p,
+        seed: 11,
+        ..Default::default()
+    };
+    // (sampler, the readout its choices take with logprobs)
+    let cases = [
+        (
+            SamplerConfig::default(),
+            Readout::Nucleus { temperature: 1.0 },
+        ),
+        (sampler(1.0, 40, 1.0), Readout::Nucleus { temperature: 1.0 }),
+        (sampler(1.0, 0, 0.9), Readout::Nucleus { temperature: 1.0 }),
+        (sampler(0.7, 0, 0.9), Readout::Logits),
+        (sampler(1.0, 0, 1.0), Readout::Logits),
+    ];
+    for (cfg, want) in cases {
+        // The real model: the same tokens with and without logprobs, one
+        // logprob (≤ 0) per token, the chosen token among a greedy's top.
+        let mut tokens = Vec::new();
+        for logprobs in [false, true] {
+            let engine = cqlm::CpuEngine::new(Arc::clone(&model)).unwrap();
+            let mut s = Session::from_engine(Box::new(engine), Arc::clone(&model));
+            let mut g =
+                Generation::new(prompt.clone(), Sampler::new(cfg.clone()).unwrap(), eos, 12);
+            if logprobs {
+                g = g.with_logprobs(3);
+            }
+            let mut ids = Vec::new();
+            s.run(&mut g, |e: Emitted<'_>| {
+                ids.extend_from_slice(e.ids);
+                true
+            })
+            .unwrap();
+            let lps = g.take_logprobs();
+            if logprobs {
+                assert_eq!(lps.len(), ids.len(), "{cfg:?}");
+                for (lp, &id) in lps.iter().zip(&ids) {
+                    assert_eq!(lp.id, id);
+                    assert!(lp.logprob <= 0.0 && lp.top.len() == 3, "{lp:?}");
+                    if cfg.temperature == 0.0 {
+                        assert_eq!(lp.top[0].0, id, "{lp:?}");
+                    }
+                }
+            } else {
+                assert!(g.take_logprobs().is_empty());
+            }
+            tokens.push(ids);
+        }
+        assert_eq!(tokens[0], tokens[1], "{cfg:?}");
+        // The readouts asked for, on a scripted engine.
+        let engine = Scripted::new(&model.config, 60.0, Box::new(|pos| 100 + pos as u32));
+        let asked = Arc::clone(&engine.asked);
+        let mut s = Session::from_engine(Box::new(engine), Arc::clone(&model));
+        s.prefill(&[model.config.bos]).unwrap();
+        asked.lock().unwrap().clear();
+        let mut g = Generation::new(Vec::new(), Sampler::new(cfg.clone()).unwrap(), eos, 2)
+            .with_logprobs(0);
+        run(&mut s, &mut g);
+        assert_eq!(asked.lock().unwrap()[..2], [want, want], "{cfg:?}");
+    }
+}

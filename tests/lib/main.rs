@@ -14,6 +14,7 @@ mod archive_errors;
 mod constrained_generation;
 mod cpu_batch;
 mod cq_kernels;
+mod custom_tools;
 mod fast_engine;
 mod fast_kernels;
 mod fuzz_regressions;

@@ -33,6 +33,21 @@ for chunk in client.chat.completions.create(
 assert "".join(parts) == text, ("".join(parts), text)
 assert usage is not None and usage.completion_tokens == full.usage.completion_tokens
 
+# Logprobs through the client's types: one entry per token, its text the
+# answer's, top lists of the asked length, sorted, the greedy token first.
+lp = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=16, temperature=0,
+                                    logprobs=True, top_logprobs=3)
+entries = lp.choices[0].logprobs.content
+assert lp.choices[0].message.content == text
+assert "".join(e.token for e in entries) == text, entries
+assert len(entries) == lp.usage.completion_tokens
+for e in entries:
+    tops = [t.logprob for t in e.top_logprobs]
+    assert len(tops) == 3 and tops == sorted(tops, reverse=True), e
+    assert e.top_logprobs[0].token == e.token and e.logprob <= 0, e
+c = client.completions.create(model=MODEL, prompt="The king said", max_tokens=4, temperature=0, logprobs=2)
+assert "".join(c.choices[0].logprobs.tokens) == c.choices[0].text, c
+
 # Completions, streamed and not.
 c = client.completions.create(model=MODEL, prompt="The king said", max_tokens=8, temperature=0)
 s = "".join(ch.choices[0].text for ch in client.completions.create(

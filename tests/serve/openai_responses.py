@@ -2,7 +2,8 @@
 (base URL and key from argv): a response and its stream (events in order,
 sequence numbers from 0, deltas joined equal to the whole text), a function
 tool round trip, a custom tool whose Lark grammar every sampled input parses
-under (an independent validator, many seeds at temperature 1), text.format
+under (an independent validator, many seeds at temperature 1), named by
+tool_choice or offered under required, auto and allowed_tools, text.format
 json_schema, hosted tools left out and named, and the errors it must raise.
 Exits non-zero on the first failed check."""
 import json
@@ -89,12 +90,59 @@ streamed = list(client.responses.create(model=MODEL, input="Fix the bug in main.
 deltas = "".join(e.delta for e in streamed if e.type == "response.custom_tool_call_input.delta")
 final = [e for e in streamed if e.type == "response.custom_tool_call_input.done"][0].input
 assert deltas == final and VALID.fullmatch(final), repr(final)
+# Offered under required and auto (beside a function tool): whichever tool is
+# called, a patch call's input parses, at temperature 1 over many seeds.
+note_tool = {"type": "custom", "name": "note", "description": "Write a note."}
+weather = tools[0]
+calls = {}
+for choice in ["required", "auto"]:
+    for seed in range(10):
+        p = client.responses.create(model=MODEL, input="Fix the bug in main.py.", temperature=1,
+                                    tools=[patch_tool, note_tool, weather], tool_choice=choice,
+                                    max_output_tokens=200, extra_body={"seed": seed})
+        if p.status != "completed":
+            continue
+        for item in p.output:
+            if item.type == "custom_tool_call":
+                calls[item.name] = calls.get(item.name, 0) + 1
+                assert item.name in ("apply_patch", "note"), item
+                if item.name == "apply_patch":
+                    assert VALID.fullmatch(item.input), repr(item.input)
+            elif item.type == "function_call":
+                calls[item.name] = calls.get(item.name, 0) + 1
+                assert set(json.loads(item.arguments)) <= {"city", "days"}, item
+            else:
+                assert choice == "auto" and item.type == "message", p.output
+only_patch = {"type": "allowed_tools", "mode": "required", "tools": [{"type": "custom", "name": "apply_patch"}]}
+for seed in range(6):
+    p = client.responses.create(model=MODEL, input="Fix the bug in main.py.", temperature=1,
+                                tools=[patch_tool, note_tool, weather], tool_choice=only_patch,
+                                max_output_tokens=200, extra_body={"seed": seed})
+    assert p.status == "completed" and p.output[0].type == "custom_tool_call", p.output
+    assert p.output[0].name == "apply_patch" and VALID.fullmatch(p.output[0].input), p.output
+    calls["apply_patch"] = calls.get("apply_patch", 0) + 1
+assert calls.get("apply_patch", 0) >= 6, calls
+streamed = list(client.responses.create(model=MODEL, input="Fix the bug in main.py.", tools=[patch_tool, note_tool],
+                                        tool_choice=only_patch, temperature=0, max_output_tokens=200, stream=True))
+kinds = [e.type for e in streamed]
+assert "response.custom_tool_call_input.done" in kinds, kinds
+done = [e for e in streamed if e.type == "response.output_item.done"][0].item
+assert done.type == "custom_tool_call" and VALID.fullmatch(done.input), done
+
 # Its round trip: the call and its output in the input.
 client.responses.create(model=MODEL, max_output_tokens=8, temperature=0, input=[
     {"role": "user", "content": "Fix the bug in main.py."},
     {"type": "custom_tool_call", "call_id": "call_1", "name": "apply_patch", "input": final},
     {"type": "custom_tool_call_output", "call_id": "call_1", "output": "Done."},
 ])
+
+# Logprobs of the output text, included on request.
+lr = client.responses.create(model=MODEL, input="Tell me about the king.", max_output_tokens=8,
+                             temperature=0, include=["message.output_text.logprobs"], top_logprobs=2)
+part = lr.output[0].content[0]
+assert "".join(l.token for l in part.logprobs) == part.text, part
+assert all(len(l.top_logprobs) == 2 and l.top_logprobs[0].logprob >= l.top_logprobs[1].logprob
+           for l in part.logprobs), part
 
 # text.format json_schema: the text is JSON valid against the schema.
 schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},

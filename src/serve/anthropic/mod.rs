@@ -10,7 +10,7 @@ use super::error::ApiError;
 use super::job::Event;
 use super::metrics::Tracked;
 use super::request::{parse_json, Prepared};
-use super::respond::{engine_failed, whole};
+use super::respond::{engine_failed, whole, Whole};
 use super::AppState;
 use crate::session::Output;
 use axum::body::Bytes;
@@ -179,7 +179,7 @@ pub(super) async fn messages(
     };
     let mut cached = 0;
     if !p.stream {
-        let (out, cached) = whole(&mut p.events, &rec).await?;
+        let Whole { out, cached, .. } = whole(&mut p.events, &rec).await?;
         done(&rec, &out);
         let (reason, seq) = stop_reason(&out);
         let body = message(blocks(&out, &tag), (Some(reason), seq), cached, out.tokens);
@@ -236,7 +236,8 @@ pub(super) async fn messages(
                 None => p.events.recv().await,
             };
             match event {
-                Some(Event::Started { .. }) => {}
+                // The Messages API has no logprobs: none are asked for.
+                Some(Event::Started { .. } | Event::Logprobs(_)) => {}
                 Some(Event::Text(t)) => {
                     if !send(
                         "content_block_delta",

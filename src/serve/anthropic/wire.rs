@@ -14,11 +14,11 @@ use serde_json::{json, Map, Value};
 /// The top-level fields a Messages request may carry. Some are accepted and
 /// change nothing: `metadata`, `service_tier`, `speed`, `inference_geo`,
 /// `user_profile_id`, `workspace_id` (hints about billing and routing),
-/// `cache_control` (the prompt cache is automatic), `thinking` and
-/// `output_config.effort` (the model has no thinking; the answer has no
-/// thinking blocks). Any other field is a 400 naming it, so nothing a client
-/// asks for is silently dropped.
-const KNOWN: [&str; 20] = [
+/// `cache_control` (the prompt cache is automatic), `thinking`,
+/// `output_config.effort` and `context_management` (the model has no thinking;
+/// the answer has no thinking blocks to clear). Any other field is a 400
+/// naming it, so nothing a client asks for is silently dropped.
+const KNOWN: [&str; 21] = [
     "model",
     "max_tokens",
     "messages",
@@ -39,6 +39,7 @@ const KNOWN: [&str; 20] = [
     "user_profile_id",
     "workspace_id",
     "cache_control",
+    "context_management",
 ];
 
 /// A Messages request read into the chat path's form.
@@ -95,13 +96,22 @@ fn message(role: &str, text: String) -> Message {
 }
 
 /// One Anthropic message as the chat path's messages (a user turn with tool
-/// results gives one `tool` message per result, then its text, if any).
+/// results gives one `tool` message per result, then its text, if any; a
+/// `system` turn, which Claude Code sends among the others, a system message).
 fn turn(m: &Value, i: usize, out: &mut Vec<Message>) -> Result<(), ApiError> {
     let at = format!("messages[{i}]");
     let role = m.get("role").and_then(Value::as_str).unwrap_or_default();
+    if role == "system" {
+        let content = m.get("content").unwrap_or(&Value::Null);
+        out.push(message(
+            "system",
+            text_blocks(content, &format!("{at}.content"))?,
+        ));
+        return Ok(());
+    }
     if role != "user" && role != "assistant" {
         return Err(bad(
-            format!("{at}.role must be \"user\" or \"assistant\" (the system prompt is the top-level `system`)"),
+            format!("{at}.role must be \"user\", \"assistant\" or \"system\""),
             &format!("{at}.role"),
         ));
     }
@@ -365,6 +375,8 @@ pub(crate) fn translate(v: &Value, count: bool) -> Result<Translated, ApiError> 
             tools,
             tool_choice: choice,
             parallel_tool_calls: Some(parallel),
+            logprobs: None,
+            top_logprobs: None,
         },
         skipped_tools,
     })

@@ -8,10 +8,15 @@ mod wire;
 
 use super::error::ApiError;
 use super::job::Event;
+use super::logprobs;
 use super::metrics::Tracked;
-use super::request::{chat_constraint, compile, parse_json, prepare, Prepared};
-use super::respond::{engine_failed, whole};
+use super::request::{
+    compile, parse_json, prepare, tool_constraint, top_logprobs, OutputPlan, Prepared,
+};
+use super::respond::{engine_failed, whole, Whole};
 use super::{now, AppState};
+use crate::session::logprobs::{TokenLogprob, MAX_TOP_LOGPROBS};
+use crate::session::tokenizer::TextTokenizer;
 use crate::session::{Finish, Output};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -39,6 +44,8 @@ struct Frame {
     head: Value,
     custom: Option<String>,
     input_tokens: usize,
+    /// The tokenizer that names the tokens of the logprobs, when asked for.
+    logprobs: Option<Arc<TextTokenizer>>,
 }
 
 impl Frame {
@@ -77,8 +84,16 @@ impl Frame {
         format!("msg_{}", self.id)
     }
 
-    /// The finished output items of `out`.
-    fn items(&self, out: &Output) -> Vec<Value> {
+    /// The `logprobs` of an output text (empty unless asked for).
+    fn logprobs(&self, lps: &[TokenLogprob]) -> Vec<Value> {
+        self.logprobs
+            .as_ref()
+            .map(|tok| logprobs::entries(tok, lps))
+            .unwrap_or_default()
+    }
+
+    /// The finished output items of `out`, whose tokens' logprobs are `lps`.
+    fn items(&self, out: &Output, lps: &[TokenLogprob]) -> Vec<Value> {
         let status = Self::status(out);
         if let Some(name) = &self.custom {
             return vec![
@@ -91,16 +106,21 @@ impl Frame {
                 .tool_calls
                 .iter()
                 .enumerate()
-                .map(|(i, c)| {
-                    json!({"type": "function_call", "id": format!("fc_{}_{i}", self.id),
+                .map(|(i, c)| match &c.input {
+                    Some(input) => {
+                        json!({"type": "custom_tool_call", "id": format!("ctc_{}_{i}", self.id),
                         "call_id": format!("call_{}_{i}", self.id), "name": c.name,
-                        "arguments": c.arguments.to_string(), "status": "completed"})
+                        "input": input, "status": "completed"})
+                    }
+                    None => json!({"type": "function_call", "id": format!("fc_{}_{i}", self.id),
+                        "call_id": format!("call_{}_{i}", self.id), "name": c.name,
+                        "arguments": c.arguments.to_string(), "status": "completed"}),
                 })
                 .collect();
         }
         vec![
             json!({"type": "message", "id": self.message_id(), "status": status, "role": "assistant",
-            "content": [{"type": "output_text", "text": out.text, "annotations": [], "logprobs": []}]}),
+            "content": [{"type": "output_text", "text": out.text, "annotations": [], "logprobs": self.logprobs(lps)}]}),
         ]
     }
 }
@@ -126,14 +146,14 @@ pub(super) async fn responses(
 ) -> Result<Response, ApiError> {
     st.check_key(&headers)?;
     let v = parse_json(body)?;
-    let t = wire::translate(&v)?;
+    let t = wire::translate(&v, &st.markers)?;
     if !t.skipped_tools.is_empty() {
         log::info!(
             "responses: tools of types {} left out (the engine cannot run them)",
             t.skipped_tools.join(", ")
         );
     }
-    let ids = st.chat_prompt(&t.chat)?;
+    let ids = st.prompt_of(&t.chat.messages, t.prompt_tools.as_ref())?;
     let (constraint, stream_text) = match &t.custom {
         Some(c) => (
             c.spec
@@ -142,17 +162,20 @@ pub(super) async fn responses(
                 .transpose()?,
             true,
         ),
-        None => chat_constraint(&st, &t.chat)?,
+        None => tool_constraint(&st, &t.chat, &t.custom_tools)?,
     };
-    let p = prepare(
-        &st,
-        &t.chat.sampling,
-        ids,
+    let top = top_logprobs(
+        t.chat.logprobs.unwrap_or(false),
+        t.chat.top_logprobs,
+        MAX_TOP_LOGPROBS,
+        "top_logprobs",
+    )?;
+    let plan = OutputPlan {
         constraint,
         stream_text,
-        "input",
-        &rec,
-    )?;
+        logprobs: top,
+    };
+    let p = prepare(&st, &t.chat.sampling, ids, plan, "input", &rec)?;
     let shape = match (&t.custom, stream_text) {
         (Some(_), _) => Shape::Custom,
         (None, true) => Shape::Text,
@@ -189,14 +212,20 @@ pub(super) async fn responses(
         head,
         custom: t.custom.map(|c| c.name),
         input_tokens: p.prompt_tokens,
+        logprobs: top.map(|_| Arc::clone(&st.tok)),
     };
     if p.stream {
         return Ok(stream(frame, p, shape, rec));
     }
     let mut p = p;
-    let (out, cached) = whole(&mut p.events, &rec).await?;
+    let Whole {
+        out,
+        cached,
+        logprobs: lps,
+    } = whole(&mut p.events, &rec).await?;
     done(&rec, &out);
-    let body = frame.response(Frame::status(&out), frame.items(&out), Some((&out, cached)));
+    let items = frame.items(&out, &lps);
+    let body = frame.response(Frame::status(&out), items, Some((&out, cached)));
     Ok(Json(body).into_response())
 }
 
@@ -248,19 +277,24 @@ fn stream(frame: Frame, mut p: Prepared, shape: Shape, rec: Tracked) -> Response
             return;
         }
         let mut cached = 0;
+        // Each delta carries the logprobs of the tokens whose text it adds.
+        let (mut all, mut pending) = (Vec::new(), Vec::new());
         let out = loop {
             match p.events.recv().await {
                 Some(Event::Started { cached_tokens }) => {
                     cached = cached_tokens;
                     rec.with(|r| r.cached_tokens = cached);
                 }
+                Some(Event::Logprobs(l)) => pending.extend(l),
                 Some(Event::Text(t)) => {
+                    let lps = frame.logprobs(&pending);
+                    all.append(&mut pending);
                     let ok = match shape {
                         Shape::Text => {
                             send(
                                 "response.output_text.delta",
                                 json!({"item_id": item_id, "output_index": 0,
-                                "content_index": 0, "delta": t, "logprobs": []}),
+                                "content_index": 0, "delta": t, "logprobs": lps}),
                             )
                             .await
                         }
@@ -291,7 +325,8 @@ fn stream(frame: Frame, mut p: Prepared, shape: Shape, rec: Tracked) -> Response
             }
         };
         done(&rec, &out);
-        let items = frame.items(&out);
+        all.append(&mut pending);
+        let items = frame.items(&out, &all);
         let mut events: Vec<(&'static str, Value)> = Vec::new();
         match shape {
             Shape::Text => {
@@ -299,7 +334,7 @@ fn stream(frame: Frame, mut p: Prepared, shape: Shape, rec: Tracked) -> Response
                 events.push((
                     "response.output_text.done",
                     json!({"item_id": item_id, "output_index": 0,
-                    "content_index": 0, "text": out.text, "logprobs": []}),
+                    "content_index": 0, "text": out.text, "logprobs": part["logprobs"]}),
                 ));
                 events.push((
                     "response.content_part.done",
@@ -340,6 +375,22 @@ fn stream(frame: Frame, mut p: Prepared, shape: Shape, rec: Tracked) -> Response
                         ));
                         events.push(("response.function_call_arguments.done", json!({"item_id": id,
                             "output_index": i, "name": item["name"], "arguments": item["arguments"]})));
+                    } else if item["type"] == "custom_tool_call" {
+                        let mut open = item.clone();
+                        open["input"] = json!("");
+                        open["status"] = json!("in_progress");
+                        events.push((
+                            "response.output_item.added",
+                            json!({"output_index": i, "item": open}),
+                        ));
+                        events.push((
+                            "response.custom_tool_call_input.delta",
+                            json!({"item_id": id, "output_index": i, "delta": item["input"]}),
+                        ));
+                        events.push((
+                            "response.custom_tool_call_input.done",
+                            json!({"item_id": id, "output_index": i, "input": item["input"]}),
+                        ));
                     } else {
                         // Text of a tool request that called no tool.
                         let mut open = item.clone();
@@ -355,12 +406,12 @@ fn stream(frame: Frame, mut p: Prepared, shape: Shape, rec: Tracked) -> Response
                         events.push((
                             "response.output_text.delta",
                             json!({"item_id": id, "output_index": i,
-                            "content_index": 0, "delta": part["text"], "logprobs": []}),
+                            "content_index": 0, "delta": part["text"], "logprobs": part["logprobs"]}),
                         ));
                         events.push((
                             "response.output_text.done",
                             json!({"item_id": id, "output_index": i,
-                            "content_index": 0, "text": part["text"], "logprobs": []}),
+                            "content_index": 0, "text": part["text"], "logprobs": part["logprobs"]}),
                         ));
                         events.push(("response.content_part.done", json!({"item_id": id, "output_index": i, "content_index": 0, "part": part})));
                     }

@@ -5,16 +5,21 @@
 //! `custom_tool_call_output`) becomes messages, calls and tool results;
 //! `function` tools, `tool_choice` and `text.format` become their chat forms.
 //! A `custom` tool named by `tool_choice` constrains the whole output to its
-//! grammar ([`Translated::custom`]). Hosted tools the engine cannot run are
+//! grammar ([`Translated::custom`]); custom tools offered under `auto` or
+//! `required` join the function tools in one tool constraint
+//! ([`Translated::custom_tools`]), each call between the tool-call markers
+//! (see [`crate::constrain::ToolSet`]), as a `custom_tool_call` item in the
+//! input is written into the prompt. Hosted tools the engine cannot run are
 //! left out and named ([`Translated::skipped_tools`]); stateful features
 //! (`previous_response_id`, `conversation`, `background`) are refused.
 
-use crate::constrain::ConstraintSpec;
+use crate::constrain::{ConstraintSpec, CustomTool, TextGrammar, ToolMarkers};
 use crate::serve::error::ApiError;
 use crate::serve::wire::{ChatRequest, Content, Message, Sampling};
 use serde_json::{json, Map, Value};
 
-/// The fields a Responses request may carry. `store`, `metadata`, `user`,
+/// The fields a Responses request may carry. `store`, `metadata`,
+/// `client_metadata` (Codex CLI's session ids), `user`,
 /// `safety_identifier`, `prompt_cache_key`, `service_tier`, `reasoning`,
 /// `truncation` (`disabled` or `auto`: the prompt is never cut) and `include`
 /// without logprobs are accepted and change nothing (nothing is stored; the
@@ -46,6 +51,7 @@ const KNOWN: &[&str] = &[
     "background",
     "top_logprobs",
     "seed",
+    "client_metadata",
 ];
 
 /// A custom tool's constraint and name, when `tool_choice` names it.
@@ -60,6 +66,12 @@ pub(crate) struct Translated {
     pub(crate) chat: ChatRequest,
     /// The named custom tool whose input the whole output is.
     pub(crate) custom: Option<CustomCall>,
+    /// Custom tools offered beside the function tools (under `auto`, `required`
+    /// or `allowed_tools`), for the tool constraint.
+    pub(crate) custom_tools: Vec<CustomTool>,
+    /// The tools the prompt lists: the function tools, and each custom tool as
+    /// a function whose parameter is its text (`None`: no tools).
+    pub(crate) prompt_tools: Option<Value>,
     /// Types of the tools left out (hosted tools the engine cannot run).
     pub(crate) skipped_tools: Vec<String>,
     /// The request's tools and tool choice as given (echoed in the response).
@@ -123,8 +135,9 @@ fn call(item: &Value, at: &str, arguments: String) -> Result<Value, ApiError> {
     Ok(json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}}))
 }
 
-/// `input` as messages.
-fn input(v: &Value, out: &mut Vec<Message>) -> Result<(), ApiError> {
+/// `input` as messages (a custom tool's call written as the assistant's text
+/// between `markers`, as the model writes it).
+fn input(v: &Value, out: &mut Vec<Message>, markers: &ToolMarkers) -> Result<(), ApiError> {
     let items = match v {
         Value::String(s) => {
             out.push(message("user", Some(s.clone())));
@@ -166,7 +179,21 @@ fn input(v: &Value, out: &mut Vec<Message>) -> Result<(), ApiError> {
             }
             Some("custom_tool_call") => {
                 let input = field("input")?.as_str().unwrap_or_default();
-                push_call(call(item, &at, json!({"input": input}).to_string())?, out);
+                let name = field("name")?.as_str().ok_or_else(|| {
+                    bad(format!("{at}.name must be a string"), &format!("{at}.name"))
+                })?;
+                let text = format!("{}{name}\n{input}{}", markers.start, markers.end);
+                match out.last_mut() {
+                    Some(Message {
+                        role,
+                        content: Some(Content::Text(t)),
+                        ..
+                    }) if role == "assistant" => t.push_str(&text),
+                    Some(m) if m.role == "assistant" && m.content.is_none() => {
+                        m.content = Some(Content::Text(text));
+                    }
+                    _ => out.push(message("assistant", Some(text))),
+                }
             }
             Some("function_call_output" | "custom_tool_call_output") => {
                 let mut m = message("tool", Some(text_of(field("output")?, &format!("{at}.output"))?));
@@ -187,7 +214,7 @@ fn input(v: &Value, out: &mut Vec<Message>) -> Result<(), ApiError> {
 }
 
 /// A custom tool's grammar (`format`: text, or a Lark or regex grammar).
-fn custom_spec(t: &Value, at: &str) -> Result<Option<ConstraintSpec>, ApiError> {
+fn custom_grammar(t: &Value, at: &str) -> Result<Option<TextGrammar>, ApiError> {
     let Some(f) = t.get("format").filter(|f| !f.is_null()) else {
         return Ok(None);
     };
@@ -205,8 +232,8 @@ fn custom_spec(t: &Value, at: &str) -> Result<Option<ConstraintSpec>, ApiError> 
                 })?
                 .to_string();
             match f.get("syntax").and_then(Value::as_str) {
-                Some("lark") => Ok(Some(ConstraintSpec::Lark(def))),
-                Some("regex") => Ok(Some(ConstraintSpec::Regex(def))),
+                Some("lark") => Ok(Some(TextGrammar::Lark(def))),
+                Some("regex") => Ok(Some(TextGrammar::Regex(def))),
                 _ => Err(bad(
                     "format.syntax: lark or regex",
                     &format!("{at}.format.syntax"),
@@ -220,19 +247,39 @@ fn custom_spec(t: &Value, at: &str) -> Result<Option<ConstraintSpec>, ApiError> 
     }
 }
 
-/// Tools: function tools in the chat form, custom tools by name (with their
-/// grammars), and the types left out.
-#[allow(clippy::type_complexity)]
-fn tools(
-    v: &Value,
-) -> Result<
-    (
-        Vec<Value>,
-        Vec<(String, Option<ConstraintSpec>)>,
-        Vec<String>,
-    ),
-    ApiError,
-> {
+/// A custom tool as the prompt lists it: a function whose one parameter is
+/// its input text, described with how a call is written and its grammar.
+fn custom_listing(c: &CustomTool, markers: &ToolMarkers) -> Value {
+    let how = format!(
+        "Call it with {}{}, a newline, then its input as plain text, then {}.",
+        markers.start, c.name, markers.end
+    );
+    let description = match &c.description {
+        Some(d) => format!("{d} {how}"),
+        None => how,
+    };
+    let input = match &c.grammar {
+        None => "free text".to_string(),
+        Some(TextGrammar::Lark(g)) => format!("text in this Lark grammar:\n{g}"),
+        Some(TextGrammar::Regex(r)) => format!("text matching this regular expression: {r}"),
+    };
+    json!({"type": "function", "function": {"name": c.name, "description": description,
+        "parameters": {"type": "string", "description": input}}})
+}
+
+/// A request's tools, sorted.
+#[derive(Default)]
+struct Tools {
+    /// Function tools in the chat form.
+    functions: Vec<Value>,
+    /// Custom tools.
+    custom: Vec<CustomTool>,
+    /// The types left out (hosted tools).
+    skipped: Vec<String>,
+}
+
+/// The tools of `tools`.
+fn tools(v: &Value) -> Result<Tools, ApiError> {
     let list = v
         .as_array()
         .ok_or_else(|| bad("tools must be a list", "tools"))?;
@@ -256,22 +303,33 @@ fn tools(
                 }
                 functions.push(json!({"type": "function", "function": f}));
             }
-            Some("custom") => custom.push((name()?, custom_spec(t, &at)?)),
+            Some("custom") => custom.push(CustomTool {
+                name: name()?,
+                description: t
+                    .get("description")
+                    .and_then(Value::as_str)
+                    .map(str::to_string),
+                grammar: custom_grammar(t, &at)?,
+            }),
             Some(other) => skipped.push(other.to_string()),
             None => return Err(bad(format!("{at}.type is missing"), &format!("{at}.type"))),
         }
     }
-    Ok((functions, custom, skipped))
+    Ok(Tools {
+        functions,
+        custom,
+        skipped,
+    })
 }
 
 /// Read a Responses request body.
 ///
 /// # Errors
 /// A 400 naming the field at fault: an unknown field, a stateful feature, an
-/// item or tool of the wrong shape, logprobs (not served yet), a custom tool
+/// item or tool of the wrong shape, a `top_logprobs` that is not a count, a custom tool
 /// under `auto` or `required` (only a `tool_choice` naming it constrains its
 /// input to its grammar in this version).
-pub(crate) fn translate(v: &Value) -> Result<Translated, ApiError> {
+pub(crate) fn translate(v: &Value, markers: &ToolMarkers) -> Result<Translated, ApiError> {
     let obj = v
         .as_object()
         .ok_or_else(|| ApiError::bad("the request body must be a JSON object", None))?;
@@ -295,20 +353,23 @@ pub(crate) fn translate(v: &Value) -> Result<Translated, ApiError> {
             "background",
         ));
     }
-    if obj
-        .get("top_logprobs")
-        .and_then(Value::as_u64)
-        .is_some_and(|n| n > 0)
-        || obj
-            .get("include")
-            .and_then(Value::as_array)
-            .is_some_and(|l| l.iter().any(|x| x == "message.output_text.logprobs"))
-    {
-        return Err(bad(
-            "logprobs are not served on /v1/responses yet",
-            "include",
-        ));
-    }
+    let logprobs = obj
+        .get("include")
+        .and_then(Value::as_array)
+        .is_some_and(|l| l.iter().any(|x| x == "message.output_text.logprobs"));
+    let top_logprobs = match obj.get("top_logprobs") {
+        None | Some(Value::Null) => None,
+        Some(n) => Some(
+            n.as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(|| {
+                    bad(
+                        "top_logprobs must be an integer from 0 to 20",
+                        "top_logprobs",
+                    )
+                })?,
+        ),
+    };
     let mut messages = Vec::new();
     if let Some(i) = obj.get("instructions").filter(|i| !i.is_null()) {
         let text = i
@@ -320,19 +381,24 @@ pub(crate) fn translate(v: &Value) -> Result<Translated, ApiError> {
         obj.get("input")
             .ok_or_else(|| bad("input is required", "input"))?,
         &mut messages,
+        markers,
     )?;
-    let (functions, custom, skipped_tools) = match obj.get("tools") {
+    let Tools {
+        functions,
+        custom,
+        skipped: skipped_tools,
+    } = match obj.get("tools") {
         Some(t) if !t.is_null() => tools(t)?,
-        _ => Default::default(),
+        _ => Tools::default(),
     };
     let given_choice = obj.get("tool_choice").cloned().unwrap_or(json!("auto"));
     let named_custom = (given_choice.get("type") == Some(&json!("custom")))
         .then(|| given_choice.get("name").and_then(Value::as_str))
         .flatten();
     let mut custom_call = None;
-    let (mut functions, mut choice) = (functions, given_choice.clone());
+    let (mut functions, mut custom, mut choice) = (functions, custom, given_choice.clone());
     if let Some(name) = named_custom {
-        let (_, spec) = custom.iter().find(|(n, _)| n == name).ok_or_else(|| {
+        let tool = custom.iter().find(|c| c.name == name).ok_or_else(|| {
             bad(
                 format!("tool_choice names `{name}`, which is no custom tool of `tools`"),
                 "tool_choice.name",
@@ -340,15 +406,14 @@ pub(crate) fn translate(v: &Value) -> Result<Translated, ApiError> {
         })?;
         custom_call = Some(CustomCall {
             name: name.to_string(),
-            spec: spec.clone(),
+            spec: tool.grammar.clone().map(|g| match g {
+                TextGrammar::Lark(l) => ConstraintSpec::Lark(l),
+                TextGrammar::Regex(r) => ConstraintSpec::Regex(r),
+            }),
         });
         functions.clear();
+        custom.clear();
         choice = json!("none");
-    } else if !custom.is_empty() && choice != json!("none") {
-        return Err(bad(
-            format!("custom tool `{}`: its input is constrained only when tool_choice names it ({{\"type\": \"custom\", \"name\": ...}}); under auto or required this server cannot yet keep its grammar", custom[0].0),
-            "tools",
-        ));
     }
     // The chat form of the choice: allowed_tools narrows the tools.
     if let Some("allowed_tools") = choice.get("type").and_then(Value::as_str) {
@@ -362,6 +427,7 @@ pub(crate) fn translate(v: &Value) -> Result<Translated, ApiError> {
             })
             .unwrap_or_default();
         functions.retain(|f| allowed.contains(&f["function"]["name"].as_str().unwrap_or_default()));
+        custom.retain(|c| allowed.contains(&c.name.as_str()));
         choice = choice.get("mode").cloned().unwrap_or(json!("auto"));
     } else if let Some("function") = choice.get("type").and_then(Value::as_str) {
         let name = choice.get("name").cloned().unwrap_or(Value::Null);
@@ -426,6 +492,11 @@ pub(crate) fn translate(v: &Value) -> Result<Translated, ApiError> {
         ..Sampling::default()
     };
     let tools_given = obj.get("tools").cloned().unwrap_or(json!([]));
+    if choice == json!("none") {
+        custom.clear();
+    }
+    let mut listed = functions.clone();
+    listed.extend(custom.iter().map(|c| custom_listing(c, markers)));
     Ok(Translated {
         chat: ChatRequest {
             messages,
@@ -438,8 +509,12 @@ pub(crate) fn translate(v: &Value) -> Result<Translated, ApiError> {
                     .and_then(Value::as_bool)
                     .unwrap_or(true),
             ),
+            logprobs: Some(logprobs),
+            top_logprobs,
         },
         custom: custom_call,
+        custom_tools: custom,
+        prompt_tools: (!listed.is_empty()).then_some(Value::Array(listed)),
         skipped_tools,
         tools: tools_given,
         tool_choice: given_choice,
