@@ -6,14 +6,14 @@
 //! forces, the [`TokenMask`] of each step, and whether the output is complete.
 //! [`crate::session::Session::generate_constrained`] drives it.
 
+mod custom;
 mod mask;
 mod space;
 mod spec;
 mod tools;
 
+pub use custom::{CustomTool, TextGrammar};
 pub use mask::TokenMask;
 pub use space::TokenSpace;
 pub use spec::{Constraint, ConstraintSpec};
-pub use tools::{
-    CustomTool, JsonWhitespace, TextGrammar, Tool, ToolCall, ToolChoice, ToolMarkers, ToolSet,
-};
+pub use tools::{JsonWhitespace, Tool, ToolCall, ToolChoice, ToolMarkers, ToolSet};

@@ -40,15 +40,15 @@ pub(super) fn chat(tok: &TextTokenizer, lps: &[TokenLogprob]) -> Value {
 }
 
 /// The legacy completions' `logprobs` table of `lps`, whose text starts at
-/// character `offset` (the prompt's length, as OpenAI counts `text_offset`).
-pub(super) fn completion(tok: &TextTokenizer, lps: &[TokenLogprob], offset: usize) -> Value {
-    let mut at = offset;
+/// character `*at` (the prompt's length for the first tokens, as OpenAI counts
+/// `text_offset`); `*at` moves past their text.
+pub(super) fn completion(tok: &TextTokenizer, lps: &[TokenLogprob], at: &mut usize) -> Value {
     let (mut tokens, mut logprobs, mut tops, mut offsets) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for lp in lps {
         let text = piece(tok, lp.id).1;
-        offsets.push(at);
-        at += text.chars().count();
+        offsets.push(*at);
+        *at += text.chars().count();
         tokens.push(text);
         logprobs.push(lp.logprob);
         let top: Map<String, Value> = lp

@@ -127,16 +127,7 @@ pub(super) async fn respond(
         }
         match kind {
             Kind::Chat => logprobs::chat(&tok, lps),
-            Kind::Completion { .. } => {
-                let v = logprobs::completion(&tok, lps, *at);
-                *at += v["tokens"].as_array().map_or(0, |t| {
-                    t.iter()
-                        .filter_map(Value::as_str)
-                        .map(|s| s.chars().count())
-                        .sum()
-                });
-                v
-            }
+            Kind::Completion { .. } => logprobs::completion(&tok, lps, at),
         }
     };
     let mut offset = match kind {

@@ -7,12 +7,15 @@
 pub mod builder;
 mod generation;
 pub mod logprobs;
+mod output;
 pub mod prompt_cache;
 pub mod sample;
+mod select;
 pub mod tokenizer;
 
 pub use builder::Backend;
-pub use generation::{ConstraintStats, Finish, Generation, Next, Output, Progress};
+pub use generation::{Generation, Next, Progress};
+pub use output::{ConstraintStats, Finish, Output};
 
 /// What a generation emitted since the driver last looked
 /// ([`Session::run`]'s callback).
