@@ -21,6 +21,8 @@
 //!   tokenizer and streamed text, and [`session::Generation`], the one
 //!   generation loop of the CLI, the library ([`session::Session`]) and the server;
 //! * `serve` (feature `server`): the OpenAI-compatible HTTP server;
+//! * [`demo_tools`]: the four tools the built-in model was trained to call,
+//!   run in-process (`cqlm chat`, the server's web page);
 //! * [`make`]: archives made here: random well-conditioned ones (synth) and
 //!   float checkpoints packed through the quantizer (pack);
 //! * [`diag`]: diagnostics: the GPU-vs-CPU parity ladder, perplexity and bits
@@ -53,6 +55,7 @@ pub mod archive;
 pub mod constrain;
 pub mod cpu;
 pub mod cq;
+pub mod demo_tools;
 pub mod diag;
 pub mod engine;
 pub mod error;

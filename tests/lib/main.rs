@@ -15,6 +15,7 @@ mod constrained_generation;
 mod cpu_batch;
 mod cq_kernels;
 mod custom_tools;
+mod demo_tools;
 mod fast_engine;
 mod fast_kernels;
 mod fuzz_regressions;
