@@ -2,15 +2,12 @@
 
 use super::{BackendArgs, ModelArgs};
 use anyhow::{bail, Context, Result};
-use cqlm::engine::profile::{KernelProfile, KernelTally, Timing};
-use cqlm::engine::SlotStep;
+use cqlm::engine::profile::{per_pass, profile_batch, KernelProfile, Timing};
 use cqlm::model::weights::Model;
 use cqlm::session::builder::AnyEngine;
 use cqlm::Engine;
-use cqlm::Readout;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -139,38 +136,14 @@ pub fn run(a: Args) -> Result<()> {
 /// (after each sequence's own prompt), every dispatch or kernel of the passes
 /// timed, averaged per pass.
 fn batch(a: &Args, model: Arc<Model>, n: usize) -> Result<()> {
-    let vocab = model.config.vocab as u64;
     let mut b = super::make_batch(model, &a.backend, n)?;
-    // Sequence s: a fixed pseudo-random prompt and tokens of its own.
-    let id = |s: usize, i: usize| {
-        (((i as u64).wrapping_mul(2654435761) + s as u64 * 40503) >> 7) as u32 % vocab as u32
-    };
-    if a.prompt_len > 0 {
-        let prompts: Vec<Vec<u32>> = (0..n)
-            .map(|s| (0..a.prompt_len).map(|i| id(s, i)).collect())
-            .collect();
-        let work: Vec<SlotStep<'_>> = (prompts.iter().enumerate())
-            .map(|(s, p)| SlotStep::new(s, p, Readout::None))
-            .collect();
-        b.step(&work)?;
-    }
     let timing = if a.per_dispatch {
         Timing::PerDispatch
     } else {
         Timing::Auto
     };
-    let mut tally = KernelTally::default();
-    let (mut wall, mut method) = (0.0, String::new());
-    for k in 0..a.tokens {
-        let ids: Vec<[u32; 1]> = (0..n).map(|s| [id(s, a.prompt_len + k)]).collect();
-        let work: Vec<SlotStep<'_>> = (ids.iter().enumerate())
-            .map(|(s, t)| SlotStep::new(s, t, Readout::Argmax))
-            .collect();
-        let t0 = Instant::now();
-        method = b.step_timed(&work, timing, &mut tally)?;
-        wall += t0.elapsed().as_secs_f64();
-    }
-    let profile = tally.into_profile(a.tokens, wall, &method);
+    let slots: Vec<usize> = (0..n).collect();
+    let profile = profile_batch(b.as_mut(), &slots, a.prompt_len, a.tokens, timing)?;
     report(
         a,
         &profile,
@@ -206,20 +179,7 @@ fn report(
             .with_context(|| format!("writing the chart {}", path.display()))?;
     }
     if a.json {
-        let rows: Vec<serde_json::Value> = profile
-            .rows
-            .iter()
-            .map(|r| {
-                serde_json::json!({
-                    "kernel": r.name,
-                    "calls_per_token": r.calls_per_token,
-                    "us_per_token": r.seconds_per_token * 1e6,
-                    "share": profile.share(r),
-                    "bytes_per_token": r.bytes_per_token,
-                    "gb_per_s": r.gb_per_s(),
-                })
-            })
-            .collect();
+        let rows = profile.rows_json();
         let v = serde_json::json!({
             "backend": backend,
             "precision": precision,
@@ -250,20 +210,6 @@ fn report(
         }
     }
     Ok(())
-}
-
-/// `v` with every object key `…_per_token` renamed `…_per_pass`.
-fn per_pass(v: serde_json::Value) -> serde_json::Value {
-    use serde_json::Value;
-    match v {
-        Value::Object(m) => Value::Object(
-            m.into_iter()
-                .map(|(k, v)| (k.replace("_per_token", "_per_pass"), per_pass(v)))
-                .collect(),
-        ),
-        Value::Array(a) => Value::Array(a.into_iter().map(per_pass).collect()),
-        v => v,
-    }
 }
 
 fn fmt_bytes(b: u64) -> String {

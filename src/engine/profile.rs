@@ -264,3 +264,107 @@ pub mod bytes {
         }
     }
 }
+
+/// The token of sequence `seq` at position `i` that [`profile_batch`] feeds: a
+/// fixed pseudo-random id below `vocab` (the same for every run).
+fn profile_token(seq: usize, i: usize, vocab: usize) -> u32 {
+    let v = vocab.max(1) as u64;
+    ((((i as u64).wrapping_mul(2654435761)).wrapping_add(seq as u64 * 40503) >> 7) % v) as u32
+}
+
+/// Profile `passes` batch passes of one token of every slot in `slots` through
+/// `batch` (what `cqlm profile --sequences N` and the server's
+/// `GET /v1/cqlm/profile` run): each slot is reset and prefills its own fixed
+/// `prompt_len`-token prompt unprofiled, then every kernel of each pass is
+/// timed as `timing` says, averaged per pass. The slots are left holding the
+/// profile's tokens (reset them before use).
+///
+/// # Errors
+/// [`crate::Error::InvalidArgument`] for no slots, a slot out of range or
+/// repeated, or `passes == 0`; the engine's step errors.
+pub fn profile_batch(
+    batch: &mut dyn crate::engine::BatchEngine,
+    slots: &[usize],
+    prompt_len: usize,
+    passes: usize,
+    timing: Timing,
+) -> crate::Result<KernelProfile> {
+    use crate::engine::{Readout, SlotStep};
+    if passes == 0 || slots.is_empty() {
+        return Err(crate::Error::InvalidArgument(
+            "a profile needs at least one slot and one pass".into(),
+        ));
+    }
+    if let Some(&s) = slots.iter().find(|&&s| s >= batch.slots()) {
+        return Err(crate::Error::InvalidArgument(format!(
+            "slot {s} is not < the batch's {} slots",
+            batch.slots()
+        )));
+    }
+    let vocab = batch.model().config.vocab;
+    for &s in slots {
+        batch.reset(s);
+    }
+    if prompt_len > 0 {
+        let prompts: Vec<Vec<u32>> = (0..slots.len())
+            .map(|k| {
+                (0..prompt_len)
+                    .map(|i| profile_token(k, i, vocab))
+                    .collect()
+            })
+            .collect();
+        let work: Vec<SlotStep<'_>> = (slots.iter().zip(&prompts))
+            .map(|(&s, p)| SlotStep::new(s, p, Readout::None))
+            .collect();
+        batch.step(&work)?;
+    }
+    let mut tally = KernelTally::default();
+    let (mut wall, mut method) = (0.0, String::new());
+    for p in 0..passes {
+        let ids: Vec<[u32; 1]> = (0..slots.len())
+            .map(|k| [profile_token(k, prompt_len + p, vocab)])
+            .collect();
+        let work: Vec<SlotStep<'_>> = (slots.iter().zip(&ids))
+            .map(|(&s, t)| SlotStep::new(s, t, Readout::Argmax))
+            .collect();
+        let t0 = std::time::Instant::now();
+        method = batch.step_timed(&work, timing, &mut tally)?;
+        wall += t0.elapsed().as_secs_f64();
+    }
+    Ok(tally.into_profile(passes, wall, &method))
+}
+
+impl KernelProfile {
+    /// The rows as JSON objects (`kernel`, `calls_per_token`, `us_per_token`,
+    /// `share`, `bytes_per_token`, `gb_per_s`), as `cqlm profile --json` prints them.
+    pub fn rows_json(&self) -> Vec<serde_json::Value> {
+        self.rows
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "kernel": r.name,
+                    "calls_per_token": r.calls_per_token,
+                    "us_per_token": r.seconds_per_token * 1e6,
+                    "share": self.share(r),
+                    "bytes_per_token": r.bytes_per_token,
+                    "gb_per_s": r.gb_per_s(),
+                })
+            })
+            .collect()
+    }
+}
+
+/// `v` with every object key `…_per_token` renamed `…_per_pass` (a batch
+/// profile averages per pass, and says so in every key).
+pub fn per_pass(v: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        Value::Object(m) => Value::Object(
+            m.into_iter()
+                .map(|(k, v)| (k.replace("_per_token", "_per_pass"), per_pass(v)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.into_iter().map(per_pass).collect()),
+        v => v,
+    }
+}

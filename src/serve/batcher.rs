@@ -13,7 +13,7 @@
 //! prompt extends kept tokens starts from a copy of that state
 //! ([`BatchEngine::restore`]) and feeds only the rest.
 
-use super::job::{panics_on, Event, Job, Shared};
+use super::job::{panics_on, Event, ProfileJob, ProfileOutcome, Shared, Work};
 use super::metrics::TokenClock;
 use crate::engine::{BatchEngine, Readout, SlotStep};
 use crate::error::Result;
@@ -52,7 +52,7 @@ enum Slot {
 pub(super) fn run(
     mut batch: Box<dyn BatchEngine>,
     make: &BatchFactory,
-    rx: &mpsc::Receiver<Job>,
+    rx: &mpsc::Receiver<Work>,
     tok: &TextTokenizer,
     sh: &Shared,
     mut cache: PromptCache,
@@ -181,7 +181,7 @@ fn keep(
 fn admit<'t>(
     slots: &mut [Option<Active<'t>>],
     batch: &mut dyn BatchEngine,
-    rx: &mpsc::Receiver<Job>,
+    rx: &mpsc::Receiver<Work>,
     tok: &'t TextTokenizer,
     sh: &Shared,
     cache: &mut PromptCache,
@@ -195,16 +195,23 @@ fn admit<'t>(
         if slot.is_some() {
             continue;
         }
-        let job = if idle && i == 0 {
-            match rx.recv() {
-                Ok(j) => j,
-                Err(_) => return false,
-            }
-        } else {
-            match rx.try_recv() {
-                Ok(j) => j,
-                Err(mpsc::TryRecvError::Empty) => break,
-                Err(mpsc::TryRecvError::Disconnected) => return false,
+        // A profile runs on this free slot at once; then the slot takes the next work.
+        let job = loop {
+            let work = if idle && i == 0 {
+                match rx.recv() {
+                    Ok(w) => w,
+                    Err(_) => return false,
+                }
+            } else {
+                match rx.try_recv() {
+                    Ok(w) => w,
+                    Err(mpsc::TryRecvError::Empty) => return true,
+                    Err(mpsc::TryRecvError::Disconnected) => return false,
+                }
+            };
+            match work {
+                Work::Generate(j) => break j,
+                Work::Profile(p) => profile(batch, i, p),
             }
         };
         let sampler = match Sampler::new(job.sampler) {
@@ -336,4 +343,23 @@ fn settle(slot: &mut Option<Active<'_>>, s: Slot, sh: &Shared) {
         }
         sh.done();
     }
+}
+
+/// Run `p` on free slot `i` (reset before and after) and send its outcome.
+fn profile(batch: &mut dyn BatchEngine, i: usize, p: ProfileJob) {
+    let timing = crate::engine::profile::Timing::Auto;
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        crate::engine::profile::profile_batch(batch, &[i], p.prompt_len, p.passes, timing)
+    }));
+    batch.reset(i);
+    let outcome = match outcome {
+        Ok(Ok(profile)) => ProfileOutcome::Done {
+            profile,
+            backend: batch.describe(),
+            precision: batch.precision().as_str().to_string(),
+        },
+        Ok(Err(e)) => ProfileOutcome::Failed(e.to_string()),
+        Err(_) => ProfileOutcome::Failed("the profile pass failed".into()),
+    };
+    let _ = p.reply.send(outcome);
 }

@@ -60,10 +60,44 @@ pub struct Job {
     pub arrived: std::time::Instant,
 }
 
+/// A request for a profile of the serving engine (`GET /v1/cqlm/profile`):
+/// the batch loop runs it on a free slot between passes.
+pub struct ProfileJob {
+    /// Passes to time (one token each).
+    pub passes: usize,
+    /// Prompt tokens fed first, unprofiled.
+    pub prompt_len: usize,
+    /// Where the profile goes .
+    pub reply: tokio::sync::oneshot::Sender<ProfileOutcome>,
+}
+
+/// What a [`ProfileJob`] comes back with.
+pub enum ProfileOutcome {
+    /// The profile, with the engine in words and its precision.
+    Done {
+        /// The per-kernel timings.
+        profile: crate::engine::profile::KernelProfile,
+        /// The engine ([`crate::engine::BatchEngine::describe`]).
+        backend: String,
+        /// Its matvec arithmetic.
+        precision: String,
+    },
+    /// The engine failed.
+    Failed(String),
+}
+
+/// What the batch loop receives.
+pub enum Work {
+    /// A generation.
+    Generate(Job),
+    /// A profile of the engine.
+    Profile(ProfileJob),
+}
+
 /// The queue in front of the batch loop.
 pub struct Queue {
-    /// Jobs for the batch loop (a `Sender` is `Sync`: every handler sends on it).
-    sender: mpsc::Sender<Job>,
+    /// Work for the batch loop (a `Sender` is `Sync`: every handler sends on it).
+    sender: mpsc::Sender<Work>,
     shared: Arc<Shared>,
     limit: usize,
     slots: usize,
@@ -115,7 +149,7 @@ impl Queue {
     ) -> Result<Queue> {
         let batch_slots = batch.slots();
         let limit = batch_slots + max_queue;
-        let (tx, rx) = mpsc::channel::<Job>();
+        let (tx, rx) = mpsc::channel::<Work>();
         let shared = Arc::new(Shared {
             inflight: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
@@ -145,11 +179,17 @@ impl Queue {
             inflight.fetch_sub(1, Ordering::SeqCst);
             return false;
         }
-        let sent = self.sender.send(job).is_ok();
+        let sent = self.sender.send(Work::Generate(job)).is_ok();
         if !sent {
             inflight.fetch_sub(1, Ordering::SeqCst);
         }
         sent
+    }
+
+    /// Send a profile request to the batch loop (not counted as a job: it runs
+    /// between passes); false when every slot is taken or the loop is gone.
+    pub fn submit_profile(&self, job: ProfileJob) -> bool {
+        self.in_flight() < self.slots && self.sender.send(Work::Profile(job)).is_ok()
     }
 
     /// Sequences that generate at once (the batch's slots).

@@ -4,7 +4,8 @@
 //! `POST /v1/responses` (`responses`), and Anthropic's `POST /v1/messages` and `/v1/messages/count_tokens` (`anthropic`)
 //! over the same chat path; structured output (`response_format`) and tool
 //! calls through [`crate::constrain`]; llama-server's `POST /tokenize`,
-//! `POST /detokenize` and `GET /props` (`introspect`); errors in each API's shape; `GET /metrics` for Prometheus ([`metrics`]) and one log
+//! `POST /detokenize` and `GET /props` (`introspect`); a chat web page at `/`
+//! with its demo-tool and engine-profile routes (`web`); errors in each API's shape; `GET /metrics` for Prometheus ([`metrics`]) and one log
 //! line per request. Requests run in one batch engine on either backend
 //! (`batcher`: every `--parallel` sequence a slot of each pass); beyond them a
 //! bounded queue ([`job::Queue`]), beyond that 503.
@@ -18,6 +19,7 @@ pub mod job;
 mod logprobs;
 pub mod metrics;
 mod responses;
+mod web;
 pub mod wire;
 
 mod request;
@@ -207,6 +209,12 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/apply-template", post(introspect::apply_template))
         .route("/props", get(introspect::props))
         .route("/metrics", get(metrics_text))
+        .route("/", get(|| async { web::asset("/") }))
+        .route("/app.css", get(|| async { web::asset("/app.css") }))
+        .route("/app.js", get(|| async { web::asset("/app.js") }))
+        .route("/v1/cqlm/demo-tools", get(web::demo_tools))
+        .route("/v1/cqlm/demo-tools/call", post(web::call_demo_tool))
+        .route("/v1/cqlm/profile", get(web::profile))
         .fallback(|| async {
             ApiError::status(StatusCode::NOT_FOUND, "no such endpoint", "not_found")
         })
