@@ -13,7 +13,7 @@
 //! prompt extends kept tokens starts from a copy of that state
 //! ([`BatchEngine::restore`]) and feeds only the rest.
 
-use super::job::{panics_on, Event, ProfileJob, ProfileOutcome, Shared, Work};
+use super::job::{panics_on, pass_delay, Event, ProfileJob, ProfileOutcome, Shared, Work};
 use super::metrics::TokenClock;
 use crate::engine::{BatchEngine, Readout, SlotStep};
 use crate::error::Result;
@@ -88,6 +88,9 @@ pub(super) fn run(
             .collect();
         if work.is_empty() {
             continue;
+        }
+        if let Some(d) = pass_delay() {
+            std::thread::sleep(d);
         }
         let items: Vec<usize> = work.iter().map(|w| w.slot).collect();
         let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

@@ -131,6 +131,20 @@ pub(crate) fn panics_on(ids: &[u32]) -> bool {
     t.is_some_and(|t| ids.contains(&t))
 }
 
+/// The test hook `CQLM_SERVE_PASS_DELAY_MS=N`: every engine pass waits N
+/// milliseconds first, so that a browser test sees a short answer stream over
+/// seconds as a slow engine would send it. Unset (or 0), no pass waits.
+pub(crate) fn pass_delay() -> Option<std::time::Duration> {
+    static DELAY: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
+    *DELAY.get_or_init(|| {
+        std::env::var("CQLM_SERVE_PASS_DELAY_MS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|&ms| ms > 0)
+            .map(std::time::Duration::from_millis)
+    })
+}
+
 impl Queue {
     /// Start the batch loop over `batch` (its slots are the sequences that
     /// generate at once; `make` builds another after a pass panicked), with

@@ -28,3 +28,4 @@ mod serve_ops;
 mod serve_responses;
 mod subcommands;
 mod threads_cli;
+mod web_page;

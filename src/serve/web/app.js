@@ -127,7 +127,7 @@ function paragraph(parent, lines) {
 }
 
 /** Render markdown `text` into a fresh fragment (blocks: paragraphs,
- * headings, fenced code, lists). Never uses innerHTML. */
+ * headings, fenced code, lists) with createElement and text nodes only. */
 function markdown(text) {
   const frag = document.createDocumentFragment();
   const lines = text.replace(/\r\n?/g, "\n").split("\n");
@@ -393,6 +393,7 @@ async function modelTurn(conv) {
   const t0 = performance.now();
   let tFirst = null;
   let usage = null;
+  let pieces = 0; // content or tool-call deltas received
   const calls = [];
   try {
     const resp = await fetch("/v1/chat/completions", {
@@ -407,6 +408,7 @@ async function modelTurn(conv) {
       const choice = chunk.choices && chunk.choices[0];
       if (!choice || !choice.delta) return;
       const d = choice.delta;
+      if (d.content || d.tool_calls) pieces++;
       if (d.content) {
         if (tFirst === null) tFirst = performance.now();
         msg.content += d.content;
@@ -436,8 +438,12 @@ async function modelTurn(conv) {
     msg._stats.tokens = usage.completion_tokens;
     const cached = usage.prompt_tokens_details && usage.prompt_tokens_details.cached_tokens;
     msg._stats.cached = cached || 0;
-    if (tFirst !== null && usage.completion_tokens > 1 && t1 > tFirst) {
+    // Streamed text: the rate after the first token. Output held back to the
+    // end (tool calls, text under tools) comes in one piece: the whole request.
+    if (pieces > 1 && usage.completion_tokens > 1 && t1 > tFirst) {
       msg._stats.tok_s = (usage.completion_tokens - 1) / ((t1 - tFirst) / 1000);
+    } else if (usage.completion_tokens > 0 && t1 > t0) {
+      msg._stats.tok_s = usage.completion_tokens / ((t1 - t0) / 1000);
     }
   }
   node.root.remove();
