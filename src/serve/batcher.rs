@@ -213,7 +213,7 @@ fn admit<'t>(
                 }
             };
             match work {
-                Work::Generate(j) => break j,
+                Work::Generate(j) => break *j,
                 Work::Profile(p) => profile(batch, i, p),
             }
         };

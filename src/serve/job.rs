@@ -89,7 +89,7 @@ pub enum ProfileOutcome {
 /// What the batch loop receives.
 pub enum Work {
     /// A generation.
-    Generate(Job),
+    Generate(Box<Job>),
     /// A profile of the engine.
     Profile(ProfileJob),
 }
@@ -193,7 +193,7 @@ impl Queue {
             inflight.fetch_sub(1, Ordering::SeqCst);
             return false;
         }
-        let sent = self.sender.send(Work::Generate(job)).is_ok();
+        let sent = self.sender.send(Work::Generate(Box::new(job))).is_ok();
         if !sent {
             inflight.fetch_sub(1, Ordering::SeqCst);
         }

@@ -180,6 +180,35 @@ assert driver.find_elements(By.CSS_SELECTOR, ".tool-card .tool-name")
 check_console("reload")
 shot("5-reloaded")
 
+# 5b. Markdown is rendered with DOM nodes only: a stored answer with HTML and a
+# javascript: link shows them as text; bold, code, lists, headings and http(s)
+# links render.
+HOSTILE = ("# Title\n\nSome **bold** and *it* and `code <b>x</b>`.\n\n"
+           "<img src=x onerror=\"window.__pwned=1\"><b>raw</b>\n\n"
+           "- one\n- [ok](https://example.com/a)\n\n1. [bad](javascript:window.__pwned=1)\n\n"
+           "```\n<script>window.__pwned=1</script>\n```")
+driver.execute_script("""
+  const convs = JSON.parse(localStorage.getItem('cqlm.convs'));
+  convs.unshift({id: 'md', title: 'markdown', updated: Date.now(), messages: [
+    {role: 'user', content: '<i>hi</i>'}, {role: 'assistant', content: arguments[0]}]});
+  localStorage.setItem('cqlm.convs', JSON.stringify(convs));
+  localStorage.setItem('cqlm.current', JSON.stringify('md'));""", HOSTILE)
+driver.refresh()
+wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#messages .msg.assistant"))
+md = answers()[-1].find_element(By.CSS_SELECTOR, ".content")
+count = lambda sel: len(md.find_elements(By.CSS_SELECTOR, sel))
+assert count("h1") == 1 and count("strong") == 1 and count("em") == 1, md.get_attribute("outerHTML")
+assert count("code") == 2 and count("pre") == 1 and count("ul li") == 2 and count("ol li") == 1
+assert count("img") == 0 and count("b") == 0 and count("script") == 0, md.get_attribute("outerHTML")
+links = md.find_elements(By.CSS_SELECTOR, "a")
+assert [a.get_attribute("href") for a in links] == ["https://example.com/a"], links
+assert "noopener" in links[0].get_attribute("rel")
+assert "<b>raw</b>" in md.text and "<script>" in md.text and "javascript:" in md.text
+assert driver.find_element(By.CSS_SELECTOR, "#messages .msg.user .content").text == "<i>hi</i>"
+assert driver.execute_script("return window.__pwned") is None
+check_console("markdown")
+shot("5b-markdown")
+
 # 6. Kernels: one bar per row of the profile route (fetched independently).
 with urllib.request.urlopen(BASE + "/v1/cqlm/profile") as r:
     profile = json.load(r)
