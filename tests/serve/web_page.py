@@ -169,6 +169,26 @@ assert "920" in last, f"the answer after the tool does not say 920: {last!r}"
 check_console("tool")
 shot("4-tool-call")
 
+# 4b. The same with "run demo tools on the server" off: the card asks for the
+# result, the user types it, and the conversation goes on to the answer.
+by_id("new-chat").click()
+settings(**{"tools-server": False})
+send("What is 23 * 40?")
+idle()
+wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".tool-card .tool-input textarea"))
+card = driver.find_element(By.CSS_SELECTOR, ".tool-card")
+assert card.find_element(By.CSS_SELECTOR, ".tool-name").text == "calculate", card.text
+shot("4b-tool-asks")
+card.find_element(By.CSS_SELECTOR, ".tool-input textarea").send_keys('{"result":920}')
+card.find_element(By.CSS_SELECTOR, ".tool-submit").click()
+wait.until(lambda d: len(answers()) == 2 and by_id("send").is_displayed())
+assert "920" in driver.find_element(By.CSS_SELECTOR, ".tool-card .tool-result").text
+last = answers()[-1].find_element(By.CSS_SELECTOR, ".content").text
+print(f"tool answer (typed result): {last!r}")
+assert "920" in last, last
+check_console("typed tool result")
+shot("4c-tool-typed")
+
 # 5. Reload: the conversations are in the sidebar, the tool one opens.
 driver.refresh()
 wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#conv-list li"))
