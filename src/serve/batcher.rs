@@ -341,10 +341,12 @@ fn settle(slot: &mut Option<Active<'_>>, s: Slot, sh: &Shared) {
         }),
     };
     if let Some(a) = slot.take() {
+        // Free the place first: a client that gets its end and at once asks
+        // again (or asks for a profile) finds it free.
+        sh.done();
         if let Some(ev) = event {
             let _ = a.events.send(ev);
         }
-        sh.done();
     }
 }
 

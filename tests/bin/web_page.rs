@@ -289,3 +289,25 @@ fn the_page_chats_streams_stops_calls_tools_and_profiles_in_a_browser() {
     assert!(shots.join("9-phone.png").exists());
     still_serves(&s.addr);
 }
+
+#[test]
+fn the_page_is_open_and_its_routes_need_the_api_key_when_one_is_set() {
+    let s = start(&["--api-key", "k"]);
+    for path in ["/", "/app.js", "/app.css"] {
+        let (status, _, _) = http(&s.addr, "GET", path, &[], b"");
+        assert_eq!(status, 200, "{path}");
+    }
+    let auth = [("Authorization", "Bearer k")];
+    for path in ["/v1/cqlm/demo-tools", "/v1/cqlm/profile?passes=1"] {
+        let (status, _, body) = http(&s.addr, "GET", path, &[], b"");
+        assert_eq!(status, 401, "{path}: {body}");
+        assert!(is_error(&serde_json::from_str(&body).unwrap()), "{body}");
+        let (status, _, body) = http(&s.addr, "GET", path, &auth, b"");
+        assert_eq!(status, 200, "{path}: {body}");
+    }
+    let call = br#"{"name": "calculate", "arguments": "{\"expression\": \"2 + 2\"}"}"#;
+    let (status, _, _) = http(&s.addr, "POST", "/v1/cqlm/demo-tools/call", &[], call);
+    assert_eq!(status, 401);
+    let (status, _, body) = http(&s.addr, "POST", "/v1/cqlm/demo-tools/call", &auth, call);
+    assert_eq!(status, 200, "{body}");
+}

@@ -16,7 +16,7 @@
 
 const $ = (id) => document.getElementById(id);
 const KEY = { settings: "cqlm.settings", convs: "cqlm.convs", current: "cqlm.current", theme: "cqlm.theme" };
-const DEFAULTS = { system: "", temperature: 0.7, top_p: 1, max_tokens: 256, seed: "", tools: false, tools_server: true };
+const DEFAULTS = { system: "", temperature: 0.7, top_p: 1, max_tokens: 256, seed: "", api_key: "", tools: false, tools_server: true };
 const MAX_TOOL_ROUNDS = 4;
 
 /* ---------- storage ---------- */
@@ -303,6 +303,13 @@ function deleteConv(id) {
 
 /* ---------- the chat request ---------- */
 
+/** Request headers: JSON, and the API key when the settings hold one. */
+function headers() {
+  const h = { "Content-Type": "application/json" };
+  if (state.settings.api_key) h.Authorization = "Bearer " + state.settings.api_key;
+  return h;
+}
+
 function requestMessages(conv) {
   const out = [];
   if (state.settings.system.trim()) out.push({ role: "system", content: state.settings.system });
@@ -319,7 +326,7 @@ function requestMessages(conv) {
 
 async function demoTools() {
   if (!state.demoTools) {
-    const r = await fetch("/v1/cqlm/demo-tools");
+    const r = await fetch("/v1/cqlm/demo-tools", { headers: headers() });
     if (!r.ok) throw new Error("GET /v1/cqlm/demo-tools: " + r.status);
     state.demoTools = await r.json();
   }
@@ -398,7 +405,7 @@ async function modelTurn(conv) {
   try {
     const resp = await fetch("/v1/chat/completions", {
       method: "POST",
-      headers: { "Content-Type": "application/json" },
+      headers: headers(),
       body: JSON.stringify(body),
       signal: ctl.signal,
     });
@@ -474,7 +481,7 @@ async function converse(conv) {
       try {
         const r = await fetch("/v1/cqlm/demo-tools/call", {
           method: "POST",
-          headers: { "Content-Type": "application/json" },
+          headers: headers(),
           body: JSON.stringify({ name: call.function.name, arguments: call.function.arguments }),
         });
         const text = await r.text();
@@ -521,6 +528,7 @@ const FIELDS = [
   ["top-p", "top_p", "value"],
   ["max-tokens", "max_tokens", "value"],
   ["seed", "seed", "value"],
+  ["api-key", "api_key", "value"],
   ["tools-on", "tools", "checked"],
   ["tools-server", "tools_server", "checked"],
 ];
@@ -574,7 +582,7 @@ async function refreshKernels() {
   button.disabled = true;
   summary.textContent = "Profiling…";
   try {
-    const r = await fetch("/v1/cqlm/profile");
+    const r = await fetch("/v1/cqlm/profile", { headers: headers() });
     const text = await r.text();
     if (!r.ok) throw new Error(errorText(text, r.status));
     drawKernels(JSON.parse(text));
