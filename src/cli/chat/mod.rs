@@ -7,6 +7,7 @@
 mod commands;
 mod conversation;
 mod input;
+mod quiet;
 mod render;
 mod tools;
 mod turn;
@@ -131,8 +132,10 @@ pub fn run(a: Args) -> Result<()> {
         seed,
         ..SamplerConfig::default()
     })?;
-    let session =
-        Session::from_builder(a.backend.builder(Arc::clone(&model), cqlm::Precision::Fast))?;
+    // Drivers may write to stderr while wgpu probes them; the chat's stderr
+    // holds only its own lines (the notice below says what auto chose).
+    let builder = a.backend.builder(Arc::clone(&model), cqlm::Precision::Fast);
+    let session = quiet::without_stderr(|| Session::from_builder(builder))?;
     super::report_notice(session.fallback_reason(), true);
     let (eos, vocab) = (model.config.eos, model.config.vocab);
     let ctx = a
