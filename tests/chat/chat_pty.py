@@ -8,7 +8,7 @@ both computed here with jinja2 and the `tokenizers` package from the archive's
 own chat template and tokenizer; `/tools demo` and "What is 23 * 40?" printing
 a `calculate` call whose result holds 920; `/reset` (the next turn caches 0);
 an unknown command and a bad tools file (one error line, the loop goes on);
-`/save`; `/exit` with status 0. Prints `ok` at the end; any failure raises.
+`/save`; Ctrl-C at the prompt clearing the line; `/exit` with status 0. Prints `ok` at the end; any failure raises.
 """
 
 import json
@@ -121,6 +121,9 @@ def main():
     child.expect(r"seed \d+")
     child.expect("> ")
 
+    # Ctrl-C at the prompt clears the line: what follows runs alone.
+    child.send("half a line")
+    child.sendintr()
     child.sendline("/exit")
     child.expect(pexpect.EOF)
     child.close()
