@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_batch;
+mod chat;
 mod devices;
 mod eval;
 mod generate;
@@ -54,6 +55,9 @@ enum Command {
     Parity(parity::Args),
     /// Serve the OpenAI chat and completion API over HTTP.
     Serve(serve::Args),
+    /// Chat with the model in the terminal: its chat template, streamed answers,
+    /// tools, history; with piped input, one exchange per line.
+    Chat(chat::Args),
 }
 
 /// Dispatch a parsed command line.
@@ -70,6 +74,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Devices => devices::run(),
         Command::Parity(a) => parity::run(a),
         Command::Serve(a) => serve::run(a),
+        Command::Chat(a) => chat::run(a),
     }
 }
 

@@ -14,6 +14,7 @@ mod common;
 
 mod agent_clis;
 mod backend_cli;
+mod chat_cli;
 mod constrained_cli;
 mod generate_cli;
 mod pack_cli;
