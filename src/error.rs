@@ -92,6 +92,12 @@ pub enum ArchiveError {
     /// The file is shorter than its header says, or its data section does not match the offsets.
     #[error("truncated or inconsistent file: {0}")]
     Truncated(String),
+    /// The file is no safetensors file at all (a text file, say): its ninth byte
+    /// does not open a JSON header.
+    #[error(
+        "not a cqlm archive (a safetensors file: an 8-byte header length, then a JSON header)"
+    )]
+    NotAnArchive,
     /// The safetensors container itself is malformed (header, JSON, offsets).
     #[error("not a valid safetensors file: {0}")]
     Format(String),

@@ -1,7 +1,7 @@
 //! # cqlm
 //!
 //! Token-by-token inference of small codebook-quantized (CQ) language models.
-//! `../shared/SPEC.md` (shipped beside the repository) defines every number.
+//! `docs/SPEC.md` defines every number.
 //! The modules, from the bottom up:
 //!
 //! * [`host`]: the CPU substrate: the engine's thread pool and SIMD feature

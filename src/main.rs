@@ -7,6 +7,7 @@ use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    quiet_vulkan_layers();
     env_logger::Builder::from_env(
         env_logger::Env::default().default_filter_or("warn,cqlm::request=info"),
     )
@@ -45,5 +46,18 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         }
+    }
+}
+
+/// Mesa's device-select Vulkan layer calls libwayland while wgpu lists adapters,
+/// and without an absolute `XDG_RUNTIME_DIR` libwayland writes two
+/// `error: XDG_RUNTIME_DIR is invalid` lines of its own on stderr. The layer only
+/// orders devices, which cqlm chooses itself: turn it off in that case (before any
+/// thread starts), unless the user has said otherwise.
+fn quiet_vulkan_layers() {
+    let runtime_ok =
+        std::env::var_os("XDG_RUNTIME_DIR").is_some_and(|d| std::path::Path::new(&d).is_absolute());
+    if !runtime_ok && std::env::var_os("NODEVICE_SELECT").is_none() {
+        std::env::set_var("NODEVICE_SELECT", "1");
     }
 }

@@ -134,6 +134,11 @@ pub(crate) fn open_container(
     n8.copy_from_slice(len_bytes);
     let n = u64::from_le_bytes(n8);
     let avail = bytes.len() as u64 - 8;
+    // A safetensors file's header is a JSON object right after its length: any
+    // other byte there (a text file, say) is not a broken archive but none at all.
+    if bytes.get(8).is_some_and(|&b| b != b'{') {
+        return Err(ArchiveError::NotAnArchive);
+    }
     if n > avail {
         return Err(truncated(format!(
             "the header claims {n} bytes but only {avail} follow"

@@ -12,7 +12,7 @@ use std::time::Instant;
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
-    /// UTF-8 text file to score, as one stream: BOS, then its tokens (SPEC §4.3's sinks and window apply).
+    /// UTF-8 text file to score, as one stream: BOS, then its tokens (docs/SPEC.md §4.3's sinks and window apply).
     #[arg(long, value_name = "FILE")]
     text: PathBuf,
     /// Score only the first N tokens of the text (the bytes counted are those N tokens' bytes).

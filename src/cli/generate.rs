@@ -7,7 +7,7 @@ use cqlm::session::sample::{Sampler, SamplerConfig};
 use cqlm::session::tokenizer::{TextStream, TextTokenizer};
 use cqlm::session::{Finish, Generation, Session};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use std::io::Write;
+use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -17,33 +17,41 @@ use std::time::Instant;
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
-    /// Prompt text, tokenized with the archive's embedded tokenizer (BOS added when its post-processor doesn't).
-    #[arg(long, value_name = "TEXT", conflicts_with = "ids")]
+    /// Prompt text, tokenized with the archive's embedded tokenizer (BOS added when
+    /// its post-processor doesn't). Without --prompt, --prompt-file or --ids, a
+    /// prompt piped on standard input is read; else the prompt is the model's BOS.
+    #[arg(long, value_name = "TEXT", conflicts_with_all = ["ids", "prompt_file"])]
     prompt: Option<String>,
-    /// Prompt token ids, comma-separated (default: the model's BOS).
+    /// Read the prompt text from this file.
+    #[arg(long, value_name = "FILE", conflicts_with = "ids")]
+    prompt_file: Option<PathBuf>,
+    /// Prompt token ids, comma-separated.
     #[arg(long, value_name = "IDS", value_parser = parse_ids)]
     ids: Option<Ids>,
-    /// Most tokens to generate.
-    #[arg(long, default_value_t = 32)]
-    max_tokens: usize,
-    /// Sampling temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.0)]
+    /// Most tokens to generate; generation also ends at the end of text
+    /// (-1: no limit but the end of text or Ctrl-C).
+    #[arg(long, default_value_t = 256, allow_negative_numbers = true, value_parser = max_tokens)]
+    max_tokens: i64,
+    /// Sampling temperature; 0 is greedy (the most likely token, every time).
+    #[arg(long, default_value_t = 0.8)]
     temperature: f32,
-    /// Sample only among the k most likely tokens (0: all).
-    #[arg(long, default_value_t = 0)]
-    top_k: usize,
-    /// Sample only among the most likely tokens whose probability reaches p.
-    #[arg(long, default_value_t = 1.0)]
-    top_p: f32,
-    /// Sample only among tokens at least this likely relative to the most likely one (0: off).
-    #[arg(long, default_value_t = 0.0)]
-    min_p: f32,
+    /// Sample only among the k most likely tokens (0: all) [default: 40].
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Sample only among the most likely tokens whose probability reaches p [default: 0.95].
+    #[arg(long)]
+    top_p: Option<f32>,
+    /// Sample only among tokens at least this likely relative to the most likely one
+    /// (0: off) [default: 0.05].
+    #[arg(long)]
+    min_p: Option<f32>,
     /// Penalise tokens seen in the last 64 (1: off).
-    #[arg(long, default_value_t = 1.0)]
-    repeat_penalty: f32,
-    /// Sampling seed (the same seed gives the same output).
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    #[arg(long)]
+    repeat_penalty: Option<f32>,
+    /// Sampling seed: the same seed and flags give the same text [default: a random
+    /// one, printed in the stats line].
+    #[arg(long)]
+    seed: Option<u64>,
     /// Stop when the generated text contains this (repeatable; needs a tokenizer).
     #[arg(long, value_name = "STRING")]
     stop: Vec<String>,
@@ -158,10 +166,9 @@ pub fn run(a: Args) -> Result<()> {
     a.backend.check()?;
     let _ = ctrlc::set_handler(|| INTERRUPTED.store(true, Ordering::SeqCst));
     let model = a.model.load()?;
-    let tok = match (&a.prompt, model.tokenizer.is_some()) {
-        (Some(_), false) => bail!("this archive has no embedded tokenizer (cqlm.tokenizer): give --ids instead of --prompt"),
-        (_, true) => Some(TextTokenizer::for_model(&model)?),
-        (None, false) => None,
+    let tok = match model.tokenizer.is_some() {
+        true => Some(TextTokenizer::for_model(&model)?),
+        false => None,
     };
     if !a.stop.is_empty() && tok.is_none() {
         bail!("--stop needs the archive's tokenizer to see text");
@@ -175,7 +182,22 @@ pub fn run(a: Args) -> Result<()> {
         Some(spec) => Some(TokenSpace::for_model(&model)?.compile(&spec)?),
         None => None,
     };
-    let ids = match (&a.prompt, &a.ids) {
+    let prompt_text = match (&a.prompt, &a.prompt_file) {
+        (Some(text), _) => Some(text.clone()),
+        (None, Some(path)) => Some(read(path, "prompt file")?),
+        (None, None) if a.ids.is_none() && !std::io::stdin().is_terminal() => {
+            let mut text = String::new();
+            std::io::stdin()
+                .read_to_string(&mut text)
+                .context("cannot read the prompt from standard input")?;
+            Some(text)
+        }
+        (None, None) => None,
+    };
+    if prompt_text.is_some() && tok.is_none() {
+        bail!("this archive has no embedded tokenizer (cqlm.tokenizer): give --ids instead of a text prompt");
+    }
+    let ids = match (&prompt_text, &a.ids) {
         (Some(text), _) => tok
             .as_ref()
             .map(|t| t.encode(text))
@@ -184,15 +206,11 @@ pub fn run(a: Args) -> Result<()> {
         (None, Some(ids)) => ids.0.clone(),
         (None, None) => vec![model.config.bos],
     };
-    let sampler = Sampler::new(SamplerConfig {
-        temperature: a.temperature,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        min_p: a.min_p,
-        repeat_penalty: a.repeat_penalty,
-        seed: a.seed,
-        ..SamplerConfig::default()
-    })?;
+    let (sampler, seed) = sampler(&a)?;
+    if a.max_tokens == 0 {
+        bail!("--max-tokens 0 generates nothing (-1: no limit)");
+    }
+    let max_tokens = usize::try_from(a.max_tokens).unwrap_or(usize::MAX);
     let load = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
     load.set_message("loading the model onto the device");
     load.enable_steady_tick(std::time::Duration::from_millis(120));
@@ -217,7 +235,7 @@ pub fn run(a: Args) -> Result<()> {
     let mut out = stdout.lock();
     let nucleus_draws = sampler.top_p_only().is_some();
     let (eos, vocab) = (model.config.eos, model.config.vocab);
-    let mut generation = Generation::new(Vec::new(), sampler, eos, a.max_tokens);
+    let mut generation = Generation::new(Vec::new(), sampler, eos, max_tokens);
     if let Some(t) = &tok {
         generation = generation.with_text(TextStream::new(t, a.stop.clone()));
     }
@@ -281,18 +299,64 @@ pub fn run(a: Args) -> Result<()> {
     };
     let interrupted = INTERRUPTED.load(Ordering::SeqCst);
     eprintln!(
-        "{}prompt {} tokens, prefill {:.1} tok/s | generated {generated} tokens, decode {:.1} tok/s | {}{nucleus}{masks}",
+        "{}prompt {} tokens, prefill {:.1} tok/s | generated {generated} tokens, decode {:.1} tok/s | {} | {}{nucleus}{masks}",
         if interrupted { "interrupted | " } else { "" },
         done,
         done as f64 / prefill_s.max(1e-9),
         generated as f64 / decode_s.max(1e-9),
+        seed.map_or("greedy".to_string(), |s| format!("seed {s}")),
         session.engine().describe()
     );
     if constrained && finish != Finish::Complete {
         if interrupted {
             bail!("interrupted before the output was complete");
         }
-        return Err(Incomplete(a.max_tokens).into());
+        return Err(Incomplete(max_tokens).into());
     }
     Ok(())
+}
+
+/// The sampler the flags describe, with llama.cpp's defaults (temperature 0.8,
+/// top-k 40, top-p 0.95, min-p 0.05, a random seed), and the seed it draws
+/// with (`None` when greedy). At temperature 0 the sampling flags change
+/// nothing: a note says so rather than ignoring them silently.
+fn sampler(a: &Args) -> Result<(Sampler, Option<u64>)> {
+    let greedy = a.temperature == 0.0;
+    if greedy {
+        let given: Vec<&str> = [
+            ("--top-k", a.top_k.is_some()),
+            ("--top-p", a.top_p.is_some()),
+            ("--min-p", a.min_p.is_some()),
+            ("--seed", a.seed.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(flag, set)| set.then_some(flag))
+        .collect();
+        if !given.is_empty() {
+            eprintln!(
+                "note: {} {} no effect at --temperature 0 (greedy)",
+                given.join(", "),
+                if given.len() == 1 { "has" } else { "have" }
+            );
+        }
+    }
+    let seed = a.seed.unwrap_or_else(|| u64::from(rand::random::<u32>()));
+    let sampler = Sampler::new(SamplerConfig {
+        temperature: a.temperature,
+        top_k: a.top_k.unwrap_or(40),
+        top_p: a.top_p.unwrap_or(0.95),
+        min_p: a.min_p.unwrap_or(0.05),
+        repeat_penalty: a.repeat_penalty.unwrap_or(1.0),
+        seed,
+        ..SamplerConfig::default()
+    })?;
+    Ok((sampler, (!greedy).then_some(seed)))
+}
+
+/// `--max-tokens`: a count of tokens, or -1 for no limit.
+fn max_tokens(s: &str) -> std::result::Result<i64, String> {
+    match s.parse::<i64>() {
+        Ok(n) if n >= -1 => Ok(n),
+        _ => Err("expected a number of tokens, or -1 for no limit".into()),
+    }
 }

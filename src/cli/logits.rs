@@ -1,4 +1,4 @@
-//! `cqlm logits` (SPEC §7): the conformance entry point. Keep its form.
+//! `cqlm logits` (docs/SPEC.md §7): the conformance entry point. Keep its form.
 
 use super::{make_engine, parse_ids, with_path, BackendArgs, Ids};
 use anyhow::Result;

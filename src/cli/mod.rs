@@ -28,12 +28,12 @@ use std::sync::Arc;
 #[command(name = "cqlm", version, about)]
 pub struct Cli {
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
 }
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run ids through `step` and write the logits as a float32 .npy (SPEC §7).
+    /// Run ids through `step` and write the logits as a float32 .npy (docs/SPEC.md §7).
     Logits(logits::Args),
     /// Print an archive's config, tensor count, bytes per kind and bits/group histogram.
     Inspect(inspect::Args),
@@ -51,7 +51,7 @@ enum Command {
     Profile(profile::Args),
     /// List the GPU adapters wgpu can see.
     Devices,
-    /// Check the GPU against the CPU reference rung by rung (the SEED's parity ladder).
+    /// Check the GPU against the CPU reference rung by rung (the parity ladder of docs/SEED.md).
     Parity(parity::Args),
     /// Serve the OpenAI chat and completion API over HTTP.
     Serve(serve::Args),
@@ -62,7 +62,13 @@ enum Command {
 
 /// Dispatch a parsed command line.
 pub fn run(cli: Cli) -> Result<()> {
-    match cli.command {
+    let Some(command) = cli.command else {
+        // `cqlm` alone: the command list, on stdout, and success.
+        use clap::CommandFactory;
+        Cli::command().print_help()?;
+        return Ok(());
+    };
+    match command {
         Command::Logits(a) => logits::run(a),
         Command::Inspect(a) => inspect::run(a),
         Command::Synth(a) => synth::run(a),
@@ -156,7 +162,7 @@ pub struct BackendArgs {
     /// its token slots, 32, which is also the most it takes).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub prefill_chunk: Option<u32>,
-    /// Arithmetic of the CQ matvecs (SPEC §6.1): fast (int8 activations, the CPU
+    /// Arithmetic of the CQ matvecs (docs/SPEC.md §6.1): fast (int8 activations, the CPU
     /// engine's) or exact (the reference). Default: fast for generate, bench and
     /// profile, exact for logits and eval. The GPU engine is always exact.
     #[arg(long, value_enum)]
@@ -166,9 +172,9 @@ pub struct BackendArgs {
 /// `--precision`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum PrecisionArg {
-    /// SPEC §6: f32 throughout (the reference).
+    /// docs/SPEC.md §6: f32 throughout (the reference).
     Exact,
-    /// SPEC §6.1: int8 activations inside the CQ matvecs (CPU).
+    /// docs/SPEC.md §6.1: int8 activations inside the CQ matvecs (CPU).
     Fast,
 }
 

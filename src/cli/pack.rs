@@ -11,11 +11,11 @@ use std::path::{Path, PathBuf};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Float checkpoint: safetensors with the SPEC §3 names, every CQ matrix one dense
+    /// Float checkpoint: safetensors with the docs/SPEC.md §3 names, every CQ matrix one dense
     /// F32/F16/BF16 [rows, cols] tensor (`cqlm synth --float` writes one).
     #[arg(long, value_name = "FLOAT.safetensors")]
     model: PathBuf,
-    /// Config JSON (SPEC §1); default: the checkpoint's `cqlm.config` metadata.
+    /// Config JSON (docs/SPEC.md §1); default: the checkpoint's `cqlm.config` metadata.
     #[arg(long, value_name = "FILE.json")]
     config: Option<PathBuf>,
     /// Hugging Face tokenizer.json to embed (default: the checkpoint's `cqlm.tokenizer`, if any).

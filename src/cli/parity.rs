@@ -1,4 +1,4 @@
-//! `cqlm parity`: the SEED's parity ladder, GPU against CPU.
+//! `cqlm parity`: the parity ladder of docs/SEED.md, GPU against CPU.
 
 use super::{parse_ids, Ids, ModelArgs};
 use anyhow::{bail, Result};

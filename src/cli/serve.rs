@@ -50,6 +50,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    check_port(&a.host, a.port)?;
     let model = a.model.load()?;
     let model_id = a.model_id.clone().unwrap_or_else(|| a.model.id());
     // Every sequence a slot of one batched pass (CpuBatch or GpuBatch).
@@ -73,5 +74,20 @@ pub fn run(a: Args) -> Result<()> {
         );
     })?;
     eprintln!("cqlm serve: stopped");
+    Ok(())
+}
+
+/// Fail before the model loads when the address can't be listened on (a port in
+/// use, an unknown host), naming the address and the cause.
+fn check_port(host: &str, port: u16) -> Result<()> {
+    if let Err(e) = std::net::TcpListener::bind((host, port)) {
+        let why = match e.kind() {
+            std::io::ErrorKind::AddrInUse => {
+                "the address is in use (another server? --port picks another)".to_string()
+            }
+            _ => e.to_string(),
+        };
+        anyhow::bail!("cannot listen on {host}:{port}: {why}");
+    }
     Ok(())
 }

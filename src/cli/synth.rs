@@ -18,7 +18,7 @@ pub struct Args {
         conflicts_with = "config"
     )]
     preset: Option<String>,
-    /// A config JSON file (SPEC §1) instead of a preset.
+    /// A config JSON file (docs/SPEC.md §1) instead of a preset.
     #[arg(long, value_name = "FILE.json")]
     config: Option<PathBuf>,
     /// Seed; the same seed gives the same bytes.

@@ -152,7 +152,7 @@ pub(super) async fn props(
             "repeat_last_n": crate::session::sample::SamplerConfig::default().repeat_last_n,
             "frequency_penalty": 0.0,
             "presence_penalty": 0.0,
-            "seed": 0,
+            "seed": -1,
         },
     })))
 }

@@ -202,7 +202,10 @@ pub(super) fn prepare(
         min_p: s.min_p.unwrap_or(0.0),
         frequency_penalty: s.frequency_penalty.unwrap_or(0.0),
         presence_penalty: s.presence_penalty.unwrap_or(0.0),
-        seed: s.seed.map_or(0, |v| v as u64),
+        // No seed: a fresh one, so two requests don't write the same text.
+        seed: s
+            .seed
+            .map_or_else(|| u64::from(rand::random::<u32>()), |v| v as u64),
         ..SamplerConfig::default()
     };
     if let Err(e) = Sampler::new(cfg.clone()) {

@@ -276,11 +276,15 @@ fn auto_prefers_cpu(opts: &GpuOptions) -> Option<String> {
         .iter()
         .all(|a| a.device_type == wgpu::DeviceType::Cpu)
     {
-        let mut names: Vec<String> = adapters.iter().map(|a| a.name.clone()).collect();
+        // "llvmpipe (LLVM 15.0.6, 256 bits)" -> "llvmpipe".
+        let mut names: Vec<&str> = adapters
+            .iter()
+            .map(|a| a.name.split(" (").next().unwrap_or(&a.name))
+            .collect();
         names.dedup();
         return Some(format!(
-            "using the cpu backend: the only GPU adapter is a software renderer ({}), \
-             slower than the CPU engine; --backend gpu runs on it anyway",
+            "using the cpu backend: the only GPU adapter ({}) is a software renderer; \
+             --backend gpu forces it",
             names.join(", ")
         ));
     }

@@ -20,7 +20,15 @@ fn stderr(o: &std::process::Output) -> String {
     String::from_utf8(o.stderr.clone()).unwrap()
 }
 
-const BASE: [&str; 5] = ["generate", "--backend", "cpu", "--prompt", "Answer:"];
+const BASE: [&str; 7] = [
+    "generate",
+    "--backend",
+    "cpu",
+    "--temperature",
+    "0",
+    "--prompt",
+    "Answer:",
+];
 
 #[test]
 fn a_schema_gives_valid_compact_json_on_stdout() {

@@ -16,6 +16,7 @@ mod agent_clis;
 mod backend_cli;
 mod chat_cli;
 mod constrained_cli;
+mod first_run;
 mod generate_cli;
 mod pack_cli;
 mod profile_cli;

@@ -105,6 +105,8 @@ fn greedy_output_through_the_server_equals_cqlm_generate() {
             "generate",
             "--backend",
             "cpu",
+            "--temperature",
+            "0",
             "--prompt",
             prompt,
             "--max-tokens",

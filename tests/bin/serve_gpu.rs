@@ -14,7 +14,15 @@ use std::process::Command;
 /// `cqlm generate --backend gpu` of `prompt` (greedy), or None when no adapter.
 fn generate_gpu(prompt: &str, tokens: usize) -> Option<String> {
     let out = Command::new(env!("CARGO_BIN_EXE_cqlm"))
-        .args(["generate", "--backend", "gpu", "--prompt", prompt])
+        .args([
+            "generate",
+            "--backend",
+            "gpu",
+            "--temperature",
+            "0",
+            "--prompt",
+            prompt,
+        ])
         .args(["--max-tokens", &tokens.to_string()])
         .env("XDG_RUNTIME_DIR", "/tmp")
         .output()
