@@ -190,7 +190,8 @@ pub fn run(a: Args) -> Result<()> {
             std::io::stdin()
                 .read_to_string(&mut text)
                 .context("cannot read the prompt from standard input")?;
-            Some(text)
+            // An empty stdin (/dev/null, a closed pipe) is no prompt.
+            (!text.is_empty()).then_some(text)
         }
         (None, None) => None,
     };
