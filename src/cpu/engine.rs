@@ -9,7 +9,7 @@ use super::scratch::{chunk_len, DEFAULT_CHUNK};
 use crate::constrain::TokenMask;
 use crate::engine::precision::Precision;
 use crate::engine::profile::{KernelProfile, KernelTimer};
-use crate::engine::{BatchEngine, Engine, Readout, SlotStep, StepOut};
+use crate::engine::{BatchEngine, Engine, Readout, SavedSlot, SlotStep, StepOut};
 use crate::error::{Error, Result};
 use crate::model::config::Config;
 use crate::model::weights::Model;
@@ -190,6 +190,14 @@ impl Engine for CpuEngine {
 
     fn computes_on_host(&self) -> bool {
         true
+    }
+
+    fn save(&mut self) -> Result<SavedSlot> {
+        self.batch.save(0)
+    }
+
+    fn restore(&mut self, saved: &SavedSlot) -> Result<()> {
+        self.batch.restore(0, saved)
     }
 
     fn prefill_chunk(&self) -> usize {

@@ -230,6 +230,35 @@ pub trait Engine: Send {
     /// Number of tokens processed since the last reset.
     fn position(&self) -> u64;
 
+    /// Save the state (the engine goes on unchanged), as
+    /// [`BatchEngine::save`] saves a slot: a prompt cache keeps it to continue
+    /// from later.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an engine that cannot save its state (the
+    /// default); [`Error::Alloc`] or [`Error::Gpu`] when the copy can't be made.
+    fn save(&mut self) -> Result<SavedSlot> {
+        Err(Error::InvalidArgument(format!(
+            "{} cannot save its state",
+            self.describe()
+        )))
+    }
+
+    /// Continue from `saved` (from this engine's [`Engine::save`]): the next
+    /// step goes on bit for bit as the saved engine's would have; no logits
+    /// are held until that step.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a state another kind of engine or a model
+    /// of another shape saved, or an engine that cannot restore (the default).
+    fn restore(&mut self, saved: &SavedSlot) -> Result<()> {
+        let _ = saved;
+        Err(Error::InvalidArgument(format!(
+            "{} cannot restore a state",
+            self.describe()
+        )))
+    }
+
     /// A short name of the backend and device, e.g. `cpu (2 threads)`.
     fn describe(&self) -> String;
 

@@ -10,7 +10,7 @@ use super::batch::GpuBatch;
 use super::{Captured, Fault, GpuContext, GpuOptions, ProgramKind};
 use crate::constrain::TokenMask;
 use crate::engine::profile::{KernelProfile, KernelTally, Timing};
-use crate::engine::{BatchEngine, Engine, HostTime, Readout, SlotStep, StepOut};
+use crate::engine::{BatchEngine, Engine, HostTime, Readout, SavedSlot, SlotStep, StepOut};
 use crate::error::{Error, Result};
 use crate::model::config::Config;
 use crate::model::weights::Model;
@@ -253,6 +253,14 @@ impl Engine for GpuEngine {
 
     fn reset(&mut self) {
         self.batch.reset(0);
+    }
+
+    fn save(&mut self) -> Result<SavedSlot> {
+        self.batch.save(0)
+    }
+
+    fn restore(&mut self, saved: &SavedSlot) -> Result<()> {
+        self.batch.restore(0, saved)
     }
 
     fn position(&self) -> u64 {

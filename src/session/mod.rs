@@ -141,6 +141,38 @@ impl Session {
         self.logits.clear();
     }
 
+    /// Save the state after [`Session::tokens`] (the session goes on
+    /// unchanged), e.g. for a [`prompt_cache::PromptCache`].
+    ///
+    /// # Errors
+    /// As [`Engine::save`].
+    pub fn save(&mut self) -> Result<crate::engine::SavedSlot> {
+        self.engine.save()
+    }
+
+    /// Continue from `saved`, the state after `tokens` (a [`Session::save`] of
+    /// a session of this model on the same backend): the tokens become
+    /// `tokens`, and no logits are held until the next prefill, which goes on
+    /// bit for bit as the saved session's would have.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `saved` holds another number of tokens
+    /// than `tokens`; as [`Engine::restore`] (the session is then unchanged).
+    pub fn restore(&mut self, tokens: &[u32], saved: &crate::engine::SavedSlot) -> Result<()> {
+        if saved.position() != tokens.len() as u64 {
+            return Err(Error::InvalidArgument(format!(
+                "restore: the state holds {} tokens, not {}",
+                saved.position(),
+                tokens.len()
+            )));
+        }
+        self.engine.restore(saved)?;
+        self.tokens.clear();
+        self.tokens.extend_from_slice(tokens);
+        self.logits.clear();
+        Ok(())
+    }
+
     /// Append `ids` (logits only for the last one).
     ///
     /// # Errors

@@ -114,6 +114,12 @@ impl PromptCache {
         });
     }
 
+    /// Drop every kept state (the stats go on).
+    pub fn clear(&mut self) {
+        self.entries.clear();
+        self.held = 0;
+    }
+
     /// Bytes of the states kept.
     pub fn bytes(&self) -> u64 {
         self.held

@@ -2,8 +2,10 @@
 
     python chat_pty.py CQLM ARCHIVE WORKDIR
 
-Checks: two greedy turns whose second stats line reports as cached exactly the
-common token prefix of the second prompt and the first prompt plus its answer,
+Checks: two greedy turns whose second stats line reports as cached exactly
+what the documented rule reuses (the first prompt plus its answer when the
+second prompt extends them, else the first prompt but its last token, whose
+state each turn keeps),
 both computed here with jinja2 and the `tokenizers` package from the archive's
 own chat template and tokenizer; `/tools demo` and "What is 23 * 40?" printing
 a `calculate` call whose result holds 920; `/reset` (the next turn caches 0);
@@ -49,11 +51,9 @@ def prompt_ids(messages):
     return ids if ids[:1] == [CFG["bos"]] else [CFG["bos"]] + ids
 
 
-def common_prefix(a, b):
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
+def extension(held, prompt):
+    """len(held) when `prompt` extends `held` by at least one token, else 0."""
+    return len(held) if len(prompt) > len(held) and prompt[:len(held)] == held else 0
 
 
 def turn(child, line):
@@ -88,7 +88,7 @@ def main():
     assert p1 == len(first), (p1, len(first))
     assert p2 == len(second), (p2, len(second))
     held = first + TOK.encode(a1, add_special_tokens=False).ids
-    expected = common_prefix(held, second)
+    expected = max(extension(held, second), extension(first[:-1], second))
     assert expected > 0 and c2 == expected, f"cached {c2}, expected {expected}"
     assert g1 == len(held) - len(first), (g1, a1)
     print(f"turn 2: prompt {p2}, cached {c2} (expected {expected})")

@@ -323,3 +323,45 @@ fn device_readouts_of_a_batch_equal_the_host_readouts_of_its_logits() {
         Err(Error::InvalidArgument(_))
     ));
 }
+
+/// A `Session` on a `GpuEngine` saves and restores its state through the
+/// one-slot batch: a fresh session restored to a saved prefix continues bit
+/// for bit as the saved one; a state of the wrong length or of the CPU engine
+/// is refused.
+#[test]
+fn a_session_restored_on_the_gpu_continues_bit_for_bit() {
+    use cqlm::session::Session;
+    let Some(ctx) = gpu() else { return };
+    let model = Arc::new(
+        cqlm::make::synth::synth_model(&Config::preset_tiny(), &BitsPlan::mixed(), 21).unwrap(),
+    );
+    let session = |ctx: &Arc<cqlm::gpu::GpuContext>| {
+        let e = GpuEngine::with_context(Arc::clone(&model), Arc::clone(ctx)).unwrap();
+        Session::from_engine(Box::new(e), Arc::clone(&model))
+    };
+    let (head, tail) = ([3u32, 14, 15, 92, 65], [35u32, 89, 79]);
+    let mut a = session(&ctx);
+    a.prefill(&head).unwrap();
+    let saved = a.save().unwrap();
+    a.prefill(&tail).unwrap();
+    let want = a.logits().to_vec();
+    let mut b = session(&ctx);
+    b.prefill(&[7, 7, 7, 7, 7, 7, 7, 7, 7]).unwrap();
+    b.restore(&head, &saved).unwrap();
+    assert!(b.logits().is_empty(), "no logits until the next prefill");
+    b.prefill(&tail).unwrap();
+    assert_eq!(b.tokens(), [&head[..], &tail[..]].concat());
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(b.logits()), bits(&want));
+    assert!(matches!(
+        b.restore(&head[..4], &saved),
+        Err(Error::InvalidArgument(_))
+    ));
+    let mut cpu = Session::new(Arc::clone(&model), cqlm::Backend::Cpu).unwrap();
+    cpu.prefill(&head).unwrap();
+    let cpu_saved = cpu.save().unwrap();
+    assert!(matches!(
+        b.restore(&head, &cpu_saved),
+        Err(Error::InvalidArgument(_))
+    ));
+}

@@ -1,7 +1,8 @@
 //! `cqlm chat`: an interactive chat in the terminal over the archive's chat
 //! template, with streamed answers, a line editor, slash commands, tools run
 //! in-process, the conversation kept within the context, and each turn
-//! prefilling only the tokens the engine does not hold yet. With standard
+//! prefilling only the tokens that neither the engine's state nor a state
+//! kept after an earlier prompt holds ([`turn`]). With standard
 //! input piped: one exchange per line, answers on stdout one per line.
 
 mod commands;
@@ -52,6 +53,11 @@ pub struct Args {
     /// Default: what the model attends to (its sink plus its sliding window).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(8..))]
     ctx_tokens: Option<u32>,
+    /// MiB of states kept after earlier turns' prompts, so that a prompt
+    /// extending one prefills only the rest (least recently used out first;
+    /// on a GPU, device memory; 0: none).
+    #[arg(long, value_name = "MIB", default_value_t = 256)]
+    cache_mb: u64,
     /// Sampling temperature; 0 is greedy.
     #[arg(long, default_value_t = 0.8)]
     temperature: f32,
@@ -144,7 +150,7 @@ pub fn run(a: Args) -> Result<()> {
     let mut chat = Chat {
         renderer,
         space,
-        chatter: Chatter::new(session, sampler, eos, vocab),
+        chatter: Chatter::new(session, sampler, a.cache_mb << 20, eos, vocab),
         conv: Conversation::new(a.system.clone()),
         tools,
         notes: Notes::new(),

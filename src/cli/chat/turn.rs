@@ -1,10 +1,13 @@
 //! One answer on the chat's [`Session`]: the engine's state is kept across
-//! turns, and a prompt that extends the tokens it holds (the previous prompt
-//! and the answer's sampled tokens) feeds only the rest; any other prompt
-//! resets it and prefills everything (the engine cannot rewind).
-
+//! turns. A prompt that extends the tokens it holds (the previous prompt and
+//! the answer's sampled tokens) feeds only the rest; otherwise the longest
+//! prompt of an earlier turn that the new prompt extends is restored from the
+//! chat's [`PromptCache`] (each turn keeps the state after its prompt, but
+//! for the last token, so an answer that the template renders as other tokens
+//! still reuses everything before it); else the whole prompt is prefilled.
 use anyhow::Result;
 use cqlm::constrain::Constraint;
+use cqlm::session::prompt_cache::PromptCache;
 use cqlm::session::sample::Sampler;
 use cqlm::session::tokenizer::{TextStream, TextTokenizer};
 use cqlm::session::{Generation, Output, Session};
@@ -15,7 +18,8 @@ use std::time::{Duration, Instant};
 pub struct TurnStats {
     /// Tokens of the prompt (the whole rendered conversation).
     pub prompt: usize,
-    /// Prompt tokens the engine already held from the previous turn (not fed).
+    /// Prompt tokens not fed: held by the engine from the previous turn or
+    /// restored from an earlier turn's kept state.
     pub cached: usize,
     /// Tokens generated.
     pub generated: usize,
@@ -47,31 +51,60 @@ pub fn reusable(held: &[u32], prompt: &[u32]) -> usize {
     }
 }
 
-/// The chat's engine: a session and its sampler (whose random stream goes on
-/// from turn to turn).
+/// The chat's engine: a session, its sampler (whose random stream goes on
+/// from turn to turn) and the states kept after earlier prompts.
 #[derive(Debug)]
 pub struct Chatter {
     /// The session (its tokens: the last prompt and answer).
     pub session: Session,
     sampler: Sampler,
+    cache: PromptCache,
     eos: u32,
     vocab: usize,
 }
 
 impl Chatter {
-    /// A chatter over `session` sampling with `sampler`.
-    pub fn new(session: Session, sampler: Sampler, eos: u32, vocab: usize) -> Chatter {
+    /// A chatter over `session` sampling with `sampler`, keeping at most
+    /// `cache_bytes` of earlier prompts' states (0: none).
+    pub fn new(
+        session: Session,
+        sampler: Sampler,
+        cache_bytes: u64,
+        eos: u32,
+        vocab: usize,
+    ) -> Chatter {
         Chatter {
             session,
             sampler,
+            cache: PromptCache::new(cache_bytes),
             eos,
             vocab,
         }
     }
 
-    /// Forget the engine's state.
+    /// Forget the engine's state and the kept states.
     pub fn reset(&mut self) {
         self.session.reset();
+        self.cache.clear();
+    }
+
+    /// Bring the session to a prefix of `prompt` with at least one token left
+    /// to feed: the tokens it holds if `prompt` extends them, else the longest
+    /// kept state `prompt` extends, else nothing. Returns the prefix's length.
+    fn resume(&mut self, prompt: &[u32]) -> Result<usize> {
+        let held = reusable(self.session.tokens(), prompt);
+        let kept = self.cache.lookup(prompt);
+        match kept {
+            Some((saved, n)) if n > held => {
+                self.session.restore(&prompt[..n], saved)?;
+                Ok(n)
+            }
+            _ if held > 0 => Ok(held),
+            _ => {
+                self.session.reset();
+                Ok(0)
+            }
+        }
     }
 
     /// Answer `prompt` with at most `max_tokens` tokens under `constraint`,
@@ -90,12 +123,17 @@ impl Chatter {
         start: Instant,
         mut on_text: impl FnMut(&str) -> bool,
     ) -> Result<(Output, TurnStats)> {
-        let cached = reusable(self.session.tokens(), prompt);
-        if cached == 0 {
-            self.session.reset();
+        let cached = self.resume(prompt)?;
+        // Feed all but the prompt's last token and keep that state: the next
+        // turn's prompt extends it even when this answer renders differently.
+        let last = prompt.len().saturating_sub(1).max(cached);
+        self.session.prefill(&prompt[cached..last])?;
+        if self.cache.wants(&prompt[..last]) {
+            let saved = self.session.save()?;
+            self.cache.insert(prompt[..last].to_vec(), saved);
         }
         let mut g = Generation::lending(
-            prompt[cached..].to_vec(),
+            prompt[last..].to_vec(),
             &mut self.sampler,
             self.eos,
             max_tokens,
@@ -132,7 +170,13 @@ impl Chatter {
 
 #[cfg(test)]
 mod tests {
-    use super::reusable;
+    use super::{reusable, Chatter};
+    use cqlm::session::sample::{Sampler, SamplerConfig};
+    use cqlm::session::tokenizer::TextTokenizer;
+    use cqlm::session::Session;
+    use cqlm::Backend;
+    use std::sync::Arc;
+    use std::time::Instant;
 
     #[test]
     fn reuse_needs_an_extension_by_one_token_at_least() {
@@ -140,5 +184,62 @@ mod tests {
         assert_eq!(reusable(&[1, 2, 3], &[1, 2, 3]), 0);
         assert_eq!(reusable(&[1, 2, 3], &[1, 2, 5, 4]), 0);
         assert_eq!(reusable(&[], &[1]), 0);
+    }
+
+    /// A greedy chatter on the built-in model on the CPU, keeping `cache_mb`.
+    fn chatter(cache_mb: u64) -> (Chatter, TextTokenizer) {
+        let model = Arc::new(cqlm::model::builtin::model().unwrap());
+        let tok = TextTokenizer::for_model(&model).unwrap();
+        let session = Session::new(Arc::clone(&model), Backend::Cpu).unwrap();
+        let greedy = Sampler::new(SamplerConfig {
+            temperature: 0.0,
+            ..SamplerConfig::default()
+        })
+        .unwrap();
+        let (eos, vocab) = (model.config.eos, model.config.vocab);
+        (
+            Chatter::new(session, greedy, cache_mb << 20, eos, vocab),
+            tok,
+        )
+    }
+
+    /// Answer `prompt` with 6 tokens: (cached, the answer's ids).
+    fn answer(c: &mut Chatter, tok: &TextTokenizer, prompt: &[u32]) -> (usize, Vec<u32>) {
+        let (_, stats) = c
+            .answer(prompt, 6, None, tok, Instant::now(), |_| true)
+            .unwrap();
+        let ids = c.session.tokens()[prompt.len()..].to_vec();
+        (stats.cached, ids)
+    }
+
+    #[test]
+    fn a_turn_resumes_from_the_held_tokens_or_the_longest_kept_prompt_and_answers_as_cold() {
+        let (mut c, tok) = chatter(64);
+        let p1: Vec<u32> = tok
+            .encode("user: hello there, how are you today?\n")
+            .unwrap();
+        let (cached, a1) = answer(&mut c, &tok, &p1);
+        assert_eq!(cached, 0);
+        // Extending the prompt and its answer: all of it is held.
+        let mut p2 = [&p1[..], &a1[..]].concat();
+        p2.extend(tok.encode_plain("\nuser: and then?\n").unwrap());
+        assert_eq!(answer(&mut c, &tok, &p2).0, p1.len() + a1.len());
+        // The first prompt with another ending (an answer rendered otherwise):
+        // the state kept after the first prompt but its last token.
+        let p3 = [
+            &p1[..],
+            &tok.encode_plain("user: something else\n").unwrap()[..],
+        ]
+        .concat();
+        let (cached, a3) = answer(&mut c, &tok, &p3);
+        assert_eq!(cached, p1.len() - 1);
+        // Token for token what a chatter without a cache answers.
+        let (mut cold, _) = chatter(0);
+        assert_eq!(answer(&mut cold, &tok, &p3), (0, a3));
+        // Nothing in common: from nothing; and /reset forgets the kept states.
+        let p4 = tok.encode("a different start").unwrap();
+        assert_eq!(answer(&mut c, &tok, &p4).0, 0);
+        c.reset();
+        assert_eq!(answer(&mut c, &tok, &p3).0, 0);
     }
 }
