@@ -7,8 +7,8 @@ Run by tests/bin/web_page.rs against a live server on the built-in model. Loads
 through the server, reloads and finds the conversation in the sidebar, opens the
 Kernels view (one bar per row of GET /v1/cqlm/profile), switches to dark, and
 renders at phone width. Any SEVERE browser console message fails. Prints the page
-load time; writes a screenshot of each state to SCREENSHOT_DIR. Exits non-zero
-(an assertion) on any failure.
+load time (a figure for BENCHMARKS.md, not asserted); writes a screenshot of each
+state to SCREENSHOT_DIR. Exits non-zero (an assertion) on any failure.
 """
 
 import json
@@ -98,7 +98,8 @@ load_ms = driver.execute_script(
     "const n = performance.getEntriesByType('navigation')[0];"
     "return n.loadEventEnd - n.startTime;")
 print(f"page load {load_ms:.1f} ms")
-assert 0 < load_ms < 1000, f"page load {load_ms} ms"
+# A figure to report (BENCHMARKS.md), not a timed assertion: it only has to exist.
+assert load_ms > 0, f"page load {load_ms} ms"
 assert driver.title == "cqlm"
 check_console("load")
 shot("1-empty")
