@@ -1160,7 +1160,11 @@ fn header_length_and_encoding() {
     bad[8] = 0xff;
     assert_eq!(reject(&bad).0, ArchiveError::NotAnArchive);
     for h in ["[]", "null"] {
-        assert_eq!(reject(&frame(h, &[])).0, ArchiveError::NotAnArchive, "{h:?}");
+        assert_eq!(
+            reject(&frame(h, &[])).0,
+            ArchiveError::NotAnArchive,
+            "{h:?}"
+        );
     }
     for h in ["", "{", "{\"a\": 1}"] {
         let (kind, _) = reject(&frame(h, &[]));
