@@ -46,7 +46,7 @@ const WG: u32 = 64u;
 const MAX_HEAD_DIM: u32 = 1024u;
 // Accumulator words per invocation in `attend`: MAX_HEAD_DIM / 4 / WG.
 const ACC_WORDS: u32 = 4u;
-const LOWEST: f32 = -3.40282347e38;
+const LOWEST: f32 = -3.40282346638528859812e38; // f32::MIN exactly (WGSL rejects a literal beyond f32)
 const SCRATCH_LEN: u32 = WG;
 
 struct AttnParams {
@@ -76,12 +76,18 @@ struct AttnParams {
     scores_stride: u32, // scores from one sequence's to the next's
 }
 
-// The bases of this workgroup's slot and sequence (set first by every entry point).
-var<private> act0: u32;
-var<private> step0: u32;
-var<private> code0: u32;
-var<private> scale0: u32;
-var<private> score0: u32;
+// The bases of a workgroup's token slot and its sequence, in elements: of its
+// act, its step input, its cache codes and scales and its scores. Computed from
+// workgroup_id.y and uniforms, so uniform, and passed as a value: a private
+// variable would make everything read through it non-uniform under WGSL's
+// uniformity rules (Tint's), and with it the barriers that depend on it.
+struct Bases {
+    act: u32,
+    step: u32,
+    code: u32,
+    scale: u32,
+    score: u32,
+}
 
 var<workgroup> xs: array<f32, MAX_HEAD_DIM>;
 
@@ -122,7 +128,7 @@ fn sum_sq8(n: u32, li: u32) -> f32 {
 
 // Quantize xs[0..head_dim] to int8 and store it with its scale at cache row `cell`
 // of the V cache (is_v) or the K cache.
-fn store_int8(is_v: bool, cell: u32, li: u32) {
+fn store_int8(sb: Bases, is_v: bool, cell: u32, li: u32) {
     let n = sp.head_dim;
     var m = 0.0;
     for (var i = li; i < n; i += WG) {
@@ -138,7 +144,7 @@ fn store_int8(is_v: bool, cell: u32, li: u32) {
                 word |= (bitcast<u32>(c) & 0xffu) << (8u * b);
             }
         }
-        let at = code0 + cell * sp.words + w;
+        let at = sb.code + cell * sp.words + w;
         if (is_v) {
             s_vcodes[at] = word;
         } else {
@@ -147,25 +153,23 @@ fn store_int8(is_v: bool, cell: u32, li: u32) {
     }
     if (li == 0u) {
         if (is_v) {
-            s_vscale[scale0 + cell] = scale;
+            s_vscale[sb.scale + cell] = scale;
         } else {
-            s_kscale[scale0 + cell] = scale;
+            s_kscale[sb.scale + cell] = scale;
         }
     }
 }
 
 @compute @workgroup_size(64)
 fn qk_store(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    act0 = wid.y * sp.act_stride;
-    step0 = wid.y * sp.step_stride;
-    let seq = s_step[step0 + sp.seq_at];
-    code0 = seq * sp.code_stride;
-    scale0 = seq * sp.scale_stride;
+    let step = wid.y * sp.step_stride;
+    let seq = s_step[step + sp.seq_at];
+    let sb = Bases(wid.y * sp.act_stride, step, seq * sp.code_stride, seq * sp.scale_stride, 0u);
     let n = sp.head_dim;
     let half = n / 2u;
     let is_kv = wid.x >= sp.heads;
     let j = wid.x - select(0u, sp.heads, is_kv);
-    let base = act0 + select(sp.q_off, sp.k_off, is_kv) + j * n;
+    let base = sb.act + select(sp.q_off, sp.k_off, is_kv) + j * n;
     let w_off = select(sp.q_norm_off, sp.k_norm_off, is_kv);
     for (var i = li; i < n; i += WG) {
         xs[i] = s_act[base + i];
@@ -176,8 +180,8 @@ fn qk_store(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     for (var i = li; i < half; i += WG) {
         let a = xs[i] * r * (1.0 + s_vec[w_off + i]);
         let b = xs[i + half] * r * (1.0 + s_vec[w_off + i + half]);
-        let c = bitcast<f32>(s_step[step0 + sp.cos_at + i]);
-        let s = bitcast<f32>(s_step[step0 + sp.sin_at + i]);
+        let c = bitcast<f32>(s_step[sb.step + sp.cos_at + i]);
+        let s = bitcast<f32>(s_step[sb.step + sp.sin_at + i]);
         let x0 = a * c - b * s;
         let x1 = a * s + b * c;
         xs[i] = x0;
@@ -187,15 +191,15 @@ fn qk_store(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     }
     if (is_kv) {
         workgroupBarrier();
-        let cell = (sp.layer * sp.kv_heads + j) * sp.rows + s_step[step0 + 2u];
-        store_int8(false, cell, li);
+        let cell = (sp.layer * sp.kv_heads + j) * sp.rows + s_step[sb.step + 2u];
+        store_int8(sb, false, cell, li);
         workgroupBarrier();
-        let vb = act0 + sp.v_off + j * n;
+        let vb = sb.act + sp.v_off + j * n;
         for (var i = li; i < n; i += WG) {
             xs[i] = s_act[vb + i];
         }
         workgroupBarrier();
-        store_int8(true, cell, li);
+        store_int8(sb, true, cell, li);
     }
 }
 
@@ -238,32 +242,30 @@ fn attended_slot(i: u32, n1: u32, lo: u32) -> u32 {
 
 @compute @workgroup_size(64)
 fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    attend_bases(wid.y);
-    let qb = act0 + ap.q_off + wid.x * ap.head_dim;
+    let sb = attend_bases(wid.y);
+    let qb = sb.act + ap.q_off + wid.x * ap.head_dim;
     for (var i = li; i < ap.head_dim; i += WG) {
         xs[i] = a_act[qb + i];
     }
-    attend_body(wid.x, li, false);
+    attend_body(sb, wid.x, li, false);
 }
 
 // The bases of slot y and its sequence, for attend and qk_attend.
-fn attend_bases(y: u32) {
-    act0 = y * ap.act_stride;
-    step0 = y * ap.step_stride;
-    let seq = a_step[step0 + ap.seq_at];
-    code0 = seq * ap.code_stride;
-    scale0 = seq * ap.scale_stride;
-    score0 = seq * ap.scores_stride;
+fn attend_bases(y: u32) -> Bases {
+    let step = y * ap.step_stride;
+    let seq = a_step[step + ap.seq_at];
+    return Bases(y * ap.act_stride, step, seq * ap.code_stride, seq * ap.scale_stride,
+                 seq * ap.scores_stride);
 }
 
 // The 4 value codes of word w of the position staged at k (row_sh[k]: a cache
 // row, or CUR_ROW for qk_attend's current position), as f32.
-fn v_codes(k: u32, w: u32) -> vec4<f32> {
+fn v_codes(sb: Bases, k: u32, w: u32) -> vec4<f32> {
     var word: u32;
     if (row_sh[k] == CUR_ROW) {
         word = cur_codes[MAX_WORDS + w];
     } else {
-        word = a_vcodes[code0 + row_sh[k] * ap.words + w];
+        word = a_vcodes[sb.code + row_sh[k] * ap.words + w];
     }
     return vec4<f32>(code_at(word, 0u), code_at(word, 1u), code_at(word, 2u), code_at(word, 3u));
 }
@@ -271,10 +273,10 @@ fn v_codes(k: u32, w: u32) -> vec4<f32> {
 // Query head h (already in xs, loaded before the call) attends over S; with `cur`,
 // the current position's key and value come from cur_codes / cur_scale (this
 // workgroup's own quantization, qk_attend) instead of the cache. Uniform control flow.
-fn attend_body(h: u32, li: u32, cur: bool) {
+fn attend_body(sb: Bases, h: u32, li: u32, cur: bool) {
     let n = ap.head_dim;
     let j = h / (ap.heads / ap.kv_heads);
-    let t = a_step[step0 + 1u];
+    let t = a_step[sb.step + 1u];
     // S = [0, n1) ++ [lo, t]; n2 = t + 1 - lo when lo <= t.
     let n1 = min(ap.sink, t + 1u);
     var lo = ap.sink;
@@ -287,7 +289,7 @@ fn attend_body(h: u32, li: u32, cur: bool) {
     }
     let count = n1 + n2;
     let row0 = (ap.layer * ap.kv_heads + j) * ap.rows;
-    let sc0 = score0 + h * ap.rows;
+    let sc0 = sb.score + h * ap.rows;
 
     workgroupBarrier();
     // The query as whole code words (zero past head_dim, where the codes are zero
@@ -310,7 +312,7 @@ fn attend_body(h: u32, li: u32, cur: bool) {
     for (var i = li; i < count; i += WG) {
         let row = row0 + attended_slot(i, n1, lo);
         let mine = cur && i + 1u == count;
-        let kb = code0 + row * ap.words;
+        let kb = sb.code + row * ap.words;
         var dot = 0.0;
         for (var w = 0u; w < ap.words; w++) {
             var word: u32;
@@ -330,7 +332,7 @@ fn attend_body(h: u32, li: u32, cur: bool) {
         if (mine) {
             ks = cur_scale[0];
         } else {
-            ks = a_kscale[scale0 + row];
+            ks = a_kscale[sb.scale + row];
         }
         let s = dot * ks / sqrt_d;
         a_scores[sc0 + i] = s;
@@ -371,7 +373,7 @@ fn attend_body(h: u32, li: u32, cur: bool) {
                 w_sh[li] = a_scores[sc0 + i] / total * cur_scale[1];
                 row_sh[li] = CUR_ROW;
             } else {
-                w_sh[li] = a_scores[sc0 + i] / total * a_vscale[scale0 + row];
+                w_sh[li] = a_scores[sc0 + i] / total * a_vscale[sb.scale + row];
                 row_sh[li] = row;
             }
         }
@@ -385,7 +387,7 @@ fn attend_body(h: u32, li: u32, cur: bool) {
                 k = here;
             }
             for (; k < here; k += stripes) {
-                a0 += w_sh[k] * v_codes(k, mine_w);
+                a0 += w_sh[k] * v_codes(sb, k, mine_w);
             }
         } else {
             for (var k = 0u; k < here; k++) {
@@ -393,7 +395,7 @@ fn attend_body(h: u32, li: u32, cur: bool) {
                 for (var c = 0u; c < ACC_WORDS; c++) {
                     let w = li + c * WG;
                     if (w < ap.words) {
-                        acc[c] += wt * v_codes(k, w);
+                        acc[c] += wt * v_codes(sb, k, w);
                     }
                 }
             }
@@ -415,8 +417,8 @@ fn attend_body(h: u32, li: u32, cur: bool) {
     }
 
     // Gate and write.
-    let gb = act0 + ap.g_off + h * n;
-    let ob = act0 + ap.o_off + h * n;
+    let gb = sb.act + ap.g_off + h * n;
+    let ob = sb.act + ap.o_off + h * n;
     for (var c = 0u; c < ACC_WORDS; c++) {
         let w = li + c * WG;
         if (w < ap.words) {
@@ -435,15 +437,15 @@ fn attend_body(h: u32, li: u32, cur: bool) {
 @group(0) @binding(16) var<storage, read> a_vec: array<f32>;
 
 // xs[0..head_dim] <- RoPE(zcrms(xs, norm at w_off)) (qk_store's arithmetic).
-fn norm_rope_xs(w_off: u32, li: u32) {
+fn norm_rope_xs(sb: Bases, w_off: u32, li: u32) {
     let n = ap.head_dim;
     let half = n / 2u;
     let r = 1.0 / sqrt(sum_sq8(n, li) / f32(n) + 1e-6);
     for (var i = li; i < half; i += WG) {
         let a = xs[i] * r * (1.0 + a_vec[w_off + i]);
         let b = xs[i + half] * r * (1.0 + a_vec[w_off + i + half]);
-        let c = bitcast<f32>(a_step[step0 + ap.cos_at + i]);
-        let s = bitcast<f32>(a_step[step0 + ap.sin_at + i]);
+        let c = bitcast<f32>(a_step[sb.step + ap.cos_at + i]);
+        let s = bitcast<f32>(a_step[sb.step + ap.sin_at + i]);
         xs[i] = a * c - b * s;
         xs[i + half] = a * s + b * c;
     }
@@ -452,7 +454,7 @@ fn norm_rope_xs(w_off: u32, li: u32) {
 
 // xs quantized as store_int8 does, into cur_codes at word `at` and cur_scale[slot];
 // with `cell`, also stored at that cache row of the V (slot 1) or K cache.
-fn quantize_cur(slot: u32, at: u32, store: bool, cell: u32, li: u32) {
+fn quantize_cur(sb: Bases, slot: u32, at: u32, store: bool, cell: u32, li: u32) {
     let n = ap.head_dim;
     var m = 0.0;
     for (var i = li; i < n; i += WG) {
@@ -471,9 +473,9 @@ fn quantize_cur(slot: u32, at: u32, store: bool, cell: u32, li: u32) {
         cur_codes[at + w] = word;
         if (store) {
             if (slot == 1u) {
-                a_vcodes[code0 + cell * ap.words + w] = word;
+                a_vcodes[sb.code + cell * ap.words + w] = word;
             } else {
-                a_kcodes[code0 + cell * ap.words + w] = word;
+                a_kcodes[sb.code + cell * ap.words + w] = word;
             }
         }
     }
@@ -481,9 +483,9 @@ fn quantize_cur(slot: u32, at: u32, store: bool, cell: u32, li: u32) {
         cur_scale[slot] = scale;
         if (store) {
             if (slot == 1u) {
-                a_vscale[scale0 + cell] = scale;
+                a_vscale[sb.scale + cell] = scale;
             } else {
-                a_kscale[scale0 + cell] = scale;
+                a_kscale[sb.scale + cell] = scale;
             }
         }
     }
@@ -504,32 +506,32 @@ fn qk_attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
     let h = wid.x;
     let j = h / (ap.heads / ap.kv_heads);
     let first = h % (ap.heads / ap.kv_heads) == 0u;
-    attend_bases(wid.y);
-    let cell = (ap.layer * ap.kv_heads + j) * ap.rows + a_step[step0 + 2u];
+    let sb = attend_bases(wid.y);
+    let cell = (ap.layer * ap.kv_heads + j) * ap.rows + a_step[sb.step + 2u];
     for (var i = li; i < n; i += WG) {
-        xs[i] = a_act[act0 + ap.k_off + j * n + i];
+        xs[i] = a_act[sb.act + ap.k_off + j * n + i];
     }
     workgroupBarrier();
-    norm_rope_xs(ap.k_norm_off, li);
+    norm_rope_xs(sb, ap.k_norm_off, li);
     if (first) {
         for (var i = li; i < n; i += WG) {
-            a_act[act0 + ap.kn_off + j * n + i] = xs[i];
+            a_act[sb.act + ap.kn_off + j * n + i] = xs[i];
         }
     }
-    quantize_cur(0u, 0u, first, cell, li);
+    quantize_cur(sb, 0u, 0u, first, cell, li);
     for (var i = li; i < n; i += WG) {
-        xs[i] = a_act[act0 + ap.v_off + j * n + i];
+        xs[i] = a_act[sb.act + ap.v_off + j * n + i];
     }
     workgroupBarrier();
-    quantize_cur(1u, MAX_WORDS, first, cell, li);
-    let qb = act0 + ap.q_off + h * n;
+    quantize_cur(sb, 1u, MAX_WORDS, first, cell, li);
+    let qb = sb.act + ap.q_off + h * n;
     for (var i = li; i < n; i += WG) {
         xs[i] = a_act[qb + i];
     }
     workgroupBarrier();
-    norm_rope_xs(ap.q_norm_off, li);
+    norm_rope_xs(sb, ap.q_norm_off, li);
     for (var i = li; i < n; i += WG) {
         a_act[qb + i] = xs[i];
     }
-    attend_body(h, li, true);
+    attend_body(sb, h, li, true);
 }

@@ -15,7 +15,7 @@
 //            taller matrices, so the input each workgroup prepares serves many rows
 //            while small matrices still spread over many workgroups). Up to 4 parts (matrices that
 //            share bits, group, arena and input) in one dispatch. Every workgroup
-//            prepares the raw input itself, XW = 4096 columns at a time (input_rms +
+//            prepares the raw input itself, XW (4096 or 2048) columns at a time (input_rms +
 //            stage_chunk: the `prepare` of SPEC §2 with its pre-op, so no separate
 //            prepare dispatch), or copies one prepared earlier (mode 4); codebooks
 //            staged in workgroup memory; shared-memory tree reduction per row.
@@ -52,9 +52,11 @@ const WG: u32 = 256u;
 const MAX_GROUP: u32 = 4096u;
 
 // Staging array of every entry point: the prepared input of a matvec (XW columns
-// at a time) or the row a gather transforms.
+// at a time) or the row a gather transforms. The host compiles XW = 4096 where
+// the adapter's workgroup memory holds it, else 2048 (kernels::cq::staging_columns:
+// WebGPU's default 16,384 bytes), and groups are then at most XW columns.
 const XW: u32 = 4096u;
-var<workgroup> xw: array<f32, 4096>;
+var<workgroup> xw: array<f32, XW>;
 
 // Butterfly stages on the values a0.. of one run (elements e + j·h) in
 // registers, stored back to xw: a pass's step for one run, its values loaded by

@@ -52,7 +52,7 @@ var<workgroup> bad: array<u32, 256>;
 
 @compute @workgroup_size(256)
 fn argmax(@builtin(local_invocation_index) li: u32) {
-    var v = -3.4028235e38;
+    var v = -3.40282346638528859812e38; // f32::MIN exactly
     var bi = NONE;
     var nf = 0u;
     for (var i = li; i < ap.n; i += WG) {
@@ -143,7 +143,7 @@ fn key_of(x: f32) -> u32 {
 @compute @workgroup_size(256)
 fn topk(@builtin(local_invocation_index) li: u32) {
     var nf = 0u;
-    var vmax = -3.4028235e38;
+    var vmax = -3.40282346638528859812e38; // f32::MIN exactly
     var count = 0.0;
     for (var i = li; i < tp.n; i += WG) {
         if (!allowed_t(i)) {

@@ -26,10 +26,54 @@ pub struct GpuOptions {
     /// environment variable (bytes), then to the adapter's limit. A kernel that
     /// needs more makes engine construction fail with [`Error::Gpu`] naming it.
     pub max_workgroup_storage: Option<u32>,
+    /// Open the device with WebGPU's default limits (`wgpu::Limits::default()`:
+    /// 16,384 bytes of workgroup memory, 256 invocations, 8 storage buffers a
+    /// stage, 128 MiB a storage binding) instead of the adapter's, as a browser
+    /// does; `false` falls back to `CQLM_GPU_LIMITS=webgpu`. The kernels then
+    /// take the variants that fit.
+    pub webgpu_limits: bool,
     /// Make the subgroup layout self-test fail, to test the fallback to the
     /// portable kernels. Never use otherwise.
     #[doc(hidden)]
     pub fail_subgroup_self_test: bool,
+}
+
+/// The compute limits cqlm's kernels need at least (the storage buffers of
+/// `qk_attend`, the two uniforms of `layer_step`, one bind group, the 256
+/// invocations of the widest kernels); an adapter below any of them is
+/// refused, naming it.
+fn check_needed(name: &str, have: &wgpu::Limits) -> Result<()> {
+    let needed: [(&str, u32, u32); 5] = [
+        (
+            "max_storage_buffers_per_shader_stage",
+            have.max_storage_buffers_per_shader_stage,
+            8,
+        ),
+        (
+            "max_uniform_buffers_per_shader_stage",
+            have.max_uniform_buffers_per_shader_stage,
+            2,
+        ),
+        ("max_bind_groups", have.max_bind_groups, 1),
+        (
+            "max_compute_invocations_per_workgroup",
+            have.max_compute_invocations_per_workgroup,
+            256,
+        ),
+        (
+            "max_compute_workgroup_size_x",
+            have.max_compute_workgroup_size_x,
+            256,
+        ),
+    ];
+    for (limit, value, need) in needed {
+        if value < need {
+            return Err(Error::Gpu(format!(
+                "adapter `{name}`: {limit} is {value}, cqlm needs {need}"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// What the device can do, as far as cqlm's kernels care.
@@ -113,6 +157,23 @@ pub struct GpuContext {
     errors: Arc<std::sync::Mutex<Option<String>>>,
     /// Bytes mapped back to the host so far ([`GpuContext::bytes_read_back`]).
     pub(crate) read_back: std::sync::atomic::AtomicU64,
+    /// Every pipeline compiled on this device ([`GpuContext::pipelines`]).
+    pub(crate) pipelines: std::sync::Mutex<Vec<PipelineSource>>,
+}
+
+/// What one compute pipeline was compiled from: the WGSL module as the engine
+/// assembled it, its entry point and its pipeline-overridable constants
+/// (portability checks translate and compile exactly these).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PipelineSource {
+    /// The kernel's name (labels and profiles).
+    pub name: &'static str,
+    /// The whole WGSL module.
+    pub source: Arc<str>,
+    /// The entry point.
+    pub entry: String,
+    /// Override constants, by name.
+    pub constants: Vec<(String, f64)>,
 }
 
 /// Whether an environment switch like `CQLM_NO_SUBGROUPS` is set to a true value.
@@ -199,12 +260,17 @@ impl GpuContext {
                 needed_storage_binding.min(128 << 20)
             )));
         }
-        if have.max_storage_buffers_per_shader_stage < 8 {
-            return Err(Error::Gpu(format!(
-                "adapter `{}`: max_storage_buffers_per_shader_stage is {}, cqlm needs 8",
-                info.name, have.max_storage_buffers_per_shader_stage
-            )));
-        }
+        let webgpu = opts.webgpu_limits
+            || std::env::var("CQLM_GPU_LIMITS").is_ok_and(|v| v.eq_ignore_ascii_case("webgpu"));
+        // The limits the device is opened with: the adapter's own (so that no
+        // limit the kernels never use, such as a graphics one, refuses an
+        // adapter), or WebGPU's defaults where asked.
+        let base = if webgpu {
+            wgpu::Limits::default()
+        } else {
+            have.clone()
+        };
+        check_needed(&info.name, &base)?;
         let mut required_features = wgpu::Features::empty();
         let subgroups = feats.contains(wgpu::Features::SUBGROUP)
             && !opts.no_subgroups
@@ -228,16 +294,12 @@ impl GpuContext {
                 _ => None,
             },
         }
-        .map_or(have.max_compute_workgroup_storage_size, |m| {
-            m.min(have.max_compute_workgroup_storage_size)
+        .map_or(base.max_compute_workgroup_storage_size, |m| {
+            m.min(base.max_compute_workgroup_storage_size)
         });
-        // Ask for what the adapter has of the limits that matter; everything else stays default.
         let required_limits = wgpu::Limits {
-            max_storage_buffer_binding_size: have.max_storage_buffer_binding_size,
-            max_buffer_size: have.max_buffer_size,
-            max_storage_buffers_per_shader_stage: have.max_storage_buffers_per_shader_stage,
             max_compute_workgroup_storage_size: workgroup_storage,
-            ..wgpu::Limits::default()
+            ..base
         };
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("cqlm"),
@@ -307,15 +369,17 @@ impl GpuContext {
         log::info!("GPU: {} ({:?}), {:?}", info.name, info.backend, caps);
         let errors = Arc::new(std::sync::Mutex::new(None));
         let sink = Arc::clone(&errors);
+        // Both are kept for check_errors, whose caller reports them once; the
+        // log has them at debug level only (no second copy on a CLI's stderr).
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
-            log::error!("wgpu: {e}");
+            log::debug!("wgpu: {e}");
             if let Ok(mut slot) = sink.lock() {
                 slot.get_or_insert_with(|| e.to_string().replace('\n', " "));
             }
         }));
         let lost = Arc::clone(&errors);
         device.set_device_lost_callback(move |reason, msg| {
-            log::error!("wgpu: device lost ({reason:?}): {msg}");
+            log::debug!("wgpu: device lost ({reason:?}): {msg}");
             if let Ok(mut slot) = lost.lock() {
                 slot.get_or_insert_with(|| {
                     format!("the GPU device was lost ({reason:?}): {msg}").replace('\n', " ")
@@ -330,6 +394,7 @@ impl GpuContext {
             subgroup_fallback,
             errors,
             read_back: std::sync::atomic::AtomicU64::new(0),
+            pipelines: std::sync::Mutex::new(Vec::new()),
         }))
     }
 
@@ -347,9 +412,50 @@ impl GpuContext {
         }
     }
 
+    /// Every distinct pipeline compiled on this device so far (by source,
+    /// entry point and constants), in compile order; a kernel over the
+    /// device's workgroup memory limit is not compiled and not listed.
+    pub fn pipelines(&self) -> Vec<PipelineSource> {
+        self.pipelines.lock().map(|p| p.clone()).unwrap_or_default()
+    }
+
+    /// Note that `entry` of `source` was compiled with `constants` ([`GpuContext::pipelines`]).
+    pub(crate) fn record_pipeline(
+        &self,
+        name: &'static str,
+        source: &str,
+        entry: &str,
+        constants: &[(&str, f64)],
+    ) {
+        let Ok(mut all) = self.pipelines.lock() else {
+            return;
+        };
+        let constants: Vec<(String, f64)> =
+            constants.iter().map(|&(k, v)| (k.to_string(), v)).collect();
+        if all
+            .iter()
+            .any(|p| p.entry == entry && p.constants == constants && &*p.source == source)
+        {
+            return;
+        }
+        // Modules are shared by their entry points: keep one copy of each text.
+        let text = all
+            .iter()
+            .find(|p| &*p.source == source)
+            .map_or_else(|| Arc::from(source), |p| Arc::clone(&p.source));
+        all.push(PipelineSource {
+            name,
+            source: text,
+            entry: entry.to_string(),
+            constants,
+        });
+    }
+
     /// Record an error found outside wgpu's error callbacks (the first one wins).
+    /// It is logged at debug level only: [`GpuContext::check_errors`] hands it
+    /// to the caller, which reports it once (the CLI's one `error:` line).
     pub(crate) fn record_error(&self, msg: String) {
-        log::error!("{msg}");
+        log::debug!("{msg}");
         if let Ok(mut slot) = self.errors.lock() {
             slot.get_or_insert(msg.replace('\n', " "));
         }

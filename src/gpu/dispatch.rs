@@ -206,7 +206,10 @@ impl Kernel {
                     (PLACEHOLDER, "placeholder", &[])
                 }
                 // A source naga rejects is reported by wgpu below, as every shader error is.
-                _ => (source, entry, constants),
+                _ => {
+                    ctx.record_pipeline(name, source, entry, constants);
+                    (source, entry, constants)
+                }
             };
         let module = ctx
             .device

@@ -38,6 +38,7 @@ pub use batch::GpuBatch;
 pub use capture::Captured;
 pub use context::{
     device_type_name, env_flag, list_adapters, Capabilities, GpuContext, GpuOptions, MlpWorkgroup,
+    PipelineSource,
 };
 pub use dispatch::{grid, run_dispatches, Dispatch, Kernel, Window, STORAGE};
 pub use engine::GpuEngine;

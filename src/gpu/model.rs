@@ -45,6 +45,9 @@ impl GpuModel {
     ) -> Result<GpuModel> {
         let c = &model.config;
         let kernels = Kernels::new(&ctx);
+        // A kernel over the device's limits is reported now, before anything
+        // binds its placeholder (whose empty layout would log follow-on errors).
+        ctx.check_errors()?;
         let weights = GpuWeights::upload(&ctx, &model)?;
         let act = ActLayout::new(c, weights.sites.len(), weights.embed.padded());
         let rope_at_slot = fault == Some(Fault::RopeAtPhysicalSlot);

@@ -25,3 +25,4 @@ mod parity;
 mod portability;
 mod profile;
 mod sample;
+mod shader_targets;

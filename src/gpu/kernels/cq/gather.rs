@@ -27,10 +27,11 @@ impl CqKernels {
         copies: usize,
         copy_stride: usize,
     ) -> Result<Vec<Dispatch>> {
-        if m.group > MAX_GROUP {
+        if m.group > self.staging.min(MAX_GROUP) {
             return Err(Error::Gpu(format!(
-                "group {} exceeds the GPU limit of {MAX_GROUP}",
-                m.group
+                "group {} exceeds the GPU limit of {}",
+                m.group,
+                self.staging.min(MAX_GROUP)
             )));
         }
         let bytes = bytes::gather_geometry(m.row_words() * 4, m.groups, m.bits, m.cols, copies);
@@ -78,7 +79,7 @@ impl CqKernels {
         let mut total = 0u32;
         let mut bytes_all = 0;
         for &(m, idx_at, scale, to, out_off, copies, stride) in items {
-            if m.group > MAX_GROUP {
+            if m.group > self.staging.min(MAX_GROUP) {
                 return None;
             }
             bytes_all +=

@@ -57,11 +57,62 @@ impl Reduction {
     ];
 }
 
-/// Largest group the shared-memory FWHTs of `matvec` and `gather` handle.
+/// Largest group the shared-memory FWHTs of `matvec` and `gather` handle (on
+/// an adapter whose workgroup memory holds the wide staging array; see
+/// [`staging_columns`]).
 pub const MAX_GROUP: usize = 4096;
 
-/// Columns of the workgroup staging array (WGSL `XW`).
-const XW: usize = 4096;
+/// Columns of the workgroup staging array (WGSL `XW`) where the adapter's
+/// workgroup memory holds them (every matvec then takes 16,640 to 20,736 bytes).
+pub const STAGING_WIDE: usize = 4096;
+/// Columns of the staging array on an adapter with less workgroup memory
+/// (WebGPU's default of 16,384 bytes: every cq entry point then fits).
+pub const STAGING_NARROW: usize = 2048;
+
+/// The family's source (`SOURCE`, or [`subgroup_source`]) with a staging array
+/// of `columns` columns ([`STAGING_WIDE`] as written).
+pub fn with_staging(source: &str, columns: usize) -> String {
+    source.replacen(
+        "const XW: u32 = 4096u;",
+        &format!("const XW: u32 = {columns}u;"),
+        1,
+    )
+}
+
+/// The staging array's columns the device's kernels use: [`STAGING_WIDE`] when
+/// every cq entry point built on it fits the device's workgroup memory, else
+/// [`STAGING_NARROW`]. Matrices' groups must be at most this wide.
+pub fn staging_columns(ctx: &GpuContext) -> usize {
+    let wide = if ctx.caps.subgroups {
+        subgroup_source()
+    } else {
+        SOURCE.to_string()
+    };
+    let entries: &[&str] = if ctx.caps.subgroups {
+        &[
+            "matvec",
+            "matvec_sg",
+            "matvec_rows",
+            "matvec_rows_sg",
+            "prepare_inputs",
+            "gather",
+            "gather_many",
+        ]
+    } else {
+        &[
+            "matvec",
+            "matvec_rows",
+            "prepare_inputs",
+            "gather",
+            "gather_many",
+        ]
+    };
+    if entries.iter().all(|e| ctx.fits_workgroup_storage(&wide, e)) {
+        STAGING_WIDE
+    } else {
+        STAGING_NARROW
+    }
+}
 /// Most inputs `matvec_rows_sgb` takes together (the size of its accumulator arrays).
 const MAX_TB: usize = 8;
 
@@ -130,6 +181,8 @@ pub struct CqKernels {
     /// `prepare_inputs`: the raw inputs of several token slots prepared once
     /// ([`CqKernels::prepare`]).
     prepare: Kernel,
+    /// Columns of the staging array compiled ([`staging_columns`]).
+    staging: usize,
     /// A small read-only storage buffer bound where `prepare_inputs` reads
     /// nothing (its input or gains in the destination's buffer, or no gains).
     placeholder: wgpu::Buffer,
@@ -158,6 +211,12 @@ fn bits_slot(bits: u32) -> usize {
 }
 
 impl CqKernels {
+    /// Columns of the staging array these kernels were compiled with
+    /// ([`staging_columns`]): the widest group they handle.
+    pub fn staging(&self) -> usize {
+        self.staging
+    }
+
     /// Compile every entry point (one matvec pipeline per bit width), with the
     /// subgroup reduction when the device has subgroups enabled.
     pub fn new(ctx: &GpuContext) -> CqKernels {
@@ -184,11 +243,13 @@ impl CqKernels {
             }
             r => r,
         };
-        let sg_source = subgroup_source();
+        let staging = staging_columns(ctx);
+        let base = with_staging(SOURCE, staging);
+        let sg_source = with_staging(&subgroup_source(), staging);
         let (src, entry) = match reduction {
-            Reduction::Portable => (SOURCE, "matvec"),
+            Reduction::Portable => (base.as_str(), "matvec"),
             Reduction::Subgroup => (sg_source.as_str(), "matvec_sg"),
-            Reduction::RowPerInvocation => (SOURCE, "matvec_rows"),
+            Reduction::RowPerInvocation => (base.as_str(), "matvec_rows"),
             Reduction::RowPerInvocationSubgroup => (sg_source.as_str(), "matvec_rows_sg"),
         };
         let mv = |bits: u32, name| Kernel::new(ctx, src, name, entry, 4, &[("BITS", bits as f64)]);
@@ -216,10 +277,11 @@ impl CqKernels {
                 mv(4, "matvec4"),
                 mv(8, "matvec8"),
             ],
-            gather: Kernel::new(ctx, SOURCE, "gather", "gather", 12, &[]),
-            prepare: Kernel::new(ctx, SOURCE, "prepare_inputs", "prepare_inputs", 4, &[]),
+            gather: Kernel::new(ctx, &base, "gather", "gather", 12, &[]),
+            prepare: Kernel::new(ctx, &base, "prepare_inputs", "prepare_inputs", 4, &[]),
             placeholder: ctx.storage_init("cq placeholder", &[0u8; 16]),
-            gather_many: Kernel::new(ctx, SOURCE, "gather_many", "gather_many", 16, &[]),
+            gather_many: Kernel::new(ctx, &base, "gather_many", "gather_many", 16, &[]),
+            staging,
         }
     }
 
@@ -428,7 +490,7 @@ impl CqKernels {
         let tb = tokens
             .div_ceil(parallel)
             .min(MAX_TB)
-            .min(XW / padded.max(1))
+            .min(self.staging / padded.max(1))
             .max(1);
         let params = MatvecParams {
             n_parts: 0,
