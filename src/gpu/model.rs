@@ -48,7 +48,7 @@ impl GpuModel {
         // A kernel over the device's limits is reported now, before anything
         // binds its placeholder (whose empty layout would log follow-on errors).
         ctx.check_errors()?;
-        let weights = GpuWeights::upload(&ctx, &model)?;
+        let weights = GpuWeights::upload(&ctx, &model, kernels.cq.staging())?;
         let act = ActLayout::new(c, weights.sites.len(), weights.embed.padded());
         let rope_at_slot = fault == Some(Fault::RopeAtPhysicalSlot);
         let input = StepInput::for_model(&model, rope_at_slot);

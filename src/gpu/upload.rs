@@ -3,7 +3,6 @@
 //! vector buffer, with a handle or element offset per tensor.
 
 use super::arena::{ArenaBuilder, GpuCq};
-use super::kernels::cq::{staging_columns, MAX_GROUP};
 use super::GpuContext;
 use crate::cq::CqMatrix;
 use crate::error::{Error, Result};
@@ -89,14 +88,13 @@ impl GpuWeights {
     /// Upload `model`'s weights.
     ///
     /// # Errors
-    /// [`Error::Gpu`] naming the tensor for a group over [`MAX_GROUP`] columns
-    /// (or the narrower staging of an adapter with less workgroup memory) or
+    /// [`Error::Gpu`] naming the tensor for a group over `max_group` columns
+    /// (the kernels' staging array, [`super::kernels::cq::CqKernels::staging`]) or
     /// a row over the storage binding limit, or when the F32 tensors together
     /// exceed it.
-    pub(crate) fn upload(ctx: &GpuContext, model: &Model) -> Result<GpuWeights> {
+    pub(crate) fn upload(ctx: &GpuContext, model: &Model, max_group: usize) -> Result<GpuWeights> {
         let w = &model.weights;
         let mut ab = ArenaBuilder::new(ctx.caps.max_storage_binding.min(1 << 30));
-        let max_group = staging_columns(ctx).min(MAX_GROUP);
         let mut up = |name: &str, m: &CqMatrix| -> Result<GpuCq> {
             if m.group() > max_group {
                 return Err(Error::Gpu(format!(

@@ -1,7 +1,7 @@
 //! Row gather: [`CqKernels::gather`], one dispatch per arena part of a matrix,
 //! and [`CqKernels::gather_many`], several matrices' gathers in one dispatch.
 
-use super::{CqKernels, GatherMany, GatherParams, GATHER_ENTRIES, MAX_GROUP};
+use super::{CqKernels, GatherMany, GatherParams, GATHER_ENTRIES};
 use crate::engine::profile::bytes;
 use crate::error::{Error, Result};
 use crate::gpu::arena::CqPart;
@@ -14,7 +14,7 @@ impl CqKernels {
     /// `m`, of which only the part holding the row writes.
     ///
     /// # Errors
-    /// [`Error::Gpu`] if the group exceeds [`MAX_GROUP`].
+    /// [`Error::Gpu`] if the group exceeds the staging array ([`CqKernels::staging`]).
     #[allow(clippy::too_many_arguments)]
     pub fn gather(
         &self,
@@ -27,11 +27,10 @@ impl CqKernels {
         copies: usize,
         copy_stride: usize,
     ) -> Result<Vec<Dispatch>> {
-        if m.group > self.staging.min(MAX_GROUP) {
+        if m.group > self.staging {
             return Err(Error::Gpu(format!(
                 "group {} exceeds the GPU limit of {}",
-                m.group,
-                self.staging.min(MAX_GROUP)
+                m.group, self.staging
             )));
         }
         let bytes = bytes::gather_geometry(m.row_words() * 4, m.groups, m.bits, m.cols, copies);
@@ -58,7 +57,7 @@ impl CqKernels {
     /// `y · strides.0` words on and writes its outputs `y · strides.1[o]`
     /// elements on. `None` when they have more than
     /// [`GATHER_ENTRIES`] arena parts in all, more than two arenas, a group over
-    /// [`MAX_GROUP`], or more workgroups than one grid row holds.
+    /// the staging array ([`CqKernels::staging`]), or more workgroups than one grid row holds.
     #[allow(clippy::type_complexity)]
     pub fn gather_many(
         &self,
@@ -79,7 +78,7 @@ impl CqKernels {
         let mut total = 0u32;
         let mut bytes_all = 0;
         for &(m, idx_at, scale, to, out_off, copies, stride) in items {
-            if m.group > self.staging.min(MAX_GROUP) {
+            if m.group > self.staging {
                 return None;
             }
             bytes_all +=

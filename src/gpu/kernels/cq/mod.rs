@@ -10,11 +10,13 @@
 mod gather;
 pub mod params;
 pub mod plan;
+mod staging;
 
 use crate::engine::profile::bytes;
 use crate::gpu::{Dispatch, GpuContext, Kernel};
 pub use params::{GatherMany, GatherParams, MatvecParams, GATHER_ENTRIES, PREPARED};
 pub use plan::{plan_matvec, Launch, MatvecItem, PlanCaps};
+pub use staging::{staging_columns, with_staging, MAX_GROUP, STAGING_NARROW, STAGING_WIDE};
 
 /// The WGSL source of the family: `shaders/butterfly.wgsl` (the FWHT's register
 /// butterflies), then `shaders/cq.wgsl`.
@@ -57,62 +59,6 @@ impl Reduction {
     ];
 }
 
-/// Largest group the shared-memory FWHTs of `matvec` and `gather` handle (on
-/// an adapter whose workgroup memory holds the wide staging array; see
-/// [`staging_columns`]).
-pub const MAX_GROUP: usize = 4096;
-
-/// Columns of the workgroup staging array (WGSL `XW`) where the adapter's
-/// workgroup memory holds them (every matvec then takes 16,640 to 20,736 bytes).
-pub const STAGING_WIDE: usize = 4096;
-/// Columns of the staging array on an adapter with less workgroup memory
-/// (WebGPU's default of 16,384 bytes: every cq entry point then fits).
-pub const STAGING_NARROW: usize = 2048;
-
-/// The family's source (`SOURCE`, or [`subgroup_source`]) with a staging array
-/// of `columns` columns ([`STAGING_WIDE`] as written).
-pub fn with_staging(source: &str, columns: usize) -> String {
-    source.replacen(
-        "const XW: u32 = 4096u;",
-        &format!("const XW: u32 = {columns}u;"),
-        1,
-    )
-}
-
-/// The staging array's columns the device's kernels use: [`STAGING_WIDE`] when
-/// every cq entry point built on it fits the device's workgroup memory, else
-/// [`STAGING_NARROW`]. Matrices' groups must be at most this wide.
-pub fn staging_columns(ctx: &GpuContext) -> usize {
-    let wide = if ctx.caps.subgroups {
-        subgroup_source()
-    } else {
-        SOURCE.to_string()
-    };
-    let entries: &[&str] = if ctx.caps.subgroups {
-        &[
-            "matvec",
-            "matvec_sg",
-            "matvec_rows",
-            "matvec_rows_sg",
-            "prepare_inputs",
-            "gather",
-            "gather_many",
-        ]
-    } else {
-        &[
-            "matvec",
-            "matvec_rows",
-            "prepare_inputs",
-            "gather",
-            "gather_many",
-        ]
-    };
-    if entries.iter().all(|e| ctx.fits_workgroup_storage(&wide, e)) {
-        STAGING_WIDE
-    } else {
-        STAGING_NARROW
-    }
-}
 /// Most inputs `matvec_rows_sgb` takes together (the size of its accumulator arrays).
 const MAX_TB: usize = 8;
 
