@@ -4,6 +4,11 @@ use super::wire::{ErrorBody, ErrorDetail};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
+/// The message of a refused request, set on its response so that the request
+/// log can say why (`error="…"`) whatever API shape the body takes.
+#[derive(Debug, Clone)]
+pub struct Refusal(pub String);
+
 /// A request that failed: the status, the message, the field at fault.
 #[derive(Debug, Clone)]
 pub struct ApiError {
@@ -66,6 +71,7 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut r = (self.status, axum::Json(self.body())).into_response();
+        r.extensions_mut().insert(Refusal(self.message.clone()));
         if self.status == StatusCode::SERVICE_UNAVAILABLE {
             r.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));

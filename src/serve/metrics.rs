@@ -283,6 +283,8 @@ pub struct Record {
     /// How the generation ended: `stop`, `length`, `tool_calls`, `failed`,
     /// `disconnected`; none for other requests.
     pub outcome: Option<&'static str>,
+    /// Why the request was refused, for an error response.
+    pub error: Option<String>,
 }
 
 /// A [`Record`] shared by the middleware, the handler and a stream's forwarder.
@@ -303,6 +305,7 @@ impl Tracked {
             cached_tokens: 0,
             completion_tokens: 0,
             outcome: None,
+            error: None,
         })))
     }
 
@@ -335,6 +338,9 @@ impl Drop for Record {
         }
         if let Some(o) = self.outcome {
             line += &format!(" finish={o}");
+        }
+        if let Some(e) = &self.error {
+            line += &format!(" error={e:?}");
         }
         line += &format!(" latency_ms={:.1}", took.as_secs_f64() * 1e3);
         // Probes and scrapes come every few seconds: their lines only at debug.

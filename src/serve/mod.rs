@@ -41,7 +41,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use chat::ChatTemplate;
-use error::ApiError;
+use error::{ApiError, Refusal};
 use job::Queue;
 use metrics::{Metrics, Tracked};
 use serde_json::{json, Value};
@@ -234,7 +234,11 @@ async fn observe(State(st): State<Arc<AppState>>, mut req: Request, next: Next) 
     let rec = Tracked::open(Arc::clone(&st.metrics), endpoint, req.method().to_string());
     req.extensions_mut().insert(rec.clone());
     let resp = next.run(req).await;
-    rec.with(|r| r.status = resp.status());
+    let refusal = resp.extensions().get::<Refusal>().map(|e| e.0.clone());
+    rec.with(|r| {
+        r.status = resp.status();
+        r.error = refusal;
+    });
     resp
 }
 

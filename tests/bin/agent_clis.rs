@@ -119,6 +119,11 @@ fn claude_code_runs_a_turn_through_the_messages_api() {
         .env("ANTHROPIC_AUTH_TOKEN", "k")
         .env("ANTHROPIC_MODEL", "cqlm-small")
         .env("ANTHROPIC_SMALL_FAST_MODEL", "cqlm-small")
+        // Subagents (the Agent and Workflow tools) otherwise ask for a model
+        // of their own, which this server does not run (a 404 ends the turn).
+        .env("CLAUDE_CODE_SUBAGENT_MODEL", "cqlm-small")
+        .env("CLAUDE_CODE_SUBAGENT_MODEL_FORCE", "1")
+        .env("CLAUDE_CODE_WORKFLOW_SUBAGENT_MODEL", "cqlm-small")
         .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
         .env("DISABLE_AUTOUPDATER", "1")
         .stdin(Stdio::null())

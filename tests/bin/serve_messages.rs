@@ -305,3 +305,82 @@ fn the_official_anthropic_client_works_unmodified() {
         .unwrap();
     crate::common::cli::assert_ok(&out, "anthropic_client.py");
 }
+
+/// Claude Code's tool search: tools marked `defer_loading` stay out of the
+/// prompt until a tool result's `tool_reference` block loads them, and a tool
+/// result's blocks that a text model cannot read stand in as a line each. The
+/// check is the chat completions route given, by hand, the prompt that the
+/// contract describes: the same tools and the same tool message text.
+#[test]
+fn tool_references_load_deferred_tools_and_unreadable_blocks_stand_in_as_text() {
+    let s = start(&[]);
+    let schema =
+        json!({"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]});
+    let tool = |name: &str, deferred: bool| {
+        let mut t = json!({"name": name, "description": format!("The {name} tool."), "input_schema": schema});
+        if deferred {
+            t["defer_loading"] = json!(true);
+        }
+        t
+    };
+    let call = json!({"type": "tool_use", "id": "toolu_1", "name": "ToolSearch", "input": {"query": "cron"}});
+    let result = json!({"type": "tool_result", "tool_use_id": "toolu_1", "content": [
+        {"type": "text", "text": "Found one."},
+        {"type": "tool_reference", "tool_name": "CronDelete"},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]});
+    let body = json!({"model": "cqlm-small", "max_tokens": 8, "temperature": 0,
+        "tools": [tool("ToolSearch", false), tool("CronDelete", true), tool("CronCreate", true)],
+        "messages": [{"role": "user", "content": "Find the cron tools."},
+            {"role": "assistant", "content": [call]},
+            {"role": "user", "content": [result]}]});
+    let (status, _, m) = post_with(&s.addr, "/v1/messages", &[], &body);
+    assert_eq!(status, 200, "{m}");
+    let (status, _, n) = post_with(&s.addr, "/v1/messages/count_tokens", &[], &body);
+    assert_eq!(status, 200, "{n}");
+    assert_eq!(n["input_tokens"], m["usage"]["input_tokens"], "{n} {m}");
+
+    let function = |name: &str| json!({"type": "function", "function": {"name": name, "description": format!("The {name} tool."), "parameters": schema}});
+    let chat = |tools: Value| {
+        json!({"max_tokens": 1, "temperature": 0, "tools": tools, "messages": [
+            {"role": "user", "content": "Find the cron tools."},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "toolu_1", "type": "function",
+                "function": {"name": "ToolSearch", "arguments": "{\"query\":\"cron\"}"}}]},
+            {"role": "tool", "tool_call_id": "toolu_1",
+                "content": "Found one.\nTool loaded: CronDelete\n[image omitted: this model reads text only]"}]})
+    };
+    let (status, _, c) = post_with(
+        &s.addr,
+        "/v1/chat/completions",
+        &[],
+        &chat(json!([function("ToolSearch"), function("CronDelete")])),
+    );
+    assert_eq!(status, 200, "{c}");
+    assert_eq!(
+        m["usage"]["input_tokens"], c["usage"]["prompt_tokens"],
+        "{m} {c}"
+    );
+    // CronCreate, never loaded, is not in the prompt; had it been, the count grows.
+    let (_, _, all) = post_with(
+        &s.addr,
+        "/v1/chat/completions",
+        &[],
+        &chat(json!([
+            function("ToolSearch"),
+            function("CronDelete"),
+            function("CronCreate")
+        ])),
+    );
+    assert!(
+        all["usage"]["prompt_tokens"].as_u64() > c["usage"]["prompt_tokens"].as_u64(),
+        "{all} {c}"
+    );
+    // A block a tool result may not hold is still a 400 naming it.
+    let mut bad = body.clone();
+    bad["messages"][2]["content"][0]["content"] = json!([{"type": "video", "url": "x"}]);
+    let (status, _, e) = post_with(&s.addr, "/v1/messages", &[], &bad);
+    assert_eq!(status, 400, "{e}");
+    assert!(
+        e["error"]["message"].as_str().unwrap().contains("video"),
+        "{e}"
+    );
+}

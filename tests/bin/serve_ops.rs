@@ -81,7 +81,7 @@ fn metrics_count_what_was_served_and_each_request_is_logged() {
         .map(|e| serde_json::from_str(e).unwrap())
         .collect();
     let streamed = chunks.last().unwrap().clone();
-    let (status, _) = post(&s.addr, "/v1/completions", &json!({"prompt": 7}));
+    let (status, refused) = post(&s.addr, "/v1/completions", &json!({"prompt": 7}));
     assert_eq!(status, 400);
     assert_eq!(http(&s.addr, "GET", "/health", &[], b"").0, 200);
 
@@ -158,7 +158,15 @@ fn metrics_count_what_was_served_and_each_request_is_logged() {
         assert!(line.contains("finish=length"), "{line}");
         assert!(field(&line, "latency_ms") > 0.0, "{line}");
     }
-    logged(&s.log, &["POST /v1/completions status=400 latency_ms="]);
+    // A refusal's line says why, in the words its body gave the client.
+    let why = refused["error"]["message"].as_str().unwrap();
+    logged(
+        &s.log,
+        &[
+            "POST /v1/completions status=400 error=",
+            &format!("{why:?} latency_ms="),
+        ],
+    );
 }
 
 #[test]

@@ -6,7 +6,7 @@
 
 mod wire;
 
-use super::error::ApiError;
+use super::error::{ApiError, Refusal};
 use super::job::Event;
 use super::metrics::Tracked;
 use super::request::{parse_json, Prepared};
@@ -66,7 +66,9 @@ impl AnthropicError {
 
 impl IntoResponse for AnthropicError {
     fn into_response(self) -> Response {
-        (self.kind().0, Json(self.body())).into_response()
+        let mut r = (self.kind().0, Json(self.body())).into_response();
+        r.extensions_mut().insert(Refusal(self.0.message.clone()));
+        r
     }
 }
 

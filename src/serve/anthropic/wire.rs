@@ -55,25 +55,64 @@ fn bad(msg: impl Into<String>, at: &str) -> ApiError {
     ApiError::bad(msg, Some(at))
 }
 
-/// The text of a `system` field or of a `tool_result`'s content: a string or
-/// a list of `text` blocks.
+/// The text of a `system` field: a string or a list of `text` blocks.
 fn text_blocks(v: &Value, at: &str) -> Result<String, ApiError> {
+    blocks_text(v, at, false)
+}
+
+/// The text of a `tool_result`'s content as the model reads it: a string or a
+/// list of blocks, where besides `text` an agent's tools return
+/// `tool_reference` blocks (a deferred tool the result loads, read as
+/// `Tool loaded: NAME`; see [`referenced_tools`]) and `image` or `document`
+/// blocks, which a text model cannot read (a line saying so stands in for
+/// each, so that the agent's turn goes on instead of failing).
+fn result_blocks(v: &Value, at: &str) -> Result<String, ApiError> {
+    blocks_text(v, at, true)
+}
+
+fn blocks_text(v: &Value, at: &str, tool_result: bool) -> Result<String, ApiError> {
     match v {
         Value::String(s) => Ok(s.clone()),
         Value::Array(blocks) => {
-            let mut s = String::new();
+            let mut parts = Vec::new();
             for (i, b) in blocks.iter().enumerate() {
+                let field = |k: &str| {
+                    b.get(k).and_then(Value::as_str).ok_or_else(|| {
+                        bad(
+                            format!("{at}[{i}].{k} must be a string"),
+                            &format!("{at}[{i}].{k}"),
+                        )
+                    })
+                };
                 match b.get("type").and_then(Value::as_str) {
-                    Some("text") => s.push_str(b.get("text").and_then(Value::as_str).ok_or_else(
-                        || bad(format!("{at}[{i}].text must be a string"), &format!("{at}[{i}].text")),
-                    )?),
+                    Some("text") => parts.push(field("text")?.to_string()),
+                    Some("tool_reference") if tool_result => {
+                        parts.push(format!("Tool loaded: {}", field("tool_name")?));
+                    }
+                    Some(kind @ ("image" | "document")) if tool_result => {
+                        parts.push(format!("[{kind} omitted: this model reads text only]"));
+                    }
                     other => {
+                        let allowed = if tool_result {
+                            "text, tool_reference, image, document"
+                        } else {
+                            "text only"
+                        };
                         return Err(bad(
-                            format!("{at}[{i}]: blocks of type {other:?} are not supported here (text only)"),
+                            format!("{at}[{i}]: blocks of type {other:?} are not supported here ({allowed})"),
                             &format!("{at}[{i}].type"),
-                        ))
+                        ));
                     }
                 }
+            }
+            // Text blocks run on as one text, as before; a stand-in line is its own line.
+            let mut s = String::new();
+            for (i, p) in parts.iter().enumerate() {
+                let own_line = |b: &Value| b["type"] != "text";
+                if i > 0 && (own_line(&blocks[i]) || own_line(&blocks[i - 1])) {
+                    s.push('\n');
+                }
+                s.push_str(p);
             }
             Ok(s)
         }
@@ -83,6 +122,28 @@ fn text_blocks(v: &Value, at: &str) -> Result<String, ApiError> {
             at,
         )),
     }
+}
+
+/// The tools that `tool_reference` blocks in the conversation's tool results
+/// name: deferred tools (`defer_loading: true`) the agent has loaded.
+fn referenced_tools(turns: &[Value]) -> Vec<String> {
+    let mut names = Vec::new();
+    for m in turns {
+        let Some(blocks) = m.get("content").and_then(Value::as_array) else {
+            continue;
+        };
+        for b in blocks.iter().filter(|b| b["type"] == "tool_result") {
+            let Some(inner) = b.get("content").and_then(Value::as_array) else {
+                continue;
+            };
+            for r in inner.iter().filter(|r| r["type"] == "tool_reference") {
+                if let Some(n) = r.get("tool_name").and_then(Value::as_str) {
+                    names.push(n.to_string());
+                }
+            }
+        }
+    }
+    names
 }
 
 fn message(role: &str, text: String) -> Message {
@@ -148,7 +209,7 @@ fn turn(m: &Value, i: usize, out: &mut Vec<Message>) -> Result<(), ApiError> {
             }
             Some("tool_result") if role == "user" => {
                 let content = b.get("content").unwrap_or(&Value::Null);
-                let mut result = message("tool", text_blocks(content, &format!("{at}.content"))?);
+                let mut result = message("tool", result_blocks(content, &format!("{at}.content"))?);
                 result.tool_call_id = field("tool_use_id")?.as_str().map(str::to_string);
                 out.push(result);
             }
@@ -172,8 +233,11 @@ fn turn(m: &Value, i: usize, out: &mut Vec<Message>) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// `tools` in their OpenAI form, and the types of those left out.
-fn tools(v: &Value) -> Result<(Option<Value>, Vec<String>), ApiError> {
+/// `tools` in their OpenAI form, and the types of those left out. A tool with
+/// `defer_loading: true` (Anthropic's tool search) stays out of the prompt
+/// until a `tool_reference` in a tool result (`loaded`) names it, as the
+/// Messages API expands it only then.
+fn tools(v: &Value, loaded: &[String]) -> Result<(Option<Value>, Vec<String>), ApiError> {
     let list = v
         .as_array()
         .ok_or_else(|| bad("tools must be a list", "tools"))?;
@@ -200,6 +264,10 @@ fn tools(v: &Value) -> Result<(Option<Value>, Vec<String>), ApiError> {
                     &format!("{at}.input_schema"),
                 )
             })?;
+        let deferred = t.get("defer_loading").and_then(Value::as_bool) == Some(true);
+        if deferred && !loaded.iter().any(|n| n == name) {
+            continue;
+        }
         let mut f = Map::new();
         f.insert("name".into(), name.into());
         if let Some(d) = t.get("description") {
@@ -329,7 +397,7 @@ pub(crate) fn translate(v: &Value, count: bool) -> Result<Translated, ApiError> 
         turn(m, i, &mut messages)?;
     }
     let (tools, skipped_tools) = match v.get("tools") {
-        Some(t) => tools(t)?,
+        Some(t) => tools(t, &referenced_tools(turns))?,
         None => (None, Vec::new()),
     };
     let (choice, parallel) = tool_choice(v.get("tool_choice"))?;
