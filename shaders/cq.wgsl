@@ -42,13 +42,15 @@
 //            A batched matvec whose rows span several workgroups, or that runs
 //            matvec_rows_sgb, then reads them with mode 4 instead of every
 //            workgroup preparing every input again.
-//   gather   bindings 12..15 dispatch (groups, 1, 1), workgroup 256:
+//   gather   bindings 12..15 dispatch (groups, 1, 1), workgroup WG:
 //            dequantize_row of the row whose index is idx[idx_at], times `scale`,
 //            written `copies` times `copy_stride` apart. group <= 4096. A matrix
 //            split over arenas gets one dispatch per part; only the part holding
 //            the row writes.
 
-const WG: u32 = 256u;
+// gather's and gather_many's invocations per workgroup: a pipeline override,
+// 256 or 128 (the host's Capabilities::wide_workgroup).
+override WG: u32 = 256u;
 const MAX_GROUP: u32 = 4096u;
 
 // Staging array of every entry point: the prepared input of a matvec (XW columns
@@ -718,7 +720,7 @@ struct GatherParams {
 @group(0) @binding(14) var<storage, read> gidx: array<u32>;
 @group(0) @binding(15) var<storage, read_write> gout: array<f32>;
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn gather(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let k = wid.x;
     let want = gidx[gp.idx_at];
@@ -753,7 +755,7 @@ fn gather(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
 
 // ---------------------------------------------------------------- gather_many
 // gather_many  bindings 16..21  dispatch (Σ groups of the entries, slots, 1),
-//   workgroup 256: every `gather` of the step (the embedding and the engram
+//   workgroup WG: every `gather` of the step (the embedding and the engram
 //   tables) in one dispatch, for each token slot y of a pass (the lean
 //   program's head: one slot). Workgroup (w, y) runs group w − gm.start[i] of
 //   entry i (gm.start ascending) for slot y: the row index at idx_at + y ·
@@ -787,7 +789,7 @@ fn gm_word(sel: u32, i: u32) -> u32 {
     return gm_arena_b[i];
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn gather_many(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     var i = 0u;
     for (var q = 1u; q < gm.n; q++) {

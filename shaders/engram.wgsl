@@ -10,7 +10,7 @@
 // Prefixed by common.wgsl (silu) at pipeline build.
 //
 // Entry point and bindings (group 0):
-//   conv  bindings 0..4  dispatch (ceil(hidden / 256), slots, 1), workgroup 256:
+//   conv  bindings 0..4  dispatch (ceil(hidden / WG), slots, 1), workgroup WG:
 //         params, act (read_write), vectors (read), step (read), rings (read_write).
 //         Workgroup y is token slot y: its step words from y · step_stride, its act
 //         offsets from y · act_stride, and its sequence s = step[seq_at] owns the
@@ -21,7 +21,10 @@
 //         m = Σ_{j = 0}^{taps−1} [t ≥ j·dilation] conv[j][c] · ring[(t − j·dilation) mod ring][c]
 //         (j ascending from 0.0); value[c] = v[c] + silu(m).
 
-const WG: u32 = 256u;
+// Invocations per workgroup: a pipeline override, 256 or 128 (the host's
+// Capabilities::wide_workgroup: 128 where the device allows fewer than 256, as
+// GLES 3.1 and WebGPU's compatibility mode may).
+override WG: u32 = 256u;
 // common.wgsl's scratch is unused here (conv needs no workgroup memory).
 const SCRATCH_LEN: u32 = 1u;
 
@@ -45,7 +48,7 @@ struct EngramConvParams {
 @group(0) @binding(3) var<storage, read> step_words: array<u32>;
 @group(0) @binding(4) var<storage, read_write> rings: array<f32>;
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn conv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let h = cp.hidden;
     let c = wid.x * WG + li;

@@ -11,7 +11,8 @@
 // uses for the MLP phase).
 //
 // Entry point and bindings (group 0):
-//   layer_step  bindings 0..8  dispatch (1, 1, 1), workgroup 256 (ONE workgroup):
+//   layer_step  bindings 0..8  dispatch (1, 1, 1), workgroup WG (mlp.wgsl's override,
+//   set to Capabilities::wide_workgroup: 256 or 128; ONE workgroup):
 //     0 MlpParams (mlp.wgsl), 1 act (read_write), 2 vectors (read), 3 lanes
 //     (read_write), 4 and 5 weight arenas (read; a matrix names which), 6
 //     LayerParams, 7 rings (read_write), 8 step (read).

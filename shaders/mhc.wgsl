@@ -12,13 +12,13 @@
 // wid.y * lanes_stride and its act offsets count from wid.y * act_stride.
 //
 // Entry points and bindings (group 0):
-//   premix  bindings 0..3  dispatch (1, slots, 1), workgroup 256 (ONE workgroup a slot):
+//   premix  bindings 0..3  dispatch (1, slots, 1), workgroup WG (ONE workgroup a slot):
 //           params, lanes (read), act (read_write), vectors (read).
 //           hpre[i] = σ(a_pre·p_pre[i] + b_pre[i] + off(i)), u = Σ_i hpre[i]·lanes[i]
 //           (i ascending from 0.0), b = u; at an engram site
 //           α = σ(<zcrms(u, norm_u), zcrms(key, norm_k)> / sqrt(hidden)), b = u + α·value.
 //           Writes u and b.
-//   route   bindings 4..7  dispatch (ceil(hidden / 256), slots, 1), workgroup 256:
+//   route   bindings 4..7  dispatch (ceil(hidden / WG), slots, 1), workgroup WG:
 //           params, lanes (read_write), act (read_write: reads p and update,
 //           workgroup 0 writes the route weights), vectors (read).
 //           Invocation 0 of every workgroup computes hpost = 2σ(a_post·p_post + b_post + off)
@@ -27,9 +27,13 @@
 //           Each invocation reads all 4 lanes of its column before writing them, so the
 //           update is in place.
 
-const WG: u32 = 256u;
+// Invocations per workgroup: a pipeline override, 256 or 128 (the host's
+// Capabilities::wide_workgroup: 128 where the device allows fewer than 256, as
+// GLES 3.1 and WebGPU's compatibility mode may).
+override WG: u32 = 256u;
 const EPS: f32 = 1e-6;
-const SCRATCH_LEN: u32 = WG;
+// wg_sum's scratch, at the widest WG (1 KiB).
+const SCRATCH_LEN: u32 = 256u;
 
 // off(i): +4 for lane layer mod 4, −4 for the others.
 fn lane_off(layer: u32, i: u32) -> f32 {
@@ -60,7 +64,7 @@ struct PremixParams {
 @group(0) @binding(2) var<storage, read_write> pm_act: array<f32>;
 @group(0) @binding(3) var<storage, read> pm_vec: array<f32>;
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn premix(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let h = pm.hidden;
     let lb = wid.y * pm.lanes_stride;
@@ -140,7 +144,7 @@ fn lse4(v: vec4<f32>) -> f32 {
     return m + log(exp(v.x - m) + exp(v.y - m) + exp(v.z - m) + exp(v.w - m));
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let lb = wid.y * rp.lanes_stride;
     let ab = wid.y * rp.act_stride;

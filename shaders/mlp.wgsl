@@ -29,8 +29,9 @@
 
 // Invocations per workgroup: a pipeline override (gpu::kernels::mlp::MlpKernels
 // sets it from Capabilities::mlp_workgroup: 256 on GPUs, 64 on CPU adapters,
-// where each barrier runs a loop over the workgroup's subgroups). A power of two,
-// at most SCRATCH_LEN. layer.wgsl keeps the default.
+// where each barrier runs a loop over the workgroup's subgroups; never above
+// Capabilities::wide_workgroup). A power of two, at most SCRATCH_LEN. layer.wgsl's
+// layer_step is built at Capabilities::wide_workgroup.
 override WG: u32 = 256u;
 const CHUNK: u32 = 4096u;
 const EPS: f32 = 1e-6;

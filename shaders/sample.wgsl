@@ -3,8 +3,9 @@
 // Prefixed by common.wgsl (finite, wg_sum, wg_max, scratch) at pipeline build.
 // CPU twins: sample::argmax and sample::top_k_into (src/sample.rs).
 //
-// Entry points and bindings (group 0), both dispatch (1, 1, 1), workgroup 256 (ONE
-// workgroup). Both take a token mask (bit i & 31 of word i >> 5 set: id i allowed);
+// Entry points and bindings (group 0), both dispatch (1, 1, 1), workgroup WG (ONE
+// workgroup; WG a pipeline override, 256 or 128: the host's
+// Capabilities::wide_workgroup). Both take a token mask (bit i & 31 of word i >> 5 set: id i allowed);
 // with `masked` != 0 in their params, disallowed ids are skipped everywhere (never
 // chosen, never candidates, not in the flag or the denominator), as the host's
 // masked readout (engine::host_readout_masked) does.
@@ -14,7 +15,7 @@
 //           (as sample::argmax: NaN never wins; 0 when nothing beats −∞),
 //           out[1] = 1 if any logit is NaN or ±∞, else 0 (the step then fails
 //           like the logits path does).
-//           Each invocation scans a strided share (index li, li + 256, ...), keeping
+//           Each invocation scans a strided share (index li, li + WG, ...), keeping
 //           its first maximum; a shared-memory tree then keeps the larger value,
 //           or the lower index on ties.
 //   topk    bindings 4..7: params (uniform TopkParams), logits (read),
@@ -27,7 +28,7 @@
 // (hist, taken, flag, sel, scratch; each variable rounded up to 16 bytes as WebGPU
 // counts it).
 
-const WG: u32 = 256u;
+override WG: u32 = 256u;
 const NONE: u32 = 0xffffffffu;
 const SCRATCH_LEN: u32 = 256u;
 
@@ -46,11 +47,12 @@ fn allowed_a(i: u32) -> bool {
     return ap.masked == 0u || ((amask[i >> 5u] >> (i & 31u)) & 1u) == 1u;
 }
 
+// Sized for the widest WG; a narrower one uses the first WG entries.
 var<workgroup> best_v: array<f32, 256>;
 var<workgroup> best_i: array<u32, 256>;
 var<workgroup> bad: array<u32, 256>;
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn argmax(@builtin(local_invocation_index) li: u32) {
     var v = -3.40282346638528859812e38; // f32::MIN exactly
     var bi = NONE;
@@ -129,6 +131,7 @@ fn allowed_t(i: u32) -> bool {
     return tp.masked == 0u || ((tmask[i >> 5u] >> (i & 31u)) & 1u) == 1u;
 }
 
+// One bin per value of a key's byte (256, whatever WG is).
 var<workgroup> hist: array<atomic<u32>, 256>;
 var<workgroup> taken: atomic<u32>;
 var<workgroup> flag: atomic<u32>;
@@ -140,7 +143,7 @@ fn key_of(x: f32) -> u32 {
     return select(b | 0x80000000u, ~b, (b & 0x80000000u) != 0u);
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn topk(@builtin(local_invocation_index) li: u32) {
     var nf = 0u;
     var vmax = -3.40282346638528859812e38; // f32::MIN exactly
@@ -186,7 +189,9 @@ fn topk(@builtin(local_invocation_index) li: u32) {
     }
     for (var round = 0u; round < 4u; round++) {
         let shift = 24u - 8u * round;
-        atomicStore(&hist[li], 0u);
+        for (var b = li; b < 256u; b += WG) {
+            atomicStore(&hist[b], 0u);
+        }
         workgroupBarrier();
         let prefix = sel[0];
         let mask = sel[1];

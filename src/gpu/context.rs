@@ -26,22 +26,74 @@ pub struct GpuOptions {
     /// environment variable (bytes), then to the adapter's limit. A kernel that
     /// needs more makes engine construction fail with [`Error::Gpu`] naming it.
     pub max_workgroup_storage: Option<u32>,
-    /// Open the device with WebGPU's default limits (`wgpu::Limits::default()`:
-    /// 16,384 bytes of workgroup memory, 256 invocations, 8 storage buffers a
-    /// stage, 128 MiB a storage binding) instead of the adapter's, as a browser
-    /// does; `false` falls back to `CQLM_GPU_LIMITS=webgpu`. The kernels then
+    /// The limits the device is opened with: the adapter's own, or those of
+    /// WebGPU or its compatibility mode, as a browser would give
+    /// ([`DeviceLimits`]); [`DeviceLimits::Adapter`] falls back to
+    /// `CQLM_GPU_LIMITS` (`adapter`, `webgpu` or `compat`). The kernels then
     /// take the variants that fit.
-    pub webgpu_limits: bool,
+    pub limits: DeviceLimits,
     /// Make the subgroup layout self-test fail, to test the fallback to the
     /// portable kernels. Never use otherwise.
     #[doc(hidden)]
     pub fail_subgroup_self_test: bool,
 }
 
+/// Which limits a device is opened with ([`GpuOptions::limits`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum DeviceLimits {
+    /// The adapter's own, so that no limit the kernels never use (a graphics
+    /// one, say) refuses an adapter.
+    #[default]
+    Adapter,
+    /// WebGPU's defaults (`wgpu::Limits::default()`): 16,384 bytes of
+    /// workgroup memory, 256 invocations a workgroup, 8 storage buffers a
+    /// stage, 128 MiB a storage binding (`CQLM_GPU_LIMITS=webgpu`).
+    WebGpu,
+    /// WebGPU's compatibility mode, which is also OpenGL ES 3.1's floor for
+    /// compute: the WebGPU defaults with 128 invocations a workgroup and 128
+    /// in x and y (`CQLM_GPU_LIMITS=compat`); the wide kernels then run their
+    /// 128-invocation variants.
+    Compat,
+}
+
+impl DeviceLimits {
+    /// `opts` unless it is [`DeviceLimits::Adapter`], then `CQLM_GPU_LIMITS`.
+    fn resolve(opts: DeviceLimits) -> Result<DeviceLimits> {
+        if opts != DeviceLimits::Adapter {
+            return Ok(opts);
+        }
+        match std::env::var("CQLM_GPU_LIMITS") {
+            Err(_) => Ok(DeviceLimits::Adapter),
+            Ok(v) => match v.to_ascii_lowercase().as_str() {
+                "" | "adapter" => Ok(DeviceLimits::Adapter),
+                "webgpu" => Ok(DeviceLimits::WebGpu),
+                "compat" => Ok(DeviceLimits::Compat),
+                _ => Err(Error::Gpu(format!(
+                    "CQLM_GPU_LIMITS must be `adapter`, `webgpu` or `compat`, not `{v}`"
+                ))),
+            },
+        }
+    }
+
+    /// The limits to open the device with, given the adapter's.
+    fn limits(self, adapter: &wgpu::Limits) -> wgpu::Limits {
+        match self {
+            DeviceLimits::Adapter => adapter.clone(),
+            DeviceLimits::WebGpu => wgpu::Limits::default(),
+            DeviceLimits::Compat => wgpu::Limits {
+                max_compute_invocations_per_workgroup: 128,
+                max_compute_workgroup_size_x: 128,
+                max_compute_workgroup_size_y: 128,
+                ..wgpu::Limits::default()
+            },
+        }
+    }
+}
+
 /// The compute limits cqlm's kernels need at least (the storage buffers of
-/// `qk_attend`, the two uniforms of `layer_step`, one bind group, the 256
-/// invocations of the widest kernels); an adapter below any of them is
-/// refused, naming it.
+/// `qk_attend`, the two uniforms of `layer_step`, one bind group, the 128
+/// invocations of the narrow variants of the wide kernels); an adapter below
+/// any of them is refused, naming it.
 fn check_needed(name: &str, have: &wgpu::Limits) -> Result<()> {
     let needed: [(&str, u32, u32); 5] = [
         (
@@ -58,12 +110,12 @@ fn check_needed(name: &str, have: &wgpu::Limits) -> Result<()> {
         (
             "max_compute_invocations_per_workgroup",
             have.max_compute_invocations_per_workgroup,
-            256,
+            128,
         ),
         (
             "max_compute_workgroup_size_x",
             have.max_compute_workgroup_size_x,
-            256,
+            128,
         ),
     ];
     for (limit, value, need) in needed {
@@ -106,8 +158,17 @@ pub struct Capabilities {
     /// Invocations of the MLP's one workgroup a token (shaders/mlp.wgsl's
     /// override `WG`): 64 on CPU adapters, where each barrier is a loop over the
     /// workgroup's subgroups (lavapipe: 1.6× faster than 256), 256 on GPUs;
-    /// `CQLM_MLP_WORKGROUP` (64, 128 or 256) forces it.
+    /// `CQLM_MLP_WORKGROUP` (64, 128 or 256) forces it; never above
+    /// [`Capabilities::wide_workgroup`].
     pub mlp_workgroup: MlpWorkgroup,
+    /// Invocations of the kernels that run one wide workgroup (`gather`,
+    /// `gather_many`, `premix`, `route`, `engram_conv`, `argmax`, `topk`,
+    /// `layer_step`; their WGSL override `WG`): 256, or 128 where the device
+    /// allows fewer than 256 invocations or 256 in x (OpenGL ES 3.1's floor,
+    /// WebGPU's compatibility mode). Both widths compute the same values but
+    /// for the order of workgroup sums (the pre-mix's norms, the top-k's
+    /// softmax denominator), which the CPU twins' tolerances cover.
+    pub wide_workgroup: u32,
 }
 
 /// The widths the GPU MLP kernel is built at ([`Capabilities::mlp_workgroup`]):
@@ -260,17 +321,17 @@ impl GpuContext {
                 needed_storage_binding.min(128 << 20)
             )));
         }
-        let webgpu = opts.webgpu_limits
-            || std::env::var("CQLM_GPU_LIMITS").is_ok_and(|v| v.eq_ignore_ascii_case("webgpu"));
-        // The limits the device is opened with: the adapter's own (so that no
-        // limit the kernels never use, such as a graphics one, refuses an
-        // adapter), or WebGPU's defaults where asked.
-        let base = if webgpu {
-            wgpu::Limits::default()
-        } else {
-            have.clone()
-        };
+        let base = DeviceLimits::resolve(opts.limits)?.limits(&have);
         check_needed(&info.name, &base)?;
+        let wide_workgroup = if base
+            .max_compute_invocations_per_workgroup
+            .min(base.max_compute_workgroup_size_x)
+            >= 256
+        {
+            256
+        } else {
+            128
+        };
         let mut required_features = wgpu::Features::empty();
         let subgroups = feats.contains(wgpu::Features::SUBGROUP)
             && !opts.no_subgroups
@@ -339,10 +400,12 @@ impl GpuContext {
             mlp_workgroup: match std::env::var("CQLM_MLP_WORKGROUP").as_deref() {
                 Ok("64") => MlpWorkgroup::W64,
                 Ok("128") => MlpWorkgroup::W128,
-                Ok("256") => MlpWorkgroup::W256,
+                Ok("256") if wide_workgroup >= 256 => MlpWorkgroup::W256,
                 _ if info.device_type == wgpu::DeviceType::Cpu => MlpWorkgroup::W64,
-                _ => MlpWorkgroup::W256,
+                _ if wide_workgroup >= 256 => MlpWorkgroup::W256,
+                _ => MlpWorkgroup::W128,
             },
+            wide_workgroup,
         };
         // Subgroup kernels assume subgroups are aligned runs of
         // local_invocation_index; no API guarantees it, so check before using them.

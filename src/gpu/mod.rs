@@ -37,8 +37,8 @@ mod upload;
 pub use batch::GpuBatch;
 pub use capture::Captured;
 pub use context::{
-    device_type_name, env_flag, list_adapters, Capabilities, GpuContext, GpuOptions, MlpWorkgroup,
-    PipelineSource,
+    device_type_name, env_flag, list_adapters, Capabilities, DeviceLimits, GpuContext, GpuOptions,
+    MlpWorkgroup, PipelineSource,
 };
 pub use dispatch::{grid, run_dispatches, Dispatch, Kernel, Window, STORAGE};
 pub use engine::GpuEngine;

@@ -77,10 +77,11 @@ impl DeviceReadout {
 pub(crate) fn device_nucleus(total: f32, vocab: usize) -> Nucleus {
     // The device sums f32 terms: WGSL's exp is within 3 + 2|x| ulp (below
     // 2e-5 relative for every term that matters against the largest, which
-    // is 1), each invocation adds ceil(n / 256) terms in a row and a tree of 8
-    // levels joins them (one rounding each); 4× that for safety.
+    // is 1), each of at least 128 invocations (Capabilities::wide_workgroup:
+    // 256 or 128) adds at most ceil(n / 128) terms in a row and a tree of at
+    // most 8 levels joins them (one rounding each); 4× that for safety.
     let n = vocab as f64;
-    let rounding = ((n / 256.0).ceil() + 8.0) * f64::from(f32::EPSILON);
+    let rounding = ((n / 128.0).ceil() + 8.0) * f64::from(f32::EPSILON);
     Nucleus {
         total: f64::from(total),
         rel_err: 4.0 * (2e-5 + rounding),

@@ -5,7 +5,7 @@
 use crate::common::gpu::{gpu, rel_l2};
 use crate::common::StepLogits;
 use cqlm::cq::BitsPlan;
-use cqlm::gpu::{env_flag, GpuContext, GpuEngine, GpuOptions};
+use cqlm::gpu::{env_flag, DeviceLimits, GpuContext, GpuEngine, GpuOptions};
 use cqlm::make::synth::synth_model;
 use cqlm::{Config, CpuEngine, Error, Model};
 use std::sync::Arc;
@@ -19,7 +19,7 @@ fn webgpus_default_workgroup_memory_takes_the_narrow_staging_and_less_fails_nami
     // At WebGPU's default of 16,384 bytes every kernel fits: the cq kernels
     // stage 2048 columns instead of 4096, and the engine steps like the CPU.
     let Some(_) = gpu() else { return };
-    let webgpu_run = std::env::var("CQLM_GPU_LIMITS").is_ok_and(|v| v == "webgpu");
+    let webgpu_run = std::env::var("CQLM_GPU_LIMITS").is_ok_and(|v| v == "webgpu" || v == "compat");
     for (row_matvec, limit) in [(false, 16384u32), (true, 16384), (false, 20736)] {
         if webgpu_run && limit > 16384 {
             continue; // the run caps every device at 16,384 bytes
@@ -70,20 +70,61 @@ fn webgpus_default_workgroup_memory_takes_the_narrow_staging_and_less_fails_nami
 }
 
 #[test]
-fn webgpus_default_limits_run_the_engine_as_the_cpu_does() {
+fn webgpus_default_and_compatibility_limits_run_the_engine_as_the_cpu_does() {
     let Some(_) = gpu() else { return };
-    let opts = GpuOptions {
-        webgpu_limits: true,
-        ..Default::default()
-    };
-    let ctx = GpuContext::new(&opts, 1 << 20).unwrap();
-    assert_eq!(ctx.caps.max_workgroup_storage, 16384);
-    let model = tiny(43);
-    let mut g = GpuEngine::with_context(Arc::clone(&model), ctx).unwrap();
-    let mut c = CpuEngine::new(model).unwrap();
-    for t in [1, 5, 8] {
-        assert!(rel_l2(&g.logits_after(t), &c.logits_after(t)) <= 1e-4);
+    // WebGPU's defaults keep the 256-invocation kernels; its compatibility
+    // mode (128 invocations, as OpenGL ES 3.1 may allow) takes the narrow ones.
+    for (limits, wide) in [(DeviceLimits::WebGpu, 256), (DeviceLimits::Compat, 128)] {
+        let opts = GpuOptions {
+            limits,
+            ..Default::default()
+        };
+        let ctx = GpuContext::new(&opts, 1 << 20).unwrap();
+        assert_eq!(ctx.caps.max_workgroup_storage, 16384);
+        assert_eq!(ctx.caps.wide_workgroup, wide, "{limits:?}");
+        assert!(ctx.caps.mlp_workgroup.invocations() <= wide, "{limits:?}");
+        let model = tiny(43);
+        let mut g = GpuEngine::with_context(Arc::clone(&model), Arc::clone(&ctx)).unwrap();
+        let mut c = CpuEngine::new(model).unwrap();
+        for t in [1, 5, 8] {
+            let (got, want) = (g.logits_after(t), c.logits_after(t));
+            assert!(rel_l2(&got, &want) <= 1e-4, "{limits:?}");
+        }
+        // The wide kernels were built at the width the limits allow.
+        for p in ctx.pipelines() {
+            if let Some((_, w)) = p.constants.iter().find(|(k, _)| k == "WG") {
+                assert!(*w <= f64::from(wide), "{} at {w}", p.name);
+            }
+        }
+        assert!(
+            ctx.pipelines()
+                .iter()
+                .any(|p| p.name == "route" && p.constants == [("WG".to_string(), f64::from(wide))]),
+            "{limits:?}"
+        );
     }
+    // A value CQLM_GPU_LIMITS does not know is refused with the values it knows.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cqlm"))
+        .args([
+            "generate",
+            "--backend",
+            "gpu",
+            "--max-tokens",
+            "1",
+            "--prompt",
+            "a",
+        ])
+        .env("CQLM_GPU_LIMITS", "browser")
+        .env("XDG_RUNTIME_DIR", "/tmp")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("CQLM_GPU_LIMITS must be `adapter`, `webgpu` or `compat`"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
 }
 
 #[test]
@@ -174,5 +215,8 @@ fn the_run_gets_the_backend_and_variant_ci_asked_for() {
     if let Ok(want) = std::env::var("CQLM_EXPECT_STAGING") {
         let got = cqlm::gpu::kernels::cq::staging_columns(&ctx);
         assert_eq!(got.to_string(), want, "{:?}", ctx.caps);
+    }
+    if let Ok(want) = std::env::var("CQLM_EXPECT_WIDE_WORKGROUP") {
+        assert_eq!(ctx.caps.wide_workgroup.to_string(), want, "{:?}", ctx.caps);
     }
 }

@@ -18,7 +18,7 @@
 
 use crate::common::gpu::gpu;
 use cqlm::cq::BitsPlan;
-use cqlm::gpu::{GpuBatch, GpuContext, GpuOptions, PipelineSource, ProgramKind};
+use cqlm::gpu::{DeviceLimits, GpuBatch, GpuContext, GpuOptions, PipelineSource, ProgramKind};
 use cqlm::make::synth::synth_model;
 use cqlm::{Config, Model};
 use std::path::{Path, PathBuf};
@@ -52,24 +52,37 @@ fn pipelines_on(opts: &GpuOptions) -> Option<(Arc<GpuContext>, Vec<PipelineSourc
     Some((ctx, all))
 }
 
-/// Every pipeline of every engine variant this adapter can build.
+/// Every pipeline of every engine variant this adapter can build, the
+/// 128-invocation variants of WebGPU's compatibility limits included.
 fn engine_pipelines() -> Option<Vec<PipelineSource>> {
     let mut all: Vec<PipelineSource> = Vec::new();
+    let mut variants = Vec::new();
     for no_subgroups in [false, true] {
         for row_matvec in [false, true] {
-            let opts = GpuOptions {
+            variants.push(GpuOptions {
                 no_subgroups,
                 row_matvec: Some(row_matvec),
                 ..GpuOptions::default()
-            };
-            for p in pipelines_on(&opts)?.1 {
-                if !all.contains(&p) {
-                    all.push(p);
-                }
+            });
+        }
+    }
+    variants.push(compat());
+    for opts in variants {
+        for p in pipelines_on(&opts)?.1 {
+            if !all.contains(&p) {
+                all.push(p);
             }
         }
     }
     Some(all)
+}
+
+/// WebGPU's compatibility limits (128 invocations a workgroup).
+fn compat() -> GpuOptions {
+    GpuOptions {
+        limits: DeviceLimits::Compat,
+        ..GpuOptions::default()
+    }
 }
 
 fn env_flag(name: &str) -> bool {
@@ -344,17 +357,28 @@ fn tint_accepts_every_module_and_the_pipelines_of_webgpu_default_limits() {
     let Some(all) = engine_pipelines() else {
         return;
     };
-    // An engine built within WebGPU's default compute limits: its pipelines
-    // must be created at those limits too.
+    // Engines built within WebGPU's default compute limits and within its
+    // compatibility limits: their pipelines must be created at those limits too.
     let webgpu = GpuOptions {
-        webgpu_limits: true,
+        limits: DeviceLimits::WebGpu,
         ..GpuOptions::default()
     };
-    let (_, small) = pipelines_on(&webgpu).unwrap();
+    let (_, mut small) = pipelines_on(&webgpu).unwrap();
     assert!(
         small.iter().any(|p| p.name.starts_with("matvec")),
         "no matvec at 16 KiB"
     );
+    let (_, narrow) = pipelines_on(&compat()).unwrap();
+    let wg128 = |p: &PipelineSource| p.constants.iter().any(|(k, v)| k == "WG" && *v == 128.0);
+    assert!(
+        narrow.iter().filter(|p| wg128(p)).count() >= 8,
+        "the compatibility limits built too few 128-invocation kernels: {:?}",
+        narrow
+            .iter()
+            .map(|p| (p.name, &p.constants))
+            .collect::<Vec<_>>()
+    );
+    small.extend(narrow.into_iter().filter(|p| wg128(p)));
     let mut list: Vec<serde_json::Value> = small.iter().map(|p| as_json(p, true)).collect();
     list.extend(
         all.iter()

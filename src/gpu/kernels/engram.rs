@@ -51,14 +51,16 @@ pub struct EngramKernels {
 }
 
 impl EngramKernels {
-    /// Compile the entry point.
+    /// Compile the entry point at the device's wide workgroup
+    /// ([`crate::gpu::Capabilities::wide_workgroup`]).
     pub fn new(ctx: &GpuContext) -> EngramKernels {
+        let wg = [("WG", f64::from(ctx.caps.wide_workgroup))];
         EngramKernels {
-            conv: Kernel::new(ctx, SOURCE, "engram_conv", "conv", 0, &[]),
+            conv: Kernel::new(ctx, SOURCE, "engram_conv", "conv", 0, &wg),
         }
     }
 
-    /// `ceil(hidden / 256)` workgroups for token slot 0: ring row `t mod ring ← v`,
+    /// `ceil(hidden / wide_workgroup)` workgroups for token slot 0: ring row `t mod ring ← v`,
     /// then the site value, with `t` read from word 1 of `step` (the per-step
     /// buffer). Over token slots ([`Dispatch::over_slots`]): each slot at the
     /// params' strides, on its sequence's ring (their sequences distinct).
@@ -72,7 +74,7 @@ impl EngramKernels {
         rings: &wgpu::Buffer,
     ) -> Dispatch {
         let ub = ctx.uniform_init("engram conv params", bytemuck::bytes_of(p));
-        let groups = p.hidden.div_ceil(256).max(1);
+        let groups = p.hidden.div_ceil(ctx.caps.wide_workgroup).max(1);
         Dispatch::new(
             ctx,
             &self.conv,

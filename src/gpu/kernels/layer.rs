@@ -141,10 +141,12 @@ pub struct LayerKernels {
 }
 
 impl LayerKernels {
-    /// Compile `layer_step`.
+    /// Compile `layer_step` at the device's wide workgroup
+    /// ([`crate::gpu::Capabilities::wide_workgroup`]).
     pub fn new(ctx: &GpuContext) -> LayerKernels {
+        let wg = [("WG", f64::from(ctx.caps.wide_workgroup))];
         LayerKernels {
-            step: Kernel::new(ctx, SOURCE, "layer_step", "layer_step", 0, &[]),
+            step: Kernel::new(ctx, SOURCE, "layer_step", "layer_step", 0, &wg),
         }
     }
 

@@ -93,11 +93,13 @@ pub struct MhcKernels {
 }
 
 impl MhcKernels {
-    /// Compile both entry points.
+    /// Compile both entry points at the device's wide workgroup
+    /// ([`crate::gpu::Capabilities::wide_workgroup`]).
     pub fn new(ctx: &GpuContext) -> MhcKernels {
+        let wg = [("WG", f64::from(ctx.caps.wide_workgroup))];
         MhcKernels {
-            premix: Kernel::new(ctx, SOURCE, "premix", "premix", 0, &[]),
-            route: Kernel::new(ctx, SOURCE, "route", "route", 4, &[]),
+            premix: Kernel::new(ctx, SOURCE, "premix", "premix", 0, &wg),
+            route: Kernel::new(ctx, SOURCE, "route", "route", 4, &wg),
         }
     }
 
@@ -119,7 +121,7 @@ impl MhcKernels {
     }
 
     /// `lanes'[i] = Σ_j route[i][j]·lanes[j] + hpost[i]·update`, in place on `lanes`
-    /// (`ceil(hidden / 256)` workgroups). `act` is only read but for the 16
+    /// (`ceil(hidden / wide_workgroup)` workgroups). `act` is only read but for the 16
     /// route weights written at `p.route_out`. Over token slots
     /// ([`Dispatch::over_slots`]): slot `y` at the strides of `p`, each as if alone.
     pub fn route(
@@ -131,7 +133,7 @@ impl MhcKernels {
         vectors: &wgpu::Buffer,
     ) -> Dispatch {
         let ub = ctx.uniform_init("route params", bytemuck::bytes_of(p));
-        let groups = p.hidden.div_ceil(256).max(1);
+        let groups = p.hidden.div_ceil(ctx.caps.wide_workgroup).max(1);
         Dispatch::new(
             ctx,
             &self.route,

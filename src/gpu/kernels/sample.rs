@@ -65,11 +65,13 @@ pub struct SampleKernels {
 }
 
 impl SampleKernels {
-    /// Compile both entry points (`argmax`, `topk`).
+    /// Compile both entry points (`argmax`, `topk`) at the device's wide
+    /// workgroup ([`crate::gpu::Capabilities::wide_workgroup`]).
     pub fn new(ctx: &GpuContext) -> SampleKernels {
+        let wg = [("WG", f64::from(ctx.caps.wide_workgroup))];
         SampleKernels {
-            argmax: Kernel::new(ctx, SOURCE, "sample", "argmax", 0, &[]),
-            topk: Kernel::new(ctx, SOURCE, "topk", "topk", 4, &[]),
+            argmax: Kernel::new(ctx, SOURCE, "sample", "argmax", 0, &wg),
+            topk: Kernel::new(ctx, SOURCE, "topk", "topk", 4, &wg),
         }
     }
 

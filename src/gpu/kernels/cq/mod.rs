@@ -198,6 +198,7 @@ impl CqKernels {
             Reduction::RowPerInvocation => (base.as_str(), "matvec_rows"),
             Reduction::RowPerInvocationSubgroup => (sg_source.as_str(), "matvec_rows_sg"),
         };
+        let wide = [("WG", f64::from(ctx.caps.wide_workgroup))];
         let mv = |bits: u32, name| Kernel::new(ctx, src, name, entry, 4, &[("BITS", bits as f64)]);
         let batched = (reduction == Reduction::RowPerInvocationSubgroup
             && ctx.caps.subgroup_min >= 8)
@@ -223,10 +224,10 @@ impl CqKernels {
                 mv(4, "matvec4"),
                 mv(8, "matvec8"),
             ],
-            gather: Kernel::new(ctx, &base, "gather", "gather", 12, &[]),
+            gather: Kernel::new(ctx, &base, "gather", "gather", 12, &wide),
             prepare: Kernel::new(ctx, &base, "prepare_inputs", "prepare_inputs", 4, &[]),
             placeholder: ctx.storage_init("cq placeholder", &[0u8; 16]),
-            gather_many: Kernel::new(ctx, &base, "gather_many", "gather_many", 16, &[]),
+            gather_many: Kernel::new(ctx, &base, "gather_many", "gather_many", 16, &wide),
             staging,
         }
     }
