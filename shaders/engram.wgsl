@@ -7,26 +7,22 @@
 // in one f32 buffer `rings`, addressed by element offsets in the params. The
 // logical position t is word 1 of the per-step u32 buffer.
 //
-// Prefixed by common.wgsl (silu) at pipeline build.
+// Prefixed by common.wgsl (silu), layer_io.wgsl (act, vecs, rings, step_words)
+// and, compiled on its own, wide.wgsl (WG) at pipeline build.
 //
 // Entry point and bindings (group 0):
-//   conv  bindings 0..4  dispatch (ceil(hidden / WG), slots, 1), workgroup WG:
-//         params, act (read_write), vectors (read), step (read), rings (read_write).
+//   conv  bindings 11 (params), 1 (act, read_write), 2 (vecs), 8 (step_words),
+//         7 (rings, read_write) (layer_io.wgsl's, but for the params);
+//         dispatch (ceil(hidden / WG), slots, 1), workgroup WG.
 //         Workgroup y is token slot y: its step words from y · step_stride, its act
 //         offsets from y · act_stride, and its sequence s = step[seq_at] owns the
 //         ring from s · ring_seq_stride on (0 where the rings binding is already
 //         that sequence's window; a batch pass's decode tokens, one per sequence,
-//         run as one dispatch with the stride). One invocation per column c:
+//         run as one dispatch with the stride). One invocation per column c
+//         (conv_column, which layer.wgsl's layer_step calls too):
 //         ring[t mod ring][c] = v[c];
 //         m = Σ_{j = 0}^{taps−1} [t ≥ j·dilation] conv[j][c] · ring[(t − j·dilation) mod ring][c]
 //         (j ascending from 0.0); value[c] = v[c] + silu(m).
-
-// Invocations per workgroup: a pipeline override, 256 or 128 (the host's
-// Capabilities::wide_workgroup: 128 where the device allows fewer than 256, as
-// GLES 3.1 and WebGPU's compatibility mode may).
-override WG: u32 = 256u;
-// common.wgsl's scratch is unused here (conv needs no workgroup memory).
-const SCRATCH_LEN: u32 = 1u;
 
 struct EngramConvParams {
     hidden: u32,
@@ -42,33 +38,33 @@ struct EngramConvParams {
     seq_at: u32,          // step word of the slot's sequence
     ring_seq_stride: u32, // rings elements from one sequence's to the next's (or 0)
 }
-@group(0) @binding(0) var<uniform> cp: EngramConvParams;
-@group(0) @binding(1) var<storage, read_write> act: array<f32>;
-@group(0) @binding(2) var<storage, read> vecs: array<f32>;
-@group(0) @binding(3) var<storage, read> step_words: array<u32>;
-@group(0) @binding(4) var<storage, read_write> rings: array<f32>;
+@group(0) @binding(11) var<uniform> cp: EngramConvParams;
 
-@compute @workgroup_size(WG)
-fn conv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let h = cp.hidden;
-    let c = wid.x * WG + li;
-    if (c >= h) {
-        return;
-    }
-    let sw = wid.y * cp.step_stride;
-    let t = step_words[sw + 1u];
-    let ring0 = cp.ring_off + step_words[sw + cp.seq_at] * cp.ring_seq_stride;
-    let a0 = wid.y * cp.act_stride;
-    let vv = act[a0 + cp.v + c];
-    rings[ring0 + (t % cp.ring) * h + c] = vv;
+// Column c of one site at position t: the ring write and the site value
+// (ring0: the site's ring; a0: where the slot's act offsets count from).
+fn conv_column(p: EngramConvParams, t: u32, ring0: u32, a0: u32, c: u32) {
+    let h = p.hidden;
+    let vv = act[a0 + p.v + c];
+    rings[ring0 + (t % p.ring) * h + c] = vv;
     var m = 0.0;
-    for (var j = 0u; j < cp.taps; j++) {
-        let back = j * cp.dilation;
+    for (var j = 0u; j < p.taps; j++) {
+        let back = j * p.dilation;
         if (back > t) {
             break;
         }
-        let r = (t - back) % cp.ring;
-        m += vecs[cp.conv + j * h + c] * rings[ring0 + r * h + c];
+        let r = (t - back) % p.ring;
+        m += vecs[p.conv + j * h + c] * rings[ring0 + r * h + c];
     }
-    act[a0 + cp.value + c] = vv + silu(m);
+    act[a0 + p.value + c] = vv + silu(m);
+}
+
+@compute @workgroup_size(WG)
+fn conv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let c = wid.x * WG + li;
+    if (c >= cp.hidden) {
+        return;
+    }
+    let sw = wid.y * cp.step_stride;
+    let ring0 = cp.ring_off + step_words[sw + cp.seq_at] * cp.ring_seq_stride;
+    conv_column(cp, step_words[sw + 1u], ring0, wid.y * cp.act_stride, c);
 }

@@ -7,8 +7,10 @@
 // (wo, the three Φ), kernels::mlp::block, kernels::mhc::route, kernels::mhc::premix,
 // kernels::prepare::pre_op (the logits' MeanLanesZcrms input, prepared here once).
 //
-// Compiled after common.wgsl and mlp.wgsl (whose bindings 0..2 and mlp_body it
-// uses for the MLP phase).
+// Compiled after common.wgsl, butterfly.wgsl, layer_io.wgsl (act, vecs, lanes,
+// rings, step_words), mlp.wgsl (mp, mlp_body, WG, scratch), mhc.wgsl
+// (premix_slot, route_gates, route_column) and engram.wgsl (conv_column): each
+// phase calls the standard kernels' own functions, with params formed from lp.
 //
 // Entry point and bindings (group 0):
 //   layer_step  bindings 0..8  dispatch (1, 1, 1), workgroup WG (mlp.wgsl's override,
@@ -17,11 +19,11 @@
 //     (read_write), 4 and 5 weight arenas (read; a matrix names which), 6
 //     LayerParams, 7 rings (read_write), 8 step (read).
 //     Phases by lp.flags, each ending with a storage + workgroup barrier:
-//       CONV   every engram site's ring write and convolution (engram.wgsl's math);
+//       CONV   every engram site's ring write and convolution (conv_column);
 //       PREV   attn = wo · prepare(o); mlp_body (after, out, update); the route of
-//              layer lp.prev (Sinkhorn on invocation 0) applied to the lanes in place;
+//              layer lp.prev (route_gates on invocation 0, route_column) in place;
 //       NEXT   p = Φ · prepare(rms_unit(lanes)) for layer lp.next (24 rows); the
-//              pre-mix (u, b) with the engram gate at a site;
+//              pre-mix (u, b) with the engram gate at a site (premix_slot);
 //       LOGITS prepare(zcrms(mean of the lanes, final_norm)) written at lp.lprep
 //              (the vocabulary matvec reads it prepared, mode 4).
 //     A CQ row is one invocation's sequential dot over the prepared input staged in
@@ -86,16 +88,12 @@ struct LayerParams {
     phi: array<CqRef, 3>,
 }
 
-@group(0) @binding(3) var<storage, read_write> lanes: array<f32>;
 @group(0) @binding(4) var<storage, read> arena_a: array<u32>;
 @group(0) @binding(5) var<storage, read> arena_b: array<u32>;
 @group(0) @binding(6) var<uniform> lp: LayerParams;
-@group(0) @binding(7) var<storage, read_write> rings: array<f32>;
-@group(0) @binding(8) var<storage, read> step_words: array<u32>;
 
 // (No workgroup memory besides mlp.wgsl's 16 KiB `scratch`, the WebGPU default
-// limit: the route weights go through act[route_out], each invocation forms the
-// gates itself.)
+// limit: the route's gates go through scratch[0..20] between two barriers.)
 
 fn sync() {
     storageBarrier();
@@ -174,23 +172,13 @@ fn padded(m: CqRef) -> u32 {
 
 // ---------------------------------------------------------------- phases
 fn conv_sites(li: u32) {
-    let h = lp.hidden;
     let t = step_words[1];
     for (var s = 0u; s < min(lp.n_sites, MAX_SITES); s++) {
         let site = lp.sites[s];
-        for (var c = li; c < h; c += WG) {
-            let vv = act[site.x + c];
-            rings[site.z + (t % lp.ring) * h + c] = vv;
-            var m = 0.0;
-            for (var j = 0u; j < lp.taps; j++) {
-                let back = j * lp.dilation;
-                if (back > t) {
-                    break;
-                }
-                let r = (t - back) % lp.ring;
-                m += vecs[site.w + j * h + c] * rings[site.z + r * h + c];
-            }
-            act[site.y + c] = vv + silu(m);
+        let p = EngramConvParams(lp.hidden, lp.taps, lp.dilation, lp.ring, site.x, site.y,
+                                 site.z, site.w, 0u, 0u, 0u, 0u);
+        for (var c = li; c < lp.hidden; c += WG) {
+            conv_column(p, t, site.z, 0u, c);
         }
     }
     sync();
@@ -208,64 +196,18 @@ fn wo_matvec(li: u32) {
     sync();
 }
 
-fn lane_offset(layer: u32, i: u32) -> f32 {
-    return select(-4.0, 4.0, i == layer % 4u);
-}
-
-fn lse4(v: vec4<f32>) -> f32 {
-    let m = max(max(max(v.x, v.y), v.z), v.w);
-    return m + log(exp(v.x - m) + exp(v.y - m) + exp(v.z - m) + exp(v.w - m));
-}
-
 fn route_lanes(li: u32) {
+    let p = RouteParams(lp.hidden, lp.prev, lp.iters, lp.p_prev + 4u, lp.p_prev + 8u, mp.update,
+                        lp.a_post, lp.b_post, lp.a_res, lp.b_res, lp.route_out, 0u, 0u, 0u, 0u, 0u);
     if (li == 0u) {
-        var l: array<vec4<f32>, 4>;
-        let a = vecs[lp.a_res];
-        let p_res = lp.p_prev + 8u;
-        for (var i = 0u; i < 4u; i++) {
-            for (var j = 0u; j < 4u; j++) {
-                l[i][j] = a * act[p_res + 4u * i + j] + vecs[lp.b_res + 4u * i + j];
-            }
-        }
-        for (var it = 0u; it < lp.iters; it++) {
-            for (var i = 0u; i < 4u; i++) {
-                l[i] = l[i] - vec4<f32>(lse4(l[i]));
-            }
-            for (var j = 0u; j < 4u; j++) {
-                let s = lse4(vec4<f32>(l[0][j], l[1][j], l[2][j], l[3][j]));
-                for (var i = 0u; i < 4u; i++) {
-                    l[i][j] -= s;
-                }
-            }
-        }
-        for (var i = 0u; i < 4u; i++) {
-            for (var j = 0u; j < 4u; j++) {
-                act[lp.route_out + 4u * i + j] = exp(l[i][j]);
-            }
+        route_gates(p, 0u);
+        for (var k = 0u; k < 16u; k++) {
+            act[lp.route_out + k] = scratch[k];
         }
     }
     sync();
-    var route: array<f32, 16>;
-    for (var k = 0u; k < 16u; k++) {
-        route[k] = act[lp.route_out + k];
-    }
-    var hpost: array<f32, 4>;
-    let ap = vecs[lp.a_post];
-    for (var i = 0u; i < 4u; i++) {
-        let z = ap * act[lp.p_prev + 4u + i] + vecs[lp.b_post + i] + lane_offset(lp.prev, i);
-        hpost[i] = 2.0 * sigm(z);
-    }
-    let h = lp.hidden;
-    for (var c = li; c < h; c += WG) {
-        let x = array<f32, 4>(lanes[c], lanes[h + c], lanes[2u * h + c], lanes[3u * h + c]);
-        let up = act[mp.update + c];
-        for (var i = 0u; i < 4u; i++) {
-            var acc = 0.0;
-            for (var j = 0u; j < 4u; j++) {
-                acc += route[4u * i + j] * x[j];
-            }
-            lanes[i * h + c] = acc + hpost[i] * up;
-        }
+    for (var c = li; c < lp.hidden; c += WG) {
+        route_column(p, 0u, 0u, c);
     }
     sync();
 }
@@ -299,43 +241,9 @@ fn phi_matvec(li: u32) {
 }
 
 fn premix_next(li: u32) {
-    let h = lp.hidden;
-    let a = vecs[lp.a_pre];
-    var g: array<f32, 4>;
-    for (var i = 0u; i < 4u; i++) {
-        let z = a * act[lp.p_next + i] + vecs[lp.b_pre + i] + lane_offset(lp.next, i);
-        g[i] = sigm(z);
-    }
-    var usq = 0.0;
-    for (var c = li; c < h; c += WG) {
-        var u = 0.0;
-        for (var i = 0u; i < 4u; i++) {
-            u += g[i] * lanes[i * h + c];
-        }
-        act[lp.u + c] = u;
-        act[lp.b + c] = u;
-        usq += u * u;
-    }
-    if (lp.site != 0u) {
-        // Every invocation re-reads only the columns it wrote itself.
-        var ksq = 0.0;
-        for (var c = li; c < h; c += WG) {
-            let k = act[lp.key + c];
-            ksq += k * k;
-        }
-        let ru = 1.0 / sqrt(wg_sum(usq, li) / f32(h) + EPS);
-        let rk = 1.0 / sqrt(wg_sum(ksq, li) / f32(h) + EPS);
-        var d = 0.0;
-        for (var c = li; c < h; c += WG) {
-            let zu = act[lp.u + c] * ru * (1.0 + vecs[lp.norm_u + c]);
-            let zk = act[lp.key + c] * rk * (1.0 + vecs[lp.norm_k + c]);
-            d += zu * zk;
-        }
-        let alpha = sigm(wg_sum(d, li) * (1.0 / sqrt(f32(h))));
-        for (var c = li; c < h; c += WG) {
-            act[lp.b + c] = act[lp.u + c] + alpha * act[lp.value + c];
-        }
-    }
+    let p = PremixParams(lp.hidden, lp.next, lp.site, lp.p_next, lp.u, lp.b, lp.key, lp.value,
+                         lp.a_pre, lp.b_pre, lp.norm_u, lp.norm_k, 0u, 0u, 0u, 0u);
+    premix_slot(p, 0u, 0u, li);
     sync();
 }
 

@@ -5,8 +5,8 @@
 // All activations live in one f32 buffer `act` and all F32 model tensors in one
 // f32 buffer `vectors`, addressed by element offsets in the params.
 //
-// Prefixed by common.wgsl (wg_sum, silu, scratch) and butterfly.wgsl (bfly4, bfly8)
-// at pipeline build.
+// Prefixed by common.wgsl (wg_sum, silu, scratch), butterfly.wgsl (bfly4, bfly8)
+// and layer_io.wgsl (act, vecs, EPS) at pipeline build.
 //
 // Entry point and bindings (group 0):
 //   mlp  bindings 0..2  dispatch (1, tokens, 1), workgroup WG (ONE workgroup per
@@ -34,7 +34,6 @@
 // layer_step is built at Capabilities::wide_workgroup.
 override WG: u32 = 256u;
 const CHUNK: u32 = 4096u;
-const EPS: f32 = 1e-6;
 const SCRATCH_LEN: u32 = CHUNK;
 
 struct MlpParams {
@@ -56,8 +55,7 @@ struct MlpParams {
     tstride: u32,   // act elements between token slots (workgroup y of a prefill chunk)
 }
 @group(0) @binding(0) var<uniform> mp: MlpParams;
-@group(0) @binding(1) var<storage, read_write> act: array<f32>;
-@group(0) @binding(2) var<storage, read> vecs: array<f32>;
+// act and vecs (bindings 1, 2) and EPS come from layer_io.wgsl.
 
 // First act element of this workgroup's token slot: workgroup_id.y · tstride.
 var<private> ta: u32;

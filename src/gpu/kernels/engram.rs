@@ -6,10 +6,13 @@ use crate::engine::profile::bytes;
 use crate::gpu::{Dispatch, GpuContext, Kernel};
 use bytemuck::{Pod, Zeroable};
 
-/// The WGSL source of the family: the shared prelude `shaders/common.wgsl`, then
-/// `shaders/engram.wgsl`.
+/// The WGSL source of the family: the shared prelude `shaders/common.wgsl`, the
+/// per-layer buffers `shaders/layer_io.wgsl`, the width `shaders/wide.wgsl`, then
+/// `shaders/engram.wgsl` (whose `conv_column` `layer_step` calls too).
 pub const SOURCE: &str = concat!(
     include_str!("../../../shaders/common.wgsl"),
+    include_str!("../../../shaders/layer_io.wgsl"),
+    include_str!("../../../shaders/wide.wgsl"),
     include_str!("../../../shaders/engram.wgsl")
 );
 
@@ -75,13 +78,9 @@ impl EngramKernels {
     ) -> Dispatch {
         let ub = ctx.uniform_init("engram conv params", bytemuck::bytes_of(p));
         let groups = p.hidden.div_ceil(ctx.caps.wide_workgroup).max(1);
-        Dispatch::new(
-            ctx,
-            &self.conv,
-            &[&ub, act, vectors, step, rings],
-            [groups, 1, 1],
-        )
-        .with_bytes(bytes::engram_conv(p.hidden as usize, p.taps as usize))
+        let at = [(11, &ub), (1, act), (2, vectors), (8, step), (7, rings)];
+        Dispatch::new_at(ctx, &self.conv, &at, [groups, 1, 1])
+            .with_bytes(bytes::engram_conv(p.hidden as usize, p.taps as usize))
     }
 }
 

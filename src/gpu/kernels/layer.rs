@@ -13,12 +13,17 @@ use crate::gpu::arena::GpuCq;
 use crate::gpu::{Dispatch, GpuContext, Kernel};
 use bytemuck::{Pod, Zeroable};
 
-/// The WGSL source: `common.wgsl`, `butterfly.wgsl`, `mlp.wgsl` (whose bindings and `mlp_body` the
-/// kernel uses), then `layer.wgsl`.
+/// The WGSL source: `common.wgsl`, `butterfly.wgsl`, `layer_io.wgsl` (the
+/// per-layer buffers), `mlp.wgsl`, `mhc.wgsl` and `engram.wgsl` (whose
+/// functions each phase calls: `mlp_body`, `premix_slot`, `route_gates`,
+/// `route_column`, `conv_column`), then `layer.wgsl`.
 pub const SOURCE: &str = concat!(
     include_str!("../../../shaders/common.wgsl"),
     include_str!("../../../shaders/butterfly.wgsl"),
+    include_str!("../../../shaders/layer_io.wgsl"),
     include_str!("../../../shaders/mlp.wgsl"),
+    include_str!("../../../shaders/mhc.wgsl"),
+    include_str!("../../../shaders/engram.wgsl"),
     include_str!("../../../shaders/layer.wgsl")
 );
 

@@ -6,10 +6,13 @@ use crate::engine::profile::bytes;
 use crate::gpu::{Dispatch, GpuContext, Kernel};
 use bytemuck::{Pod, Zeroable};
 
-/// The WGSL source of the family: the shared prelude `shaders/common.wgsl`, then
-/// `shaders/mhc.wgsl`.
+/// The WGSL source of the family: the shared prelude `shaders/common.wgsl`, the
+/// per-layer buffers `shaders/layer_io.wgsl`, the width `shaders/wide.wgsl`, then
+/// `shaders/mhc.wgsl` (whose functions `layer_step` calls too).
 pub const SOURCE: &str = concat!(
     include_str!("../../../shaders/common.wgsl"),
+    include_str!("../../../shaders/layer_io.wgsl"),
+    include_str!("../../../shaders/wide.wgsl"),
     include_str!("../../../shaders/mhc.wgsl")
 );
 
@@ -99,7 +102,7 @@ impl MhcKernels {
         let wg = [("WG", f64::from(ctx.caps.wide_workgroup))];
         MhcKernels {
             premix: Kernel::new(ctx, SOURCE, "premix", "premix", 0, &wg),
-            route: Kernel::new(ctx, SOURCE, "route", "route", 4, &wg),
+            route: Kernel::new(ctx, SOURCE, "route", "route", 0, &wg),
         }
     }
 
@@ -116,7 +119,8 @@ impl MhcKernels {
         vectors: &wgpu::Buffer,
     ) -> Dispatch {
         let ub = ctx.uniform_init("premix params", bytemuck::bytes_of(p));
-        Dispatch::new(ctx, &self.premix, &[&ub, lanes, act, vectors], [1, 1, 1])
+        let at = [(9, &ub), (3, lanes), (1, act), (2, vectors)];
+        Dispatch::new_at(ctx, &self.premix, &at, [1, 1, 1])
             .with_bytes(bytes::premix(p.hidden as usize, p.site != 0))
     }
 
@@ -134,13 +138,9 @@ impl MhcKernels {
     ) -> Dispatch {
         let ub = ctx.uniform_init("route params", bytemuck::bytes_of(p));
         let groups = p.hidden.div_ceil(ctx.caps.wide_workgroup).max(1);
-        Dispatch::new(
-            ctx,
-            &self.route,
-            &[&ub, lanes, act, vectors],
-            [groups, 1, 1],
-        )
-        .with_bytes(bytes::route(p.hidden as usize))
+        let at = [(10, &ub), (3, lanes), (1, act), (2, vectors)];
+        Dispatch::new_at(ctx, &self.route, &at, [groups, 1, 1])
+            .with_bytes(bytes::route(p.hidden as usize))
     }
 }
 

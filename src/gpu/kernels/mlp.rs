@@ -7,10 +7,12 @@ use crate::gpu::{Dispatch, GpuContext, Kernel, MlpWorkgroup};
 use bytemuck::{Pod, Zeroable};
 
 /// The WGSL source of the family: the shared prelude `shaders/common.wgsl`, the
-/// FWHT's register butterflies `shaders/butterfly.wgsl`, then `shaders/mlp.wgsl`.
+/// FWHT's register butterflies `shaders/butterfly.wgsl`, the per-layer buffers
+/// `shaders/layer_io.wgsl`, then `shaders/mlp.wgsl`.
 pub const SOURCE: &str = concat!(
     include_str!("../../../shaders/common.wgsl"),
     include_str!("../../../shaders/butterfly.wgsl"),
+    include_str!("../../../shaders/layer_io.wgsl"),
     include_str!("../../../shaders/mlp.wgsl")
 );
 /// Largest `hadamard_dim` transformed entirely in workgroup memory; above it the
