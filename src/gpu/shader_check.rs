@@ -109,9 +109,9 @@ mod tests {
             ),
             // mlp.wgsl's scratch only: within WebGPU's default 16 KiB.
             (layer::SOURCE, "layer_step", 16384),
-            // scratch 256 × 4; route uses only gates (20 × 4).
+            // wide.wgsl's scratch, 256 × 4 (route keeps its 20 gates there).
             (mhc::SOURCE, "premix", 1024),
-            (mhc::SOURCE, "route", 80),
+            (mhc::SOURCE, "route", 1024),
             // scratch = CHUNK (4096) × 4.
             (mlp::SOURCE, "mlp", 16384),
             (engram::SOURCE, "conv", 0),
