@@ -74,14 +74,16 @@ impl DeviceReadout {
 
 /// The softmax denominator `total` the device top-k summed over `vocab` logits,
 /// with its error bound.
-pub(crate) fn device_nucleus(total: f32, vocab: usize) -> Nucleus {
+pub(crate) fn device_nucleus(total: f32, vocab: usize, width: u32) -> Nucleus {
     // The device sums f32 terms: WGSL's exp is within 3 + 2|x| ulp (below
     // 2e-5 relative for every term that matters against the largest, which
-    // is 1), each of at least 128 invocations (Capabilities::wide_workgroup:
-    // 256 or 128) adds at most ceil(n / 128) terms in a row and a tree of at
-    // most 8 levels joins them (one rounding each); 4× that for safety.
-    let n = vocab as f64;
-    let rounding = ((n / 128.0).ceil() + 8.0) * f64::from(f32::EPSILON);
+    // is 1), each of the kernel's `width` invocations
+    // (Capabilities::wide_workgroup) adds ceil(n / width) terms in a row and a
+    // tree of log2(width) levels joins them (one rounding each); 4× that for
+    // safety. (A looser bound would only send more top-p steps to the full
+    // logits.)
+    let (n, w) = (vocab as f64, f64::from(width));
+    let rounding = ((n / w).ceil() + w.log2()) * f64::from(f32::EPSILON);
     Nucleus {
         total: f64::from(total),
         rel_err: 4.0 * (2e-5 + rounding),
@@ -365,7 +367,7 @@ impl Readouts {
                 words,
                 w.mask,
                 position(k),
-                self.vocab,
+                (self.vocab, self.sample.width()),
                 self.outs.item(k),
                 scratch,
             )?;
@@ -480,7 +482,7 @@ impl Readouts {
             &self.staged,
             mask,
             t,
-            self.vocab,
+            (self.vocab, self.sample.width()),
             &mut self.again,
             scratch,
         )?;
@@ -495,7 +497,7 @@ fn decode(
     words: &[u32],
     mask: Option<&TokenMask>,
     t: u64,
-    vocab: usize,
+    (vocab, width): (usize, u32),
     it: &mut ItemOut,
     (row, masked, candidates): (&mut Vec<f32>, &mut Vec<f32>, &mut Vec<(f32, u32)>),
 ) -> Result<()> {
@@ -511,7 +513,7 @@ fn decode(
             let Some(total) = decode_topk(words, &mut it.candidates) else {
                 return Err(non_finite_logits(t));
             };
-            it.set_candidates((temperature > 0.0).then(|| device_nucleus(total, vocab)));
+            it.set_candidates((temperature > 0.0).then(|| device_nucleus(total, vocab, width)));
         }
         DeviceReadout::Logits => {
             row.clear();

@@ -531,50 +531,61 @@ fn inspect_rejects_a_broken_archive() {
 
 #[test]
 fn generate_greedy_from_preset() {
+    // `generate` samples by default: `--temperature 0` is the argmax chain.
+    // Prompt 1,2 meets EOS at once (nothing printed); 5,9 runs 5 tokens.
     let dir = tempfile::tempdir().unwrap();
-    let out = cqlm(
-        dir.path(),
-        &[
-            "generate",
-            "--preset",
-            "tiny",
-            "--weights-seed",
-            "11",
-            "--ids",
-            "1,2",
-            "--max-tokens",
-            "5",
-            "--backend",
-            "cpu",
-        ],
-    );
-    assert_ok(&out, "generate");
     let c = Config::preset_tiny();
-    let ids: Vec<u32> = text(&out.stdout)
-        .split_whitespace()
-        .map(|s| s.parse().expect("an id"))
-        .collect();
-    assert!(ids.len() <= 5, "{ids:?}");
-    assert!(ids.iter().all(|&i| (i as usize) < c.vocab));
-    // EOS ends generation and is not printed.
-    assert!(ids.iter().all(|&i| i != c.eos), "{ids:?}");
-    let stderr = text(&out.stderr);
-    assert!(stderr.contains("random weights"), "{stderr}");
+    let model = Arc::new(synth_model(&c, &plan_for_preset("tiny"), 11).unwrap());
+    let mut lengths = Vec::new();
+    for prompt in [[1u32, 2], [5, 9]] {
+        let arg = format!("{},{}", prompt[0], prompt[1]);
+        let out = cqlm(
+            dir.path(),
+            &[
+                "generate",
+                "--preset",
+                "tiny",
+                "--weights-seed",
+                "11",
+                "--ids",
+                &arg,
+                "--max-tokens",
+                "5",
+                "--temperature",
+                "0",
+                "--backend",
+                "cpu",
+            ],
+        );
+        assert_ok(&out, "generate");
+        let ids: Vec<u32> = text(&out.stdout)
+            .split_whitespace()
+            .map(|s| s.parse().expect("an id"))
+            .collect();
+        assert!(ids.len() <= 5, "{ids:?}");
+        assert!(ids.iter().all(|&i| (i as usize) < c.vocab));
+        // EOS ends generation and is not printed.
+        assert!(ids.iter().all(|&i| i != c.eos), "{ids:?}");
+        let stderr = text(&out.stderr);
+        assert!(stderr.contains("random weights"), "{stderr}");
 
-    // The same greedy loop through the library.
-    let model = synth_model(&c, &plan_for_preset("tiny"), 11).unwrap();
-    let mut e = CpuEngine::new(Arc::new(model)).unwrap();
-    let mut logits = e.prefill(&[1, 2]).unwrap();
-    let mut want = Vec::new();
-    while want.len() < 5 {
-        let next = argmax(&logits);
-        if next == c.eos {
-            break;
+        // The same greedy loop through the library.
+        let mut e = CpuEngine::new(Arc::clone(&model)).unwrap();
+        let mut logits = e.prefill(&prompt).unwrap();
+        let mut want = Vec::new();
+        while want.len() < 5 {
+            let next = argmax(&logits);
+            if next == c.eos {
+                break;
+            }
+            want.push(next);
+            logits = e.logits_after(next);
         }
-        want.push(next);
-        logits = e.logits_after(next);
+        assert_eq!(ids, want, "prompt {prompt:?}");
+        lengths.push(ids.len());
     }
-    assert_eq!(ids, want);
+    // Both ends of the loop were seen: an EOS stop and the token limit.
+    assert_eq!(lengths, [0, 5]);
 }
 
 #[test]

@@ -62,6 +62,7 @@ pub struct TopkParams {
 pub struct SampleKernels {
     argmax: Kernel,
     topk: Kernel,
+    width: u32,
 }
 
 impl SampleKernels {
@@ -72,7 +73,14 @@ impl SampleKernels {
         SampleKernels {
             argmax: Kernel::new(ctx, SOURCE, "sample", "argmax", 0, &wg),
             topk: Kernel::new(ctx, SOURCE, "topk", "topk", 4, &wg),
+            width: ctx.caps.wide_workgroup,
         }
+    }
+
+    /// Invocations of the kernels' one workgroup (the top-k's denominator sums
+    /// over them, then a tree: its rounding bound depends on it).
+    pub fn width(&self) -> u32 {
+        self.width
     }
 
     /// One workgroup: `out[0]` = argmax of `logits[off .. off + n]` (lowest index of

@@ -74,7 +74,9 @@ fn blocks_text(v: &Value, at: &str, tool_result: bool) -> Result<String, ApiErro
     match v {
         Value::String(s) => Ok(s.clone()),
         Value::Array(blocks) => {
-            let mut parts = Vec::new();
+            // Text blocks run on as one text; a stand-in is a line of its own.
+            let mut s = String::new();
+            let mut last_was_text = None;
             for (i, b) in blocks.iter().enumerate() {
                 let field = |k: &str| {
                     b.get(k).and_then(Value::as_str).ok_or_else(|| {
@@ -84,14 +86,15 @@ fn blocks_text(v: &Value, at: &str, tool_result: bool) -> Result<String, ApiErro
                         )
                     })
                 };
-                match b.get("type").and_then(Value::as_str) {
-                    Some("text") => parts.push(field("text")?.to_string()),
+                let (part, is_text) = match b.get("type").and_then(Value::as_str) {
+                    Some("text") => (field("text")?.to_string(), true),
                     Some("tool_reference") if tool_result => {
-                        parts.push(format!("Tool loaded: {}", field("tool_name")?));
+                        (format!("Tool loaded: {}", field("tool_name")?), false)
                     }
-                    Some(kind @ ("image" | "document")) if tool_result => {
-                        parts.push(format!("[{kind} omitted: this model reads text only]"));
-                    }
+                    Some(kind @ ("image" | "document")) if tool_result => (
+                        format!("[{kind} omitted: this model reads text only]"),
+                        false,
+                    ),
                     other => {
                         let allowed = if tool_result {
                             "text, tool_reference, image, document"
@@ -103,16 +106,12 @@ fn blocks_text(v: &Value, at: &str, tool_result: bool) -> Result<String, ApiErro
                             &format!("{at}[{i}].type"),
                         ));
                     }
-                }
-            }
-            // Text blocks run on as one text, as before; a stand-in line is its own line.
-            let mut s = String::new();
-            for (i, p) in parts.iter().enumerate() {
-                let own_line = |b: &Value| b["type"] != "text";
-                if i > 0 && (own_line(&blocks[i]) || own_line(&blocks[i - 1])) {
+                };
+                if last_was_text.is_some_and(|t| !(t && is_text)) {
                     s.push('\n');
                 }
-                s.push_str(p);
+                s.push_str(&part);
+                last_was_text = Some(is_text);
             }
             Ok(s)
         }

@@ -16,7 +16,7 @@ use crate::engine::profile::bytes;
 use crate::gpu::{Dispatch, GpuContext, Kernel};
 pub use params::{GatherMany, GatherParams, MatvecParams, GATHER_ENTRIES, PREPARED};
 pub use plan::{plan_matvec, Launch, MatvecItem, PlanCaps};
-pub use staging::{staging_columns, with_staging, MAX_GROUP, STAGING_NARROW, STAGING_WIDE};
+pub use staging::{staging_columns, with_staging, STAGING_NARROW, STAGING_WIDE};
 
 /// The WGSL source of the family: `shaders/butterfly.wgsl` (the FWHT's register
 /// butterflies), then `shaders/cq.wgsl`.

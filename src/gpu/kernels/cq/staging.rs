@@ -12,10 +12,6 @@ pub const STAGING_WIDE: usize = 4096;
 /// Columns of the staging array on an adapter with less workgroup memory
 /// (WebGPU's default of 16,384 bytes: every cq entry point then fits).
 pub const STAGING_NARROW: usize = 2048;
-/// Largest group the shared-memory FWHTs of `matvec` and `gather` handle on
-/// any adapter: the wide staging array (the narrow one takes at most
-/// [`STAGING_NARROW`]; see [`staging_columns`]).
-pub const MAX_GROUP: usize = STAGING_WIDE;
 
 /// Every entry point of the family that stages (an entry point missing from
 /// a source counts as fitting in [`GpuContext::fits_workgroup_storage`]).
