@@ -157,7 +157,7 @@ impl GpuBatch {
 
     /// The decode program the batch runs.
     pub fn program(&self) -> ProgramKind {
-        self.gpu.program.kind
+        self.gpu.program.kind()
     }
 
     /// The model on the device.
@@ -266,10 +266,7 @@ impl GpuBatch {
         // most of them end an item (decode tokens), not for a prompt chunk.
         // A pass of one token runs the decode step ([`mixed_ops`]).
         // (One sequence has one logits window: never batched.)
-        let batched_tail = self.seqs.len() > 1
-            && program.kind != ProgramKind::Lean
-            && n > 1
-            && 2 * ends.len() >= n;
+        let batched_tail = self.seqs.len() > 1 && n > 1 && 2 * ends.len() >= n;
         let plans: Vec<&PrefillPlan> = pass
             .iter()
             .map(|p| self.per_seq[p.seq].as_ref().expect("prepared"))

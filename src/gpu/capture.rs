@@ -56,7 +56,7 @@ pub(crate) fn run(
     want_logits: bool,
     keep: Option<Op<'_>>,
 ) -> Result<(Option<Vec<f32>>, Vec<Captured>)> {
-    let p = &gpu.program;
+    let p = gpu.program.decode();
     let logits_point = CapturePoint {
         after: p.tail.len(),
         name: "logits".into(),

@@ -111,12 +111,12 @@ impl GpuEngine {
 
     /// Compute dispatches recorded per token: `(without logits, with logits)`.
     pub fn dispatches_per_token(&self) -> (usize, usize) {
-        self.batch.gpu().program.dispatches_per_token()
+        self.batch.gpu().program.decode().dispatches_per_token()
     }
 
     /// Kernel names of layer `l`'s dispatches, in recording order.
     pub fn layer_dispatch_names(&self, l: usize) -> Vec<&'static str> {
-        let layers = &self.batch.gpu().program.layers;
+        let layers = &self.batch.gpu().program.decode().layers;
         layers
             .get(l)
             .map_or(Vec::new(), |d| d.iter().map(|x| x.name).collect())
@@ -124,7 +124,7 @@ impl GpuEngine {
 
     /// Dispatches recorded for one layer (the largest over layers).
     pub fn dispatches_per_layer(&self) -> usize {
-        let layers = &self.batch.gpu().program.layers;
+        let layers = &self.batch.gpu().program.decode().layers;
         layers.iter().map(Vec::len).max().unwrap_or(0)
     }
 

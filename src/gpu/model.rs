@@ -99,7 +99,7 @@ impl GpuModel {
 
     /// `gpu: ADAPTER, PROGRAM program`.
     pub(crate) fn describe(&self) -> String {
-        let program = match self.program.kind {
+        let program = match self.program.kind() {
             ProgramKind::Standard => "standard",
             ProgramKind::Lean => "lean",
         };

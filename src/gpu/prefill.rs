@@ -8,14 +8,16 @@
 //! dispatches rebound to each slot's windows (built once) and run in token
 //! order, so each token's attention sees exactly the cache rows its own step
 //! would, across the window wrap too, and the logits are bit-identical to one
-//! step per token. The lean program ([`super::lean`]) runs a chunk as its decode steps,
-//! one after another in one submit, each rebound to its token's slot.
+//! step per token of the standard program. Whichever program was chosen, a
+//! pass of several tokens runs this plan (the lean program's fused kernels are
+//! for one token; [`super::program::StepProgram`]), and a pass of one token
+//! runs the chosen program's decode step rebound to the slot.
 
 use super::kernels::engram::EngramConvParams;
 use super::kernels::mlp::MlpKernels;
 use super::layout::Slots;
 use super::matvec_plan::MatvecPlan;
-use super::program::{Kernels, ProgramKind, StepProgram};
+use super::program::{Kernels, StepProgram};
 use super::recorder::Op;
 use super::state::DeviceState;
 use super::upload::GpuWeights;
@@ -23,12 +25,9 @@ use super::{Dispatch, GpuContext, Window};
 
 /// The per-slot dispatches, built on the first prefill.
 struct PerSlot {
-    /// The lean program: each slot's whole decode step (head and layers) and
-    /// tail, rebound to it; a chunk runs them token after token in one submit,
-    /// so its logits are those of one step per token, bit for bit.
-    lean: Option<Vec<(Vec<Dispatch>, Vec<Dispatch>)>>,
-    /// The standard program: slot 0's whole decode step and tail, rebound to it.
-    /// A pass of one token runs it: the decode step's single-token matvecs
+    /// Slot 0's whole decode step and tail ([`StepProgram::decode`]), rebound
+    /// to it. A pass of one token runs it: the lean program's fused kernels
+    /// where it was chosen, else the standard step's single-token matvecs
     /// instead of the batched ones over one slot, which are slower on some
     /// devices (lavapipe), with the same logits bit for bit.
     single: Option<(Vec<Dispatch>, Vec<Dispatch>)>,
@@ -126,9 +125,8 @@ impl PrefillPlan {
         };
         if self.per_slot.is_none() {
             let count = self.slots.count;
-            let lean = program.kind == ProgramKind::Lean;
+            let std = &program.standard;
             let mut p = PerSlot {
-                lean: lean.then(|| Vec::with_capacity(count)),
                 single: None,
                 head: Vec::with_capacity(count),
                 per_token: vec![Vec::with_capacity(count); program.plan.len()],
@@ -139,23 +137,16 @@ impl PrefillPlan {
                 let re = |ds: &[Dispatch]| -> Vec<Dispatch> {
                     ds.iter().map(|d| d.rebound(ctx, &w)).collect()
                 };
-                let step = || -> Vec<Dispatch> {
-                    let all = program.head.iter().chain(program.layers.iter().flatten());
-                    all.map(|d| d.rebound(ctx, &w)).collect()
-                };
-                if let Some(steps) = &mut p.lean {
-                    steps.push((step(), re(&program.tail)));
-                    continue;
-                }
                 if j == 0 {
-                    p.single = Some((step(), re(&program.tail)));
+                    let decode = program.decode();
+                    let all = decode.head.iter().chain(decode.layers.iter().flatten());
+                    let step = all.map(|d| d.rebound(ctx, &w)).collect();
+                    p.single = Some((step, re(&decode.tail)));
                 }
                 let sites = &program.head_sites;
-                p.head.push((
-                    re(&program.head[..sites.start]),
-                    re(&program.head[sites.end..]),
-                ));
-                p.tail.push(re(&program.tail));
+                p.head
+                    .push((re(&std.head[..sites.start]), re(&std.head[sites.end..])));
+                p.tail.push(re(&std.tail));
                 for (l, lp) in program.plan.iter().enumerate() {
                     let r = |d: &Dispatch| d.rebound(ctx, &w);
                     p.per_token[l].push([r(&lp.qk_store), r(&lp.attend)]);
@@ -177,8 +168,7 @@ impl PrefillPlan {
         n: usize,
     ) {
         let batched_only = self.binding == SeqBinding::Batched;
-        let lean = program.kind == ProgramKind::Lean;
-        if !lean && !self.batched.iter().any(|(k, ..)| *k == n) {
+        if !self.batched.iter().any(|(k, ..)| *k == n) {
             let mlp: &MlpKernels = &kernels.mlp;
             let (lanes, act, vectors) = (&state.lanes, &state.act, &weights.vectors);
             let b = program
@@ -213,7 +203,7 @@ impl PrefillPlan {
                 .map(|one| one.clone().over_slots(n));
             self.batched.push((n, BatchedHead { gathers, sites }, b));
         }
-        if !lean && batched_only && !self.tails.iter().any(|(k, _)| *k == n) {
+        if batched_only && !self.tails.iter().any(|(k, _)| *k == n) {
             let d = program
                 .tail_plan
                 .dispatches(&kernels.cq, ctx, &weights.arenas, n);
@@ -235,8 +225,10 @@ impl PrefillPlan {
         state: &DeviceState,
         d: usize,
     ) {
-        let fits = self.binding == SeqBinding::Batched && program.kind != ProgramKind::Lean;
-        if !fits || d < 2 || self.distinct.iter().any(|(k, _)| *k == d) {
+        if self.binding != SeqBinding::Batched
+            || d < 2
+            || self.distinct.iter().any(|(k, _)| *k == d)
+        {
             return;
         }
         let over = |one: Dispatch| one.over_slots(d);
@@ -314,15 +306,6 @@ pub(crate) fn mixed_ops<'a>(
     let mut ops = Vec::new();
     fn run<'a>(ops: &mut Vec<Op<'a>>, ds: &'a [Dispatch]) {
         ops.extend(ds.iter().map(Op::Run));
-    }
-    if slot(0)?.lean.is_some() {
-        for j in 0..n {
-            run(&mut ops, &slot(j)?.lean.as_ref()?.get(j)?.0);
-        }
-        for &j in tails {
-            run(&mut ops, &slot(j)?.lean.as_ref()?.get(j)?.1);
-        }
-        return Some(ops);
     }
     if let (1, Some((step, tail))) = (n, &slot(0)?.single) {
         run(&mut ops, step);

@@ -52,3 +52,22 @@ pub fn only_software_adapters() -> bool {
 pub fn adapter_env_set() -> bool {
     std::env::var("CQLM_ADAPTER").is_ok_and(|s| !s.is_empty())
 }
+
+/// Assert that `got` and `want`, logits of the same work done in different
+/// passes (batched against alone, chunked against stepped), agree as
+/// `program` promises: bit for bit on the standard program (its batched and
+/// one-token kernels sum in the same order); within rounding (relative L2 ≤
+/// 1e-5) on the lean one, whose fused one-token kernels sum in another order
+/// than the standard kernels that passes of several tokens run.
+pub fn assert_same_work(got: &[f32], want: &[f32], program: cqlm::gpu::ProgramKind, what: &str) {
+    match program {
+        cqlm::gpu::ProgramKind::Standard => {
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(got), bits(want), "{what}");
+        }
+        cqlm::gpu::ProgramKind::Lean => {
+            let e = rel_l2(got, want);
+            assert!(e <= 1e-5, "{what}: rel L2 {e:.2e} on the lean program");
+        }
+    }
+}

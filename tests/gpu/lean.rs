@@ -1,10 +1,11 @@
 //! The lean GPU program (3 dispatches per layer, `cqlm::gpu::ProgramKind::Lean`)
 //! asked for explicitly, whatever the adapter: its dispatch budget, its logits
 //! against the CPU reference across the window wrap, its captured tensors
-//! against the CPU probe's, and its prefill against its own steps. (CI also runs
+//! against the CPU probe's, and its prefill (the standard program's batched
+//! plan) against the standard steps. (CI also runs
 //! every GPU test with `CQLM_GPU_PROGRAM=lean`.)
 
-use crate::common::gpu::{gpu, rel_l2};
+use crate::common::gpu::{assert_same_work, gpu, rel_l2};
 use crate::common::{token_ids, StepLogits};
 use cqlm::cpu::Probe;
 use cqlm::cq::BitsPlan;
@@ -110,15 +111,23 @@ fn lean_captures_name_every_tensor_the_cpu_probe_names() {
 }
 
 #[test]
-fn lean_prefill_gives_its_steps_logits_bit_for_bit() {
+fn a_lean_engine_prefills_with_the_standard_plan_and_steps_within_rounding_of_it() {
+    // Passes of several tokens run the standard program's batched plan whatever
+    // program was chosen: a lean engine's prefill gives the standard steps'
+    // logits bit for bit (on CPU adapters) unless its last pass is one token
+    // (a lean step), and its lean steps after it stay within rounding of the
+    // standard steps, across the window wrap.
     let Some(ctx) = gpu() else { return };
     let m = model(wrapping(true), 6);
     let ids = token_ids(5, 20, m.config.vocab);
-    let mut stepper =
-        GpuEngine::with_program(Arc::clone(&m), Arc::clone(&ctx), ProgramKind::Lean).unwrap();
-    let stepped: Vec<Vec<f32>> = ids.iter().map(|&id| stepper.logits_after(id)).collect();
+    let mut standard =
+        GpuEngine::with_program(Arc::clone(&m), Arc::clone(&ctx), ProgramKind::Standard).unwrap();
+    let stepped: Vec<Vec<f32>> = ids.iter().map(|&id| standard.logits_after(id)).collect();
+    let software = ctx.info.device_type == wgpu::DeviceType::Cpu;
     let mut g = GpuEngine::with_program(Arc::clone(&m), ctx, ProgramKind::Lean).unwrap();
-    for chunk in [3usize, 7] {
+    assert_eq!(g.program(), ProgramKind::Lean);
+    // 13 tokens in chunks of 3 end with a pass of one, which runs the lean step.
+    for chunk in [3usize, 5, 7] {
         g.reset();
         g.set_prefill_chunk(chunk);
         let last = g
@@ -127,14 +136,15 @@ fn lean_prefill_gives_its_steps_logits_bit_for_bit() {
             .logits()
             .unwrap()
             .to_vec();
-        assert_eq!(
-            last.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            stepped[12].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            "chunk {chunk}"
-        );
-        // And the state: the steps after it agree too.
+        let program = if software && 13 % chunk != 1 {
+            ProgramKind::Standard
+        } else {
+            ProgramKind::Lean
+        };
+        assert_same_work(&last, &stepped[12], program, &format!("chunk {chunk}"));
         for (t, &id) in ids.iter().enumerate().skip(13) {
-            assert_eq!(g.logits_after(id), stepped[t], "chunk {chunk}, step {t}");
+            let e = rel_l2(&g.logits_after(id), &stepped[t]);
+            assert!(e <= 1e-5, "chunk {chunk}, lean step {t}: rel L2 {e:.2e}");
         }
     }
 }

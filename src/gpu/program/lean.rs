@@ -9,12 +9,13 @@
 //! logits' input prepared once) and the vocabulary matvec reading it prepared.
 //! The engram convolutions run in layer 0's `layer_step`.
 //!
-//! The prefill keeps the standard program's kernels (its matvecs batch a chunk;
-//! [`crate::gpu::prefill`]); both leave the same cache and rings. Which program a
+//! Passes of several tokens keep the standard program's kernels (their matvecs
+//! batch the pass; [`crate::gpu::prefill`]); both leave the same cache and
+//! rings. Which program a
 //! step runs: [`ProgramKind::choose`](super::ProgramKind::choose).
 
 use super::params::{attn_params, mlp_params, Fault, Parts};
-use super::plan::{ProgramKind, StepProgram};
+use super::plan::{StepLists, StepProgram};
 use crate::engine::profile::bytes;
 use crate::gpu::arena::GpuCq;
 use crate::gpu::capture::{CapturePoint, Source};
@@ -24,28 +25,24 @@ use crate::gpu::kernels::layer::{flags, CqRef, LayerBuffers, LayerParams, MAX_ST
 use crate::gpu::kernels::mlp::MlpParams;
 use crate::gpu::Dispatch;
 
-/// Replace `prog`'s decode lists by the lean program's, when the model fits it;
-/// `false` (and `prog` untouched) when it does not: a matrix the kernel reads
-/// (wo, the Φ rows of a layer) split over arena parts or spread over more than
-/// two arenas, Φ matrices of different groups, or a prepared input over
-/// [`MAX_STAGED`] values.
-pub(crate) fn apply(p: &Parts<'_>, prog: &mut StepProgram) -> bool {
-    let Some(layers) = layer_lists(p, prog) else {
-        return false;
-    };
-    let (lists, mut caps, tail, tail_caps) = layers;
-    let c = p.config;
+/// The lean program's lists over the standard program `prog` (whose q/k/v/g
+/// matvecs and gathers it reuses), when the model fits it; `None` when it does
+/// not: a matrix the kernel reads (wo, the Φ rows of a layer) split over arena
+/// parts or spread over more than two arenas, Φ matrices of different groups,
+/// or a prepared input over [`MAX_STAGED`] values.
+pub(crate) fn build(p: &Parts<'_>, prog: &StepProgram) -> Option<StepLists> {
+    let (layers, mut layer_caps, tail, tail_caps) = layer_lists(p, prog)?;
     let (head, head_caps, values) = head(p, prog);
-    caps[0].splice(0..0, values);
-    debug_assert_eq!(lists.len(), c.layers);
-    prog.head = head;
-    prog.head_caps = head_caps;
-    prog.layers = lists;
-    prog.layer_caps = caps;
-    prog.tail = tail;
-    prog.tail_caps = tail_caps;
-    prog.kind = ProgramKind::Lean;
-    true
+    layer_caps[0].splice(0..0, values);
+    debug_assert_eq!(layers.len(), p.config.layers);
+    Some(StepLists {
+        head,
+        layers,
+        tail,
+        head_caps,
+        layer_caps,
+        tail_caps,
+    })
 }
 
 /// The lean head: every gather in one dispatch (when they fit it) and the engram
@@ -59,10 +56,11 @@ fn head(
     let h = c.hidden;
     let Some(gather) = prog.head_gathers.clone() else {
         // The standard head without its convolutions.
-        let mut head = prog.head.clone();
+        let std = &prog.standard;
+        let mut head = std.head.clone();
         head.drain(prog.head_conv.clone());
         let (mut caps, mut values) = (Vec::new(), Vec::new());
-        for cp in &prog.head_caps {
+        for cp in &std.head_caps {
             let mut cp = cp.clone();
             if cp.name.starts_with("engram.value.") {
                 cp.after = 1;

@@ -1,7 +1,8 @@
-//! [`StepProgram`]: the token step as lists of prebuilt dispatches (head, one
-//! list per layer, tail), with the capture points between them and, per layer,
-//! the plan a prefill chunk batches its matvecs from; and [`ProgramKind`], which
-//! of the two programs the lists hold.
+//! [`StepProgram`]: the token step as lists of prebuilt dispatches
+//! ([`StepLists`]: head, one list per layer, tail, with the capture points
+//! between them) — the standard program's always, the lean program's beside
+//! them when chosen — and, per layer, the plan a pass of several tokens batches
+//! its matvecs from; and [`ProgramKind`], which program a one-token step runs.
 
 use crate::gpu::capture::CapturePoint;
 use crate::gpu::kernels::engram::EngramConvParams;
@@ -10,7 +11,8 @@ use crate::gpu::kernels::mlp::MlpParams;
 use crate::gpu::matvec_plan::MatvecPlan;
 use crate::gpu::{Dispatch, GpuContext};
 
-/// Which dispatch lists a decode step records.
+/// Which dispatch lists a one-token step records (passes of several tokens
+/// run the standard program's batched plan either way).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProgramKind {
     /// 8 dispatches per layer, each kernel on its own (what suits lavapipe, whose
@@ -56,26 +58,12 @@ pub(crate) struct LayerPlan {
     pub route: RouteParams,
 }
 
-/// The decode step's dispatches, capture points and prefill plan.
-pub(crate) struct StepProgram {
-    /// Which program the lists hold ([`ProgramKind`]).
-    pub kind: ProgramKind,
-    /// Embedding gather and the engram head.
+/// One program's token step: its dispatch lists and the capture points
+/// between them.
+pub(crate) struct StepLists {
+    /// Standard: the embedding gather and the engram head; lean: every gather
+    /// in one dispatch and the engram sites' matvec.
     pub head: Vec<Dispatch>,
-    /// The engram convolutions within the standard head, and their params (a
-    /// batch pass runs them for several sequences at once with a ring stride).
-    pub head_conv: std::ops::Range<usize>,
-    pub head_conv_params: Vec<EngramConvParams>,
-    /// The engram sites' value and key matvecs within the standard head (between
-    /// the gathers and the convolutions), and their plans, which a prefill chunk
-    /// runs batched over its token slots.
-    pub head_sites: std::ops::Range<usize>,
-    pub head_site_plans: Vec<MatvecPlan>,
-    /// The head's gathers (the embedding and the engram tables) in one
-    /// `gather_many` dispatch for one token slot, at the slot strides: with
-    /// [`Dispatch::over_slots`] a pass's slots `0..n` at once. `None` when they don't
-    /// fit one dispatch ([`crate::gpu::kernels::cq::CqKernels::gather_many`]).
-    pub head_gathers: Option<Dispatch>,
     /// Per layer; standard: phi, premix, qkvg, qk_store, attend, wo, mlp, route;
     /// lean: layer_step, qkvg, qk_attend.
     pub layers: Vec<Vec<Dispatch>>,
@@ -86,7 +74,43 @@ pub(crate) struct StepProgram {
     pub head_caps: Vec<CapturePoint>,
     pub layer_caps: Vec<Vec<CapturePoint>>,
     pub tail_caps: Vec<CapturePoint>,
-    /// Per layer, what a prefill chunk batches.
+}
+
+impl StepLists {
+    /// Dispatches of a step without and with the vocabulary projection.
+    pub(crate) fn dispatches_per_token(&self) -> (usize, usize) {
+        let base = self.head.len() + self.layers.iter().map(Vec::len).sum::<usize>();
+        (base, base + self.tail.len())
+    }
+}
+
+/// The token step's dispatches, capture points and the batched plan.
+///
+/// Passes of several tokens (prefill chunks, batch passes) run the standard
+/// lists' per-token dispatches around the batched ones of [`StepProgram::plan`],
+/// whichever program was chosen; a pass of one token runs
+/// [`StepProgram::decode`]. Both programs leave the same cache and rings, so a
+/// sequence moves between them at any token.
+pub(crate) struct StepProgram {
+    /// The standard program's lists.
+    pub standard: StepLists,
+    /// The lean program's lists, when it was asked for and the model fits it.
+    pub lean: Option<StepLists>,
+    /// The engram convolutions within the standard head, and their params (a
+    /// batch pass runs them for several sequences at once with a ring stride).
+    pub head_conv: std::ops::Range<usize>,
+    pub head_conv_params: Vec<EngramConvParams>,
+    /// The engram sites' value and key matvecs within the standard head (between
+    /// the gathers and the convolutions), and their plans, which a prefill chunk
+    /// runs batched over its token slots.
+    pub head_sites: std::ops::Range<usize>,
+    pub head_site_plans: Vec<MatvecPlan>,
+    /// The standard head's gathers (the embedding and the engram tables) in one
+    /// `gather_many` dispatch for one token slot, at the slot strides: with
+    /// [`Dispatch::over_slots`] a pass's slots `0..n` at once. `None` when they don't
+    /// fit one dispatch ([`crate::gpu::kernels::cq::CqKernels::gather_many`]).
+    pub head_gathers: Option<Dispatch>,
+    /// Per layer, what a pass of several tokens batches.
     pub plan: Vec<LayerPlan>,
     /// The vocabulary projection batched over token slots, slot `j`'s logits in
     /// window `j` of the logits buffer ([`crate::gpu::GpuBatch`]'s passes).
@@ -94,9 +118,17 @@ pub(crate) struct StepProgram {
 }
 
 impl StepProgram {
-    /// Dispatches of a step without and with the vocabulary projection.
-    pub(crate) fn dispatches_per_token(&self) -> (usize, usize) {
-        let base = self.head.len() + self.layers.iter().map(Vec::len).sum::<usize>();
-        (base, base + self.tail.len())
+    /// Which program a one-token step runs.
+    pub(crate) fn kind(&self) -> ProgramKind {
+        match self.lean {
+            Some(_) => ProgramKind::Lean,
+            None => ProgramKind::Standard,
+        }
+    }
+
+    /// The lists a one-token step runs: the lean program's when built, else
+    /// the standard one's.
+    pub(crate) fn decode(&self) -> &StepLists {
+        self.lean.as_ref().unwrap_or(&self.standard)
     }
 }

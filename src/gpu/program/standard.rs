@@ -1,9 +1,10 @@
-//! The standard program: the decode step as 8 dispatches per layer, each kernel
-//! on its own, and beside them the plans a prefill chunk batches (every model
-//! runs it; `lean.rs` then replaces the decode lists where it fits).
+//! The standard program: the token step as 8 dispatches per layer, each kernel
+//! on its own, and beside them the plans a pass of several tokens batches
+//! (every model has it, and every such pass runs it; `lean.rs` builds other
+//! one-token lists beside it where it fits).
 
 use super::params::{attn_params, mlp_params, Fault, Parts};
-use super::plan::{LayerPlan, ProgramKind, StepProgram};
+use super::plan::{LayerPlan, StepLists, StepProgram};
 use crate::error::Result;
 use crate::gpu::arena::GpuCq;
 use crate::gpu::capture::{CapturePoint, Source};
@@ -159,18 +160,20 @@ pub(super) fn build(p: &Parts<'_>) -> Result<StepProgram> {
         (p.slots.step, [p.slots.lanes, p.slots.act]),
     );
     let program = StepProgram {
-        kind: ProgramKind::Standard,
-        head,
+        standard: StepLists {
+            head,
+            layers,
+            tail,
+            head_caps,
+            layer_caps,
+            tail_caps: Vec::new(),
+        },
+        lean: None,
         head_conv: conv_from..conv_to,
         head_conv_params: conv_params,
         head_sites: sites_from..conv_from,
         head_site_plans: site_plans,
         head_gathers,
-        layers,
-        tail,
-        head_caps,
-        layer_caps,
-        tail_caps: Vec::new(),
         plan,
         tail_plan,
     };
