@@ -1,5 +1,6 @@
 //! Instance, adapter and device setup (`pollster` blocks on wgpu's futures).
 
+use super::device_errors::DeviceErrors;
 use super::selftest::subgroup_layout_self_test;
 use crate::error::{Error, Result};
 use std::sync::Arc;
@@ -215,7 +216,9 @@ pub struct GpuContext {
     pub subgroup_fallback: Option<String>,
     /// The first wgpu error not caught by an error scope (validation, out of memory,
     /// device loss), kept here instead of wgpu's default panic.
-    errors: Arc<std::sync::Mutex<Option<String>>>,
+    pub(crate) errors: Arc<DeviceErrors>,
+    /// [`GpuContext::lose_device_after_next_submit_for_test`].
+    pub(crate) lose_after_submit: std::sync::atomic::AtomicBool,
     /// Bytes mapped back to the host so far ([`GpuContext::bytes_read_back`]).
     pub(crate) read_back: std::sync::atomic::AtomicU64,
     /// Every pipeline compiled on this device ([`GpuContext::pipelines`]).
@@ -430,24 +433,18 @@ impl GpuContext {
             }
         }
         log::info!("GPU: {} ({:?}), {:?}", info.name, info.backend, caps);
-        let errors = Arc::new(std::sync::Mutex::new(None));
+        let errors = Arc::new(DeviceErrors::default());
         let sink = Arc::clone(&errors);
         // Both are kept for check_errors, whose caller reports them once; the
         // log has them at debug level only (no second copy on a CLI's stderr).
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
             log::debug!("wgpu: {e}");
-            if let Ok(mut slot) = sink.lock() {
-                slot.get_or_insert_with(|| e.to_string().replace('\n', " "));
-            }
+            sink.record(&e.to_string());
         }));
         let lost = Arc::clone(&errors);
         device.set_device_lost_callback(move |reason, msg| {
             log::debug!("wgpu: device lost ({reason:?}): {msg}");
-            if let Ok(mut slot) = lost.lock() {
-                slot.get_or_insert_with(|| {
-                    format!("the GPU device was lost ({reason:?}): {msg}").replace('\n', " ")
-                });
-            }
+            lost.lost(reason, &msg);
         });
         Ok(Arc::new(GpuContext {
             device,
@@ -456,6 +453,7 @@ impl GpuContext {
             caps,
             subgroup_fallback,
             errors,
+            lose_after_submit: std::sync::atomic::AtomicBool::new(false),
             read_back: std::sync::atomic::AtomicU64::new(0),
             pipelines: std::sync::Mutex::new(Vec::new()),
         }))
@@ -469,7 +467,7 @@ impl GpuContext {
     /// # Errors
     /// [`Error::Gpu`] with wgpu's message once any error has happened on this device.
     pub fn check_errors(&self) -> Result<()> {
-        match self.errors.lock().ok().and_then(|s| s.clone()) {
+        match self.errors.first() {
             Some(msg) => Err(Error::Gpu(msg)),
             None => Ok(()),
         }
@@ -519,9 +517,7 @@ impl GpuContext {
     /// to the caller, which reports it once (the CLI's one `error:` line).
     pub(crate) fn record_error(&self, msg: String) {
         log::debug!("{msg}");
-        if let Ok(mut slot) = self.errors.lock() {
-            slot.get_or_insert(msg.replace('\n', " "));
-        }
+        self.errors.record(&msg);
     }
 
     /// Destroy the device, as a driver reset or an unplugged GPU would: every later
@@ -530,6 +526,14 @@ impl GpuContext {
     #[doc(hidden)]
     pub fn lose_device_for_test(&self) {
         self.device.destroy();
+    }
+
+    /// Destroy the device right after the next submit is handed to the queue,
+    /// as a driver reset during a step would. For testing only.
+    #[doc(hidden)]
+    pub fn lose_device_after_next_submit_for_test(&self) {
+        self.lose_after_submit
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// `name (backend, type)` of the adapter.

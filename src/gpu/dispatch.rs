@@ -66,11 +66,14 @@ impl GpuContext {
     /// Block until the queue is idle, turning a lost device into an error.
     ///
     /// # Errors
-    /// [`Error::Gpu`] if polling fails (device lost, timeout).
+    /// [`Error::Gpu`] if polling fails (device lost, timeout): the device's own
+    /// error when it reported one (a loss names what it was running).
     pub fn wait_idle(&self) -> Result<()> {
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| Error::Gpu(format!("waiting for the GPU failed: {e}")))?;
+        if let Err(e) = self.device.poll(wgpu::PollType::wait_indefinitely()) {
+            self.check_errors()?;
+            return Err(Error::Gpu(format!("waiting for the GPU failed: {e}")));
+        }
+        self.errors.set_in_flight(None);
         self.check_errors()
     }
 

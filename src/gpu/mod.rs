@@ -16,6 +16,7 @@ pub mod arena;
 mod batch;
 mod capture;
 mod context;
+mod device_errors;
 mod dispatch;
 mod engine;
 pub mod kernels;

@@ -3,8 +3,10 @@
 //! [`Observer`] of the same list of [`Op`]s, so the dispatches and copies land in
 //! the same order in every mode.
 
+use super::device_errors::InFlight;
 use super::{Dispatch, GpuContext};
 use crate::error::{Error, Result};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 /// One recorded operation of a step.
@@ -117,17 +119,27 @@ pub(crate) enum Observer<'a> {
 }
 
 /// Record `ops` as `observer` says, then `finish` (the readout's copies) into the
-/// last encoder, and submit. `ops` is any iterator, so a decode step records
-/// without allocating.
+/// last encoder, and submit. `ops` is any iterator that can be gone over again
+/// (to name the kernel of an error), so a decode step records without
+/// allocating.
 ///
 /// # Errors
-/// [`Error::Gpu`] when waiting on the device fails (per-dispatch timing).
-pub(crate) fn submit<'a>(
+/// [`Error::Gpu`] when the device reports an error (an earlier one, or one
+/// that recording the ops raised, named by its kernel: [`blame`]) or waiting
+/// on it fails (per-dispatch timing).
+pub(crate) fn submit<'a, I>(
     ctx: &GpuContext,
-    ops: impl IntoIterator<Item = Op<'a>>,
+    ops: I,
     observer: Observer<'_>,
     finish: impl FnOnce(&mut wgpu::CommandEncoder),
-) -> Result<()> {
+) -> Result<()>
+where
+    I: IntoIterator<Item = Op<'a>>,
+    I::IntoIter: Clone,
+{
+    ctx.check_errors()?;
+    let ops = ops.into_iter();
+    let all = ops.clone();
     let encoder = || {
         ctx.device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -140,8 +152,8 @@ pub(crate) fn submit<'a>(
             for op in ops {
                 let t0 = Instant::now();
                 let mut enc = encoder();
-                record(&mut enc, [op], None);
-                ctx.queue.submit([enc.finish()]);
+                let ran = record(&mut enc, [op], None);
+                hand_over(ctx, enc, ran);
                 ctx.wait_idle()?;
                 if matches!(op, Op::Run(_)) {
                     times.push(t0.elapsed().as_secs_f64());
@@ -149,7 +161,7 @@ pub(crate) fn submit<'a>(
             }
             let mut enc = encoder();
             finish(&mut enc);
-            ctx.queue.submit([enc.finish()]);
+            hand_over(ctx, enc, None);
         }
         Observer::Plain | Observer::Timestamps(_) => {
             let queries = match observer {
@@ -157,7 +169,7 @@ pub(crate) fn submit<'a>(
                 _ => None,
             };
             let mut enc = encoder();
-            record(&mut enc, ops, queries);
+            let ran = record(&mut enc, ops, queries);
             if let Some(q) = queries {
                 for (k, set) in q.sets.iter().enumerate() {
                     let first = k as u32 * PER_SET;
@@ -167,21 +179,70 @@ pub(crate) fn submit<'a>(
                 enc.copy_buffer_to_buffer(&q.resolve, 0, &q.readback, 0, u64::from(q.count) * 8);
             }
             finish(&mut enc);
-            ctx.queue.submit([enc.finish()]);
+            hand_over(ctx, enc, ran);
         }
     }
-    Ok(())
+    if ctx.check_errors().is_err() && !ctx.errors.is_lost() {
+        if let Some(named) = blame(ctx, all) {
+            ctx.errors.rename(&named);
+        }
+    }
+    ctx.check_errors()
+}
+
+/// Finish `enc` and hand it to the queue, noting `ran` (its dispatches) as in
+/// flight for naming a device loss.
+fn hand_over(ctx: &GpuContext, enc: wgpu::CommandEncoder, ran: Option<InFlight>) {
+    let commands = enc.finish();
+    if ran.is_some() {
+        ctx.errors.set_in_flight(ran);
+    }
+    ctx.queue.submit([commands]);
+    if ctx.lose_after_submit.swap(false, Ordering::Relaxed) {
+        ctx.device.destroy();
+    }
+}
+
+/// The first dispatch of `ops` whose recording alone raises a validation or
+/// out-of-memory error, as `kernel `NAME` (dispatch I of the submit): ERROR`:
+/// each is recorded into its own encoder within error scopes and never
+/// submitted. Runs only after a submit raised an error (the device's own
+/// message names the encoder, not the kernel). `None` when no single dispatch
+/// raises one (an error of the submit as a whole).
+fn blame<'a>(ctx: &GpuContext, ops: impl Iterator<Item = Op<'a>>) -> Option<String> {
+    let runs = ops.filter_map(|op| match op {
+        Op::Run(d) => Some(d),
+        Op::Copy { .. } => None,
+    });
+    for (i, d) in runs.enumerate() {
+        let oom = ctx.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let invalid = ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        record(&mut enc, [Op::Run(d)], None);
+        drop(enc.finish());
+        let invalid = pollster::block_on(invalid.pop());
+        let oom = pollster::block_on(oom.pop());
+        if let Some(e) = invalid.or(oom) {
+            return Some(format!(
+                "kernel `{}` (dispatch {i} of the submit): {e}",
+                d.name
+            ));
+        }
+    }
+    None
 }
 
 /// Record `ops` into `enc`: each run of dispatches in one compute pass, copies
 /// between passes; with `queries`, dispatch `i` between timestamps `2i` and `2i + 1`.
+/// Returns the dispatches recorded (`None`: none).
 fn record<'a>(
     enc: &mut wgpu::CommandEncoder,
     ops: impl IntoIterator<Item = Op<'a>>,
     queries: Option<&Queries>,
-) {
+) -> Option<InFlight> {
     let mut ops = ops.into_iter().peekable();
     let mut i = 0;
+    let mut ran: Option<InFlight> = None;
     while ops.peek().is_some() {
         if let Some(Op::Run(_)) = ops.peek() {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
@@ -190,6 +251,13 @@ fn record<'a>(
             });
             while let Some(&Op::Run(d)) = ops.peek() {
                 ops.next();
+                let r = ran.get_or_insert(InFlight {
+                    dispatches: 0,
+                    first: d.name,
+                    last: d.name,
+                });
+                r.dispatches += 1;
+                r.last = d.name;
                 match queries {
                     Some(q) => {
                         let (set, at) = q.slot(2 * i);
@@ -214,6 +282,7 @@ fn record<'a>(
             enc.copy_buffer_to_buffer(src, src_offset, dst, dst_offset, bytes);
         }
     }
+    ran
 }
 
 /// One dispatch's timing in a [`submit_timed`]: its kernel name, byte

@@ -201,10 +201,46 @@ fn a_validation_error_inside_the_step_is_an_error_not_a_panic() {
                 .map(|l| l.logits().map(<[f32]>::len)),
             "bad step",
         );
-        assert!(msg.contains("dispatch"), "{msg}");
+        // One line naming the kernel (the fault is a copy of the head's first
+        // dispatch with too many workgroups), then wgpu's reason.
+        assert!(msg.starts_with("kernel `gather"), "{msg}");
+        assert!(msg.contains("dispatch group size"), "{msg}");
+        assert!(!msg.contains('\n'), "{msg}");
     }
     // Once the device reported an error, every later step says so again.
-    assert!(matches!(g.step(2, Readout::Logits), Err(Error::Gpu(_))));
+    let again = gpu_error(g.step(2, Readout::Logits).map(|_| ()), "later step");
+    assert!(again.starts_with("kernel `gather"), "{again}");
+}
+
+#[test]
+fn a_device_lost_during_a_step_names_what_it_was_running() {
+    let Some(ctx) = gpu() else { return };
+    let model = tiny_model(23);
+    let mut g = GpuEngine::with_context(Arc::clone(&model), Arc::clone(&ctx)).unwrap();
+    assert!(g.logits_after(1).iter().all(|v| v.is_finite()));
+    ctx.lose_device_after_next_submit_for_test();
+    let msg = gpu_error(
+        g.step(2, Readout::Logits)
+            .map(|l| l.logits().map(<[f32]>::len)),
+        "a step during which the device is lost",
+    );
+    // The step's one submit: its dispatch count and its first and last kernels
+    // (a lost device does not say which dispatch it was on).
+    let (_, with_logits) = g.dispatches_per_token();
+    assert!(msg.starts_with("the GPU device was lost"), "{msg}");
+    assert!(
+        msg.contains(&format!(
+            "while running a submit of {with_logits} dispatches, kernels `gather"
+        )),
+        "{msg}"
+    );
+    assert!(msg.contains("` to `matvec"), "{msg}");
+    // Every later step says the same, and nothing panics or hangs.
+    let again = gpu_error(
+        g.step(3, Readout::None).map(|_| ()),
+        "a step after the loss",
+    );
+    assert_eq!(again, msg);
 }
 
 #[test]
