@@ -35,7 +35,7 @@
 //            t·x_tstride; tb = mp.tb, 1 for inputs over the staging array)
 //            exactly as each matvec workgroup stages a raw input (input_rms +
 //            stage_chunk: the same operations, so the same values; with tb > 1 the
-//            inputs side by side in xw, one barrier a reduction level and one a
+//            inputs side by side in scratch, one barrier a reduction level and one a
 //            transform pass for all, the first pass run in the staging and the
 //            last one writing the output) and writes input t's prep_len columns
 //            to yout[prep_out + t·y_tstride ..].
@@ -58,57 +58,13 @@ const MAX_GROUP: u32 = 4096u;
 // the adapter's workgroup memory holds it, else 2048 (kernels::cq::staging_columns:
 // WebGPU's default 16,384 bytes), and groups are then at most XW columns.
 const XW: u32 = 4096u;
-var<workgroup> xw: array<f32, XW>;
+var<workgroup> scratch: array<f32, XW>;
 
-// Butterfly stages on the values a0.. of one run (elements e + j·h) in
-// registers, stored back to xw: a pass's step for one run, its values loaded by
-// the caller (from xw, or staged from the raw input). Arguments are values, so
-// the run stays in registers (the compiler inlines these).
-fn xw_put8(e: u32, h: u32, a0: f32, a1: f32, a2: f32, a3: f32, a4: f32, a5: f32, a6: f32, a7: f32) {
-    var v0 = a0;
-    var v1 = a1;
-    var v2 = a2;
-    var v3 = a3;
-    var v4 = a4;
-    var v5 = a5;
-    var v6 = a6;
-    var v7 = a7;
-    bfly8(&v0, &v1, &v2, &v3, &v4, &v5, &v6, &v7);
-    xw[e] = v0;
-    xw[e + h] = v1;
-    xw[e + 2u * h] = v2;
-    xw[e + 3u * h] = v3;
-    xw[e + 4u * h] = v4;
-    xw[e + 5u * h] = v5;
-    xw[e + 6u * h] = v6;
-    xw[e + 7u * h] = v7;
-}
-
-fn xw_put4(e: u32, h: u32, a0: f32, a1: f32, a2: f32, a3: f32) {
-    var v0 = a0;
-    var v1 = a1;
-    var v2 = a2;
-    var v3 = a3;
-    bfly4(&v0, &v1, &v2, &v3);
-    xw[e] = v0;
-    xw[e + h] = v1;
-    xw[e + 2u * h] = v2;
-    xw[e + 3u * h] = v3;
-}
-
-fn xw_put2(e: u32, h: u32, a0: f32, a1: f32) {
-    var v0 = a0;
-    var v1 = a1;
-    bfly(&v0, &v1);
-    xw[e] = v0;
-    xw[e + h] = v1;
-}
-
-// In-place unnormalised Walsh–Hadamard butterflies on xw[0..len], every group of
+// In-place unnormalised Walsh–Hadamard butterflies on scratch[0..len], every group of
 // `group` values (a power of two dividing len) transformed alone, in the stage
 // order of SEED §1, by `threads` invocations (li < threads). Call in uniform
 // control flow; ends with a barrier. (naga takes no workgroup pointers as
-// arguments, so it works on xw, the one staging array of the file.)
+// arguments, so it works on scratch, the one staging array of the file.)
 //
 // Three stages a pass (radix 8, as mlp.wgsl's fwht_shared): a pass from stage h0
 // gives each invocation runs of m = min(8, group / h0) values base + j·h0, which
@@ -129,12 +85,12 @@ fn fwht_groups(len: u32, group: u32, li: u32, threads: u32, sh0: u32, sh_end: u3
         for (var r = li; r < (len >> msh); r += threads) {
             let e = (((r >> sh) << msh) << sh) + (r & (h0 - 1u));
             if (m == 8u) {
-                xw_put8(e, h0, xw[e], xw[e + h0], xw[e + 2u * h0], xw[e + 3u * h0], xw[e + 4u * h0],
-                        xw[e + 5u * h0], xw[e + 6u * h0], xw[e + 7u * h0]);
+                put8(e, h0, scratch[e], scratch[e + h0], scratch[e + 2u * h0], scratch[e + 3u * h0], scratch[e + 4u * h0],
+                        scratch[e + 5u * h0], scratch[e + 6u * h0], scratch[e + 7u * h0]);
             } else if (m == 4u) {
-                xw_put4(e, h0, xw[e], xw[e + h0], xw[e + 2u * h0], xw[e + 3u * h0]);
+                put4(e, h0, scratch[e], scratch[e + h0], scratch[e + 2u * h0], scratch[e + 3u * h0]);
             } else {
-                xw_put2(e, h0, xw[e], xw[e + h0]);
+                put2(e, h0, scratch[e], scratch[e + h0]);
             }
         }
         workgroupBarrier();
@@ -257,7 +213,7 @@ fn input_rms(li: u32) -> f32 {
     return r;
 }
 
-// xw[0 .. len] = columns c0 .. c0 + len of prepare(input) (SPEC §2), computed by the
+// scratch[0 .. len] = columns c0 .. c0 + len of prepare(input) (SPEC §2), computed by the
 // 64 invocations as the `prepare` entry point does (pre-op with the RMS `r`, zero
 // padding, butterfly stages h = 1 .. group/2 within each group, then 1/sqrt(group));
 // mode 4 copies an input prepared earlier. `c0` and `len` are multiples of the group
@@ -265,25 +221,25 @@ fn input_rms(li: u32) -> f32 {
 fn stage_chunk(li: u32, c0: u32, len: u32, r: f32) {
     if (mp.mode == 4u) {
         for (var i = li; i < len; i += 64u) {
-            xw[i] = x_at(xbase + c0 + i);
+            scratch[i] = x_at(xbase + c0 + i);
         }
         workgroupBarrier();
         return;
     }
     for (var i = li; i < len; i += 64u) {
-        xw[i] = pre_op(c0 + i, r);
+        scratch[i] = pre_op(c0 + i, r);
     }
     workgroupBarrier();
     fwht_groups(len, mp.group, li, 64u, 0u, 32u);
     let sc = 1.0 / sqrt(f32(mp.group));
     for (var i = li; i < len; i += 64u) {
-        xw[i] = xw[i] * sc;
+        scratch[i] = scratch[i] * sc;
     }
     workgroupBarrier();
 }
 
 // ---------------------------------------------------------------- prepare_inputs
-// prepare_inputs' last transform pass over xw[0 .. len] (inputs t0 .. side by
+// prepare_inputs' last transform pass over scratch[0 .. len] (inputs t0 .. side by
 // side, prep_len columns each), from stage 2^sh (m = group >> sh values a run,
 // 2 to 8): fwht_groups's pass, its values scaled by 1/sqrt(group) and written
 // to the destination where the staging would have stored them for the output
@@ -298,36 +254,28 @@ fn fwht_last_out(len: u32, li: u32, sh: u32, t0: u32) {
         let t = e / mp.prep_len;
         let o = mp.prep_out + (t0 + t) * mp.y_tstride + e - t * mp.prep_len;
         if (m == 8u) {
-            var v0 = xw[e];
-            var v1 = xw[e + h0];
-            var v2 = xw[e + 2u * h0];
-            var v3 = xw[e + 3u * h0];
-            var v4 = xw[e + 4u * h0];
-            var v5 = xw[e + 5u * h0];
-            var v6 = xw[e + 6u * h0];
-            var v7 = xw[e + 7u * h0];
-            bfly8(&v0, &v1, &v2, &v3, &v4, &v5, &v6, &v7);
-            yout[o] = v0 * sc;
-            yout[o + h0] = v1 * sc;
-            yout[o + 2u * h0] = v2 * sc;
-            yout[o + 3u * h0] = v3 * sc;
-            yout[o + 4u * h0] = v4 * sc;
-            yout[o + 5u * h0] = v5 * sc;
-            yout[o + 6u * h0] = v6 * sc;
-            yout[o + 7u * h0] = v7 * sc;
+            let v = run8(e, h0);
+            yout[o] = v[0] * sc;
+            yout[o + h0] = v[1] * sc;
+            yout[o + 2u * h0] = v[2] * sc;
+            yout[o + 3u * h0] = v[3] * sc;
+            yout[o + 4u * h0] = v[4] * sc;
+            yout[o + 5u * h0] = v[5] * sc;
+            yout[o + 6u * h0] = v[6] * sc;
+            yout[o + 7u * h0] = v[7] * sc;
         } else if (m == 4u) {
-            var v0 = xw[e];
-            var v1 = xw[e + h0];
-            var v2 = xw[e + 2u * h0];
-            var v3 = xw[e + 3u * h0];
+            var v0 = scratch[e];
+            var v1 = scratch[e + h0];
+            var v2 = scratch[e + 2u * h0];
+            var v3 = scratch[e + 3u * h0];
             bfly4(&v0, &v1, &v2, &v3);
             yout[o] = v0 * sc;
             yout[o + h0] = v1 * sc;
             yout[o + 2u * h0] = v2 * sc;
             yout[o + 3u * h0] = v3 * sc;
         } else {
-            var v0 = xw[e];
-            var v1 = xw[e + h0];
+            var v0 = scratch[e];
+            var v1 = scratch[e + h0];
             bfly(&v0, &v1);
             yout[o] = v0 * sc;
             yout[o + h0] = v1 * sc;
@@ -397,12 +345,12 @@ fn prepare_inputs(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
             xbase = mp.x_off + (t0 + t) * mp.x_tstride;
             let rt = rs[t];
             if (m == 8u) {
-                xw_put8(e, 1u, pre_op(i, rt), pre_op(i + 1u, rt), pre_op(i + 2u, rt), pre_op(i + 3u, rt),
+                put8(e, 1u, pre_op(i, rt), pre_op(i + 1u, rt), pre_op(i + 2u, rt), pre_op(i + 3u, rt),
                         pre_op(i + 4u, rt), pre_op(i + 5u, rt), pre_op(i + 6u, rt), pre_op(i + 7u, rt));
             } else {
                 // Groups of fewer than 8 columns: staged, then transformed below.
                 for (var j = 0u; j < m; j++) {
-                    xw[e + j] = pre_op(i + j, rt);
+                    scratch[e + j] = pre_op(i + j, rt);
                 }
             }
         }
@@ -419,7 +367,7 @@ fn prepare_inputs(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
         for (var t = 0u; t < tb; t++) {
             let dst = mp.prep_out + (t0 + t) * mp.y_tstride;
             for (var i = li; i < len; i += 64u) {
-                yout[dst + i] = xw[t * len + i] * sc;
+                yout[dst + i] = scratch[t * len + i] * sc;
             }
         }
         return;
@@ -433,7 +381,7 @@ fn prepare_inputs(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
         let len = min(XW, mp.prep_len - c0);
         stage_chunk(li, c0, len, r);
         for (var i = li; i < len; i += 64u) {
-            yout[dst + c0 + i] = xw[i];
+            yout[dst + c0 + i] = scratch[i];
         }
         // The next chunk's staging must not overwrite values still being written out.
         workgroupBarrier();
@@ -480,19 +428,26 @@ fn row_ref(gr: u32) -> RowRef {
     );
 }
 
-// Stage the codebooks and, when the input fits one chunk, the prepared input;
-// return the input's RMS factor. Uniform control flow.
-fn matvec_setup(li: u32) -> f32 {
-    let ncb = 1u << BITS;
-    for (var i = li; i < mp.n_parts * ncb; i += 64u) {
-        lut[i] = bitcast<f32>(arena[mp.parts[2u * (i / ncb)].z + i % ncb]);
-    }
+// Start input tok of a matvec: xbase, and the input staged whole when it fits
+// one chunk. Returns its RMS factor. Uniform control flow.
+fn input_start(li: u32, tok: u32) -> f32 {
+    xbase = mp.x_off + tok * mp.x_tstride;
     let r = input_rms(li);
     let padded = mp.row_words * (32u / BITS);
     if (padded <= XW) {
         stage_chunk(li, 0u, padded, r);
     }
     return r;
+}
+
+// Stage the codebooks, then start input tok (input_start); return the input's
+// RMS factor. Uniform control flow.
+fn matvec_setup(li: u32, tok: u32) -> f32 {
+    let ncb = 1u << BITS;
+    for (var i = li; i < mp.n_parts * ncb; i += 64u) {
+        lut[i] = bitcast<f32>(arena[mp.parts[2u * (i / ncb)].z + i % ncb]);
+    }
+    return input_start(li, tok);
 }
 
 // This invocation's share (lane li % 16) of row gr_raw, chunk by chunk of the
@@ -523,7 +478,7 @@ fn matvec_partial(gr_raw: u32, li: u32, r: f32) -> Partial {
             var d = 0.0;
             for (var j = 0u; j < per; j++) {
                 let idx = (word >> (j * BITS)) & (ncb - 1u);
-                d += lut[cb + idx] * xw[xb + j];
+                d += lut[cb + idx] * scratch[xb + j];
             }
             res.acc += norm_at(rf.nbase + w / mp.group_words) * d;
         }
@@ -548,8 +503,7 @@ fn matvec(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     // The inputs one after another (each team turn ends with a barrier, so the
     // next input's staging never overwrites values still being read).
     for (var tok = 0u; tok < mp.tokens; tok++) {
-        xbase = mp.x_off + tok * mp.x_tstride;
-        let r = matvec_setup(li);
+        let r = matvec_setup(li, tok);
         for (var t = 0u; t < mp.team_rows; t++) {
             let part = matvec_partial(team_row(wid, t, li), li, r);
             red[li] = part.acc;
@@ -579,120 +533,188 @@ fn matvec(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
 // `matvec` coalesces better.
 const ROWS_PER_INV: u32 = 4u;
 
+// The 4 rows of a row-kernel invocation (matvec_rows; matvec_rows_sg and
+// matvec_rows_sgb in cq_subgroup.wgsl): their refs, and their codebooks of up to
+// 16 levels in registers. Module-scope private, so the helpers below read them;
+// the compiler inlines the helpers, and a constant `j` folds their shifts.
+var<private> rr: array<RowRef, 4>;
+var<private> cb: array<array<f32, 16>, 4>;
+
+// The first of the 4 rows of invocation li of workgroup wid.
+fn rows_first(wid: vec3<u32>, li: u32) -> u32 {
+    return ((wid.x + wid.y * mp.grid_x) * 64u + li) * ROWS_PER_INV;
+}
+
+// Load rows first .. first + 3 into rr and cb (a row past the last loads the
+// last row again: rows_store writes nothing for it).
+fn rows_load(first: u32) {
+    for (var k = 0u; k < ROWS_PER_INV; k++) {
+        rr[k] = row_ref(min(first + k, mp.total_rows - 1u));
+        for (var i = 0u; i < min(1u << BITS, 16u); i++) {
+            cb[k][i] = bitcast<f32>(arena[rr[k].cb + i]);
+        }
+    }
+}
+
+// Row k's levels of codes 4j .. 4j + 3 of the 4-bit word wd (j < 2).
+fn levels4(k: u32, wd: u32, j: u32) -> vec4<f32> {
+    let s = wd >> (16u * j);
+    return vec4<f32>(cb[k][s & 15u], cb[k][(s >> 4u) & 15u], cb[k][(s >> 8u) & 15u], cb[k][(s >> 12u) & 15u]);
+}
+
+// Row k's levels of codes 4j .. 4j + 3 of the 2-bit word wd (j < 4).
+fn levels2(k: u32, wd: u32, j: u32) -> vec4<f32> {
+    let s = wd >> (8u * j);
+    return vec4<f32>(cb[k][s & 3u], cb[k][(s >> 2u) & 3u], cb[k][(s >> 4u) & 3u], cb[k][(s >> 6u) & 3u]);
+}
+
+// Row k's 4-bit word wd against its 8 activations.
+fn word4(k: u32, wd: u32, x0: vec4<f32>, x1: vec4<f32>) -> f32 {
+    return dot(levels4(k, wd, 0u), x0) + dot(levels4(k, wd, 1u), x1);
+}
+
+// Row k's 2-bit word wd against its 16 activations.
+fn word2(k: u32, wd: u32, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>) -> f32 {
+    return (dot(levels2(k, wd, 0u), x0) + dot(levels2(k, wd, 1u), x1))
+        + (dot(levels2(k, wd, 2u), x2) + dot(levels2(k, wd, 3u), x3));
+}
+
+// scratch[i .. i + 4] as a vec4.
+fn scratch4(i: u32) -> vec4<f32> {
+    return vec4<f32>(scratch[i], scratch[i + 1u], scratch[i + 2u], scratch[i + 3u]);
+}
+
+// The 4 rows' word wi (4 bits) against its activations x0, x1.
+fn rows_word4(wi: u32, x0: vec4<f32>, x1: vec4<f32>) -> vec4<f32> {
+    var d = vec4<f32>(0.0);
+    for (var k = 0u; k < ROWS_PER_INV; k++) {
+        d[k] = word4(k, arena[rr[k].pbase + wi], x0, x1);
+    }
+    return d;
+}
+
+// The 4 rows' word wi (2 bits) against its activations x0 .. x3.
+fn rows_word2(wi: u32, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>) -> vec4<f32> {
+    var d = vec4<f32>(0.0);
+    for (var k = 0u; k < ROWS_PER_INV; k++) {
+        d[k] = word2(k, arena[rr[k].pbase + wi], x0, x1, x2, x3);
+    }
+    return d;
+}
+
+// The 4 rows' word wi at any width against its activations scratch[xb ..]
+// (loaded once for the 4 rows): loops over a private array, for widths other
+// than 4 and 2 bits.
+fn rows_word_any(wi: u32, xb: u32) -> vec4<f32> {
+    let per = 32u / BITS;
+    var xv: array<f32, 32>;
+    for (var j = 0u; j < per; j++) {
+        xv[j] = scratch[xb + j];
+    }
+    var d4 = vec4<f32>(0.0);
+    for (var k = 0u; k < ROWS_PER_INV; k++) {
+        let word = arena[rr[k].pbase + wi];
+        var d = 0.0;
+        for (var j = 0u; j < per; j++) {
+            let idx = (word >> (j * BITS)) & ((1u << BITS) - 1u);
+            var level: f32;
+            if (BITS <= 4u) {
+                level = cb[k][idx & 15u];
+            } else {
+                level = bitcast<f32>(arena[rr[k].cb + idx]);
+            }
+            d += level * xv[j];
+        }
+        d4[k] = d;
+    }
+    return d4;
+}
+
+// acc plus the 4 rows' sums of group g (gacc) times their norms.
+fn rows_scaled(acc: vec4<f32>, g: u32, gacc: vec4<f32>) -> vec4<f32> {
+    var a = acc;
+    for (var k = 0u; k < ROWS_PER_INV; k++) {
+        a[k] += norm_at(rr[k].nbase + g) * gacc[k];
+    }
+    return a;
+}
+
+// The 4 rows' word wi against its activations scratch[xb ..]. At 4 and 2 bits
+// the activations come as vec4s and the codes with constant shifts, so no
+// private array is indexed by a loop variable (lavapipe keeps such arrays in
+// memory: loading x through one cost ~38% of these matvecs).
+fn rows_word(wi: u32, xb: u32) -> vec4<f32> {
+    if (BITS == 4u) {
+        return rows_word4(wi, scratch4(xb), scratch4(xb + 4u));
+    }
+    if (BITS == 2u) {
+        let lo = scratch4(xb);
+        let hi = scratch4(xb + 4u);
+        return rows_word2(wi, lo, hi, scratch4(xb + 8u), scratch4(xb + 12u));
+    }
+    return rows_word_any(wi, xb);
+}
+
+// Write the 4 rows' sums of input tok (none for rows past the last).
+fn rows_store(first: u32, tok: u32, acc: vec4<f32>) {
+    for (var k = 0u; k < ROWS_PER_INV; k++) {
+        if (first + k < mp.total_rows) {
+            yout[rr[k].out_at + tok * mp.y_tstride] = acc[k];
+        }
+    }
+}
+
+// The groups (first, end) of the input's chunk from column c0, staged here when
+// the input spans several (after a barrier from the second on: the last
+// chunk's values may still be read); none where !live. Uniform control flow.
+fn rows_chunk(li: u32, c0: u32, r: f32, live: bool) -> vec2<u32> {
+    let per = 32u / BITS;
+    let padded = mp.row_words * per;
+    let len = min(XW, padded - c0);
+    if (padded > XW) {
+        if (c0 > 0u) {
+            workgroupBarrier();
+        }
+        stage_chunk(li, c0, len, r);
+    }
+    let g0 = c0 / (mp.group_words * per);
+    return vec2<u32>(g0, select(g0, g0 + len / (mp.group_words * per), live));
+}
+
+// Write input tok's sums, then, before the next input, a barrier (its staging
+// must not overwrite values still being read).
+fn rows_done(first: u32, tok: u32, acc: vec4<f32>) {
+    rows_store(first, tok, acc);
+    if (tok + 1u < mp.tokens) {
+        workgroupBarrier();
+    }
+}
+
 @compute @workgroup_size(64)
 fn matvec_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     // The inputs one after another, each as a decode step computes it.
+    let per = 32u / BITS;
+    let first = rows_first(wid, li);
+    // An invocation with no row of its own skips the sums (a matrix of few
+    // rows, such as the 24 of Φ, leaves most of the workgroup idle).
+    let live = first < mp.total_rows;
+    rows_load(first);
     for (var tok = 0u; tok < mp.tokens; tok++) {
-        xbase = mp.x_off + tok * mp.x_tstride;
-        let ncb = 1u << BITS;
-        let per = 32u / BITS;
-        let wg = wid.x + wid.y * mp.grid_x;
-        let r = input_rms(li);
-        let padded = mp.row_words * per;
-        // An input of one chunk is staged once, before the rows' setup.
-        let single = padded <= XW;
-        if (single) {
-            stage_chunk(li, 0u, padded, r);
-        }
-        let first = (wg * 64u + li) * ROWS_PER_INV;
-        // Rows past the last read the last row and write nothing; an invocation
-        // with no row of its own skips the sums (a matrix of few rows, such as
-        // the 24 of Φ, leaves most of the workgroup idle).
-        let live = first < mp.total_rows;
-        var rr: array<RowRef, 4>;
-        var cb: array<array<f32, 16>, 4>;
-        for (var k = 0u; k < ROWS_PER_INV; k++) {
-            rr[k] = row_ref(min(first + k, mp.total_rows - 1u));
-            for (var i = 0u; i < min(ncb, 16u); i++) {
-                cb[k][i] = bitcast<f32>(arena[rr[k].cb + i]);
-            }
-        }
+        let r = input_start(li, tok);
         var acc = vec4<f32>(0.0);
-        var xv: array<f32, 32>;
-        for (var c0 = 0u; c0 < padded; c0 += XW) {
-            let len = min(XW, padded - c0);
-            if (!single) {
-                stage_chunk(li, c0, len, r);
-            }
-            let g0 = c0 / (mp.group_words * per);
-            let g_end = select(g0, g0 + len / (mp.group_words * per), live);
-            for (var g = g0; g < g_end; g++) {
+        for (var c0 = 0u; c0 < mp.row_words * per; c0 += XW) {
+            let gs = rows_chunk(li, c0, r, live);
+            for (var g = gs.x; g < gs.y; g++) {
                 var gacc = vec4<f32>(0.0);
                 for (var w = 0u; w < mp.group_words; w++) {
                     let wi = g * mp.group_words + w;
-                    let xb = (wi - g0 * mp.group_words) * per;
-                    // 4 and 2 bits: the word's activations as vec4s and its codes taken
-                    // with constant shifts, so no private array is indexed by a loop
-                    // variable (lavapipe keeps such arrays in memory: loading x through
-                    // one cost ~38% of these matvecs).
-                    if (BITS == 4u) {
-                        let x0 = vec4<f32>(xw[xb], xw[xb + 1u], xw[xb + 2u], xw[xb + 3u]);
-                        let x1 = vec4<f32>(xw[xb + 4u], xw[xb + 5u], xw[xb + 6u], xw[xb + 7u]);
-                        for (var k = 0u; k < ROWS_PER_INV; k++) {
-                            let wd = arena[rr[k].pbase + wi];
-                            let a = vec4<f32>(cb[k][wd & 15u], cb[k][(wd >> 4u) & 15u],
-                                              cb[k][(wd >> 8u) & 15u], cb[k][(wd >> 12u) & 15u]);
-                            let b = vec4<f32>(cb[k][(wd >> 16u) & 15u], cb[k][(wd >> 20u) & 15u],
-                                              cb[k][(wd >> 24u) & 15u], cb[k][wd >> 28u]);
-                            gacc[k] += dot(a, x0) + dot(b, x1);
-                        }
-                        continue;
-                    }
-                    if (BITS == 2u) {
-                        let x0 = vec4<f32>(xw[xb], xw[xb + 1u], xw[xb + 2u], xw[xb + 3u]);
-                        let x1 = vec4<f32>(xw[xb + 4u], xw[xb + 5u], xw[xb + 6u], xw[xb + 7u]);
-                        let x2 = vec4<f32>(xw[xb + 8u], xw[xb + 9u], xw[xb + 10u], xw[xb + 11u]);
-                        let x3 = vec4<f32>(xw[xb + 12u], xw[xb + 13u], xw[xb + 14u], xw[xb + 15u]);
-                        for (var k = 0u; k < ROWS_PER_INV; k++) {
-                            let wd = arena[rr[k].pbase + wi];
-                            let a = vec4<f32>(cb[k][wd & 3u], cb[k][(wd >> 2u) & 3u],
-                                              cb[k][(wd >> 4u) & 3u], cb[k][(wd >> 6u) & 3u]);
-                            let b = vec4<f32>(cb[k][(wd >> 8u) & 3u], cb[k][(wd >> 10u) & 3u],
-                                              cb[k][(wd >> 12u) & 3u], cb[k][(wd >> 14u) & 3u]);
-                            let c = vec4<f32>(cb[k][(wd >> 16u) & 3u], cb[k][(wd >> 18u) & 3u],
-                                              cb[k][(wd >> 20u) & 3u], cb[k][(wd >> 22u) & 3u]);
-                            let e = vec4<f32>(cb[k][(wd >> 24u) & 3u], cb[k][(wd >> 26u) & 3u],
-                                              cb[k][(wd >> 28u) & 3u], cb[k][wd >> 30u]);
-                            gacc[k] += (dot(a, x0) + dot(b, x1)) + (dot(c, x2) + dot(e, x3));
-                        }
-                        continue;
-                    }
-                    for (var j = 0u; j < per; j++) {
-                        xv[j] = xw[xb + j];
-                    }
-                    for (var k = 0u; k < ROWS_PER_INV; k++) {
-                        let word = arena[rr[k].pbase + wi];
-                        var d = 0.0;
-                        for (var j = 0u; j < per; j++) {
-                            let idx = (word >> (j * BITS)) & (ncb - 1u);
-                            var level: f32;
-                            if (BITS <= 4u) {
-                                level = cb[k][idx & 15u];
-                            } else {
-                                level = bitcast<f32>(arena[rr[k].cb + idx]);
-                            }
-                            d += level * xv[j];
-                        }
-                        gacc[k] += d;
-                    }
+                    let xb = (wi - gs.x * mp.group_words) * per;
+                    gacc += rows_word(wi, (wi - gs.x * mp.group_words) * per);
                 }
-                for (var k = 0u; k < ROWS_PER_INV; k++) {
-                    acc[k] += norm_at(rr[k].nbase + g) * gacc[k];
-                }
-            }
-            if (!single) {
-                workgroupBarrier();
+                acc = rows_scaled(acc, g, gacc);
             }
         }
-        for (var k = 0u; k < ROWS_PER_INV; k++) {
-            if (first + k < mp.total_rows) {
-                yout[rr[k].out_at + tok * mp.y_tstride] = acc[k];
-            }
-        }
-        // The next input's staging must not overwrite values still being read.
-        if (tok + 1u < mp.tokens) {
-            workgroupBarrier();
-        }
+        rows_done(first, tok, acc);
     }
 }
 
@@ -736,7 +758,7 @@ fn gather(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
         let bit = (k * gp.group + c) * gp.bits;
         let word = garena[gp.packed_off + row * gp.row_words + bit / 32u];
         let idx = (word >> (bit % 32u)) & mask;
-        xw[c] = norm * bitcast<f32>(garena[gp.cb_off + idx]);
+        scratch[c] = norm * bitcast<f32>(garena[gp.cb_off + idx]);
     }
     workgroupBarrier();
     fwht_groups(gp.group, gp.group, li, WG, 0u, 32u);
@@ -744,7 +766,7 @@ fn gather(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     for (var c = li; c < gp.group; c += WG) {
         let col = k * gp.group + c;
         if (mine && col < gp.cols) {
-            let v = xw[c] * s * gp.scale;
+            let v = scratch[c] * s * gp.scale;
             for (var q = 0u; q < gp.copies; q++) {
                 gout[gp.out_off + q * gp.copy_stride + col] = v;
             }
@@ -812,7 +834,7 @@ fn gather_many(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
         let bit = (k * p.group + c) * p.bits;
         let word = gm_word(sel, p.packed_off + row * p.row_words + bit / 32u);
         let idx = (word >> (bit % 32u)) & mask;
-        xw[c] = norm * bitcast<f32>(gm_word(sel, p.cb_off + idx));
+        scratch[c] = norm * bitcast<f32>(gm_word(sel, p.cb_off + idx));
     }
     workgroupBarrier();
     fwht_groups(p.group, p.group, li, WG, 0u, 32u);
@@ -821,7 +843,7 @@ fn gather_many(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     for (var c = li; c < p.group; c += WG) {
         let col = k * p.group + c;
         if (mine && col < p.cols) {
-            let v = xw[c] * s * p.scale;
+            let v = scratch[c] * s * p.scale;
             for (var q = 0u; q < p.copies; q++) {
                 if (to_b) {
                     gm_out_b[base + q * p.copy_stride + col] = v;

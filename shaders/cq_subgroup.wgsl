@@ -20,8 +20,7 @@ fn matvec_sg(
     let lane = li % 16u;
     // The inputs one after another (as `matvec`).
     for (var tok = 0u; tok < mp.tokens; tok++) {
-        xbase = mp.x_off + tok * mp.x_tstride;
-        let r = matvec_setup(li);
+        let r = matvec_setup(li, tok);
         for (var t = 0u; t < mp.team_rows; t++) {
             let part = matvec_partial(team_row(wid, t, li), li, r);
             var v = part.acc;
@@ -79,41 +78,19 @@ fn matvec_rows_sg(
 ) {
     // The inputs one after another, each as a decode step computes it
     // (`matvec_rows_sgb` shares each decoded word among several).
+    let per = 32u / BITS;
+    let first = rows_first(wid, li);
+    rows_load(first);
+    // A subgroup with no row at all skips the sums (subgroup-uniform, so the
+    // broadcasts inside still see every lane).
+    let live = subgroupAny(first < mp.total_rows);
     for (var tok = 0u; tok < mp.tokens; tok++) {
-        xbase = mp.x_off + tok * mp.x_tstride;
-        let ncb = 1u << BITS;
-        let per = 32u / BITS;
-        let wg = wid.x + wid.y * mp.grid_x;
-        let r = input_rms(li);
-        let padded = mp.row_words * per;
-        // An input of one chunk is staged once, before the rows' setup.
-        let single = padded <= XW;
-        if (single) {
-            stage_chunk(li, 0u, padded, r);
-        }
-        let first = (wg * 64u + li) * ROWS_PER_INV;
-        // Rows past the last read the last row and write nothing; a subgroup
-        // with no row at all skips the sums (subgroup-uniform, so the broadcasts
-        // inside still see every lane).
-        let live = subgroupAny(first < mp.total_rows);
-        var rr: array<RowRef, 4>;
-        var cb: array<array<f32, 16>, 4>;
-        for (var k = 0u; k < ROWS_PER_INV; k++) {
-            rr[k] = row_ref(min(first + k, mp.total_rows - 1u));
-            for (var i = 0u; i < min(ncb, 16u); i++) {
-                cb[k][i] = bitcast<f32>(arena[rr[k].cb + i]);
-            }
-        }
+        let r = input_start(li, tok);
         var acc = vec4<f32>(0.0);
-        var xv: array<f32, 32>;
-        for (var c0 = 0u; c0 < padded; c0 += XW) {
-            let len = min(XW, padded - c0);
-            if (!single) {
-                stage_chunk(li, c0, len, r);
-            }
-            let g0 = c0 / (mp.group_words * per);
-            let g_end = select(g0, g0 + len / (mp.group_words * per), live);
-            for (var g = g0; g < g_end; g++) {
+        for (var c0 = 0u; c0 < mp.row_words * per; c0 += XW) {
+            let gs = rows_chunk(li, c0, r, live);
+            let g0 = gs.x;
+            for (var g = g0; g < gs.y; g++) {
                 var gacc = vec4<f32>(0.0);
                 // Four words at a time where a group holds whole fours (packed rows
                 // start 16-byte aligned): one vec4<u32> gather per row instead of four.
@@ -122,73 +99,57 @@ fn matvec_rows_sg(
                         let wi = g * mp.group_words + w;
                         let xb = (wi - g0 * mp.group_words) * per;
                         if (BITS == 4u) {
-                            let l0 = xw[xb + 0u + (sl & 7u)];
-                            let l1 = xw[xb + 8u + (sl & 7u)];
-                            let l2 = xw[xb + 16u + (sl & 7u)];
-                            let l3 = xw[xb + 24u + (sl & 7u)];
-                            let x0 = vec4<f32>(subgroupBroadcast(l0, 0u), subgroupBroadcast(l0, 1u), subgroupBroadcast(l0, 2u), subgroupBroadcast(l0, 3u));
-                            let x1 = vec4<f32>(subgroupBroadcast(l0, 4u), subgroupBroadcast(l0, 5u), subgroupBroadcast(l0, 6u), subgroupBroadcast(l0, 7u));
-                            let x2 = vec4<f32>(subgroupBroadcast(l1, 0u), subgroupBroadcast(l1, 1u), subgroupBroadcast(l1, 2u), subgroupBroadcast(l1, 3u));
-                            let x3 = vec4<f32>(subgroupBroadcast(l1, 4u), subgroupBroadcast(l1, 5u), subgroupBroadcast(l1, 6u), subgroupBroadcast(l1, 7u));
-                            let x4 = vec4<f32>(subgroupBroadcast(l2, 0u), subgroupBroadcast(l2, 1u), subgroupBroadcast(l2, 2u), subgroupBroadcast(l2, 3u));
-                            let x5 = vec4<f32>(subgroupBroadcast(l2, 4u), subgroupBroadcast(l2, 5u), subgroupBroadcast(l2, 6u), subgroupBroadcast(l2, 7u));
-                            let x6 = vec4<f32>(subgroupBroadcast(l3, 0u), subgroupBroadcast(l3, 1u), subgroupBroadcast(l3, 2u), subgroupBroadcast(l3, 3u));
-                            let x7 = vec4<f32>(subgroupBroadcast(l3, 4u), subgroupBroadcast(l3, 5u), subgroupBroadcast(l3, 6u), subgroupBroadcast(l3, 7u));
+                            let l0 = scratch[xb + 0u + (sl & 7u)];
+                            let l1 = scratch[xb + 8u + (sl & 7u)];
+                            let l2 = scratch[xb + 16u + (sl & 7u)];
+                            let l3 = scratch[xb + 24u + (sl & 7u)];
+                            let x0 = bcast_lo(l0);
+                            let x1 = bcast_hi(l0);
+                            let x2 = bcast_lo(l1);
+                            let x3 = bcast_hi(l1);
+                            let x4 = bcast_lo(l2);
+                            let x5 = bcast_hi(l2);
+                            let x6 = bcast_lo(l3);
+                            let x7 = bcast_hi(l3);
                             for (var k = 0u; k < ROWS_PER_INV; k++) {
                                 let q = arena4[(rr[k].pbase + wi) >> 2u];
-                                let d0 = dot(vec4<f32>(cb[k][q.x & 15u], cb[k][(q.x >> 4u) & 15u], cb[k][(q.x >> 8u) & 15u], cb[k][(q.x >> 12u) & 15u]), x0)
-                                    + dot(vec4<f32>(cb[k][(q.x >> 16u) & 15u], cb[k][(q.x >> 20u) & 15u], cb[k][(q.x >> 24u) & 15u], cb[k][q.x >> 28u]), x1);
-                                let d1 = dot(vec4<f32>(cb[k][q.y & 15u], cb[k][(q.y >> 4u) & 15u], cb[k][(q.y >> 8u) & 15u], cb[k][(q.y >> 12u) & 15u]), x2)
-                                    + dot(vec4<f32>(cb[k][(q.y >> 16u) & 15u], cb[k][(q.y >> 20u) & 15u], cb[k][(q.y >> 24u) & 15u], cb[k][q.y >> 28u]), x3);
-                                let d2 = dot(vec4<f32>(cb[k][q.z & 15u], cb[k][(q.z >> 4u) & 15u], cb[k][(q.z >> 8u) & 15u], cb[k][(q.z >> 12u) & 15u]), x4)
-                                    + dot(vec4<f32>(cb[k][(q.z >> 16u) & 15u], cb[k][(q.z >> 20u) & 15u], cb[k][(q.z >> 24u) & 15u], cb[k][q.z >> 28u]), x5);
-                                let d3 = dot(vec4<f32>(cb[k][q.w & 15u], cb[k][(q.w >> 4u) & 15u], cb[k][(q.w >> 8u) & 15u], cb[k][(q.w >> 12u) & 15u]), x6)
-                                    + dot(vec4<f32>(cb[k][(q.w >> 16u) & 15u], cb[k][(q.w >> 20u) & 15u], cb[k][(q.w >> 24u) & 15u], cb[k][q.w >> 28u]), x7);
+                                let d0 = word4(k, q.x, x0, x1);
+                                let d1 = word4(k, q.y, x2, x3);
+                                let d2 = word4(k, q.z, x4, x5);
+                                let d3 = word4(k, q.w, x6, x7);
                                 gacc[k] += (d0 + d1) + (d2 + d3);
                             }
                         } else {
-                            let l0 = xw[xb + 0u + (sl & 7u)];
-                            let l1 = xw[xb + 8u + (sl & 7u)];
-                            let l2 = xw[xb + 16u + (sl & 7u)];
-                            let l3 = xw[xb + 24u + (sl & 7u)];
-                            let l4 = xw[xb + 32u + (sl & 7u)];
-                            let l5 = xw[xb + 40u + (sl & 7u)];
-                            let l6 = xw[xb + 48u + (sl & 7u)];
-                            let l7 = xw[xb + 56u + (sl & 7u)];
-                            let x0 = vec4<f32>(subgroupBroadcast(l0, 0u), subgroupBroadcast(l0, 1u), subgroupBroadcast(l0, 2u), subgroupBroadcast(l0, 3u));
-                            let x1 = vec4<f32>(subgroupBroadcast(l0, 4u), subgroupBroadcast(l0, 5u), subgroupBroadcast(l0, 6u), subgroupBroadcast(l0, 7u));
-                            let x2 = vec4<f32>(subgroupBroadcast(l1, 0u), subgroupBroadcast(l1, 1u), subgroupBroadcast(l1, 2u), subgroupBroadcast(l1, 3u));
-                            let x3 = vec4<f32>(subgroupBroadcast(l1, 4u), subgroupBroadcast(l1, 5u), subgroupBroadcast(l1, 6u), subgroupBroadcast(l1, 7u));
-                            let x4 = vec4<f32>(subgroupBroadcast(l2, 0u), subgroupBroadcast(l2, 1u), subgroupBroadcast(l2, 2u), subgroupBroadcast(l2, 3u));
-                            let x5 = vec4<f32>(subgroupBroadcast(l2, 4u), subgroupBroadcast(l2, 5u), subgroupBroadcast(l2, 6u), subgroupBroadcast(l2, 7u));
-                            let x6 = vec4<f32>(subgroupBroadcast(l3, 0u), subgroupBroadcast(l3, 1u), subgroupBroadcast(l3, 2u), subgroupBroadcast(l3, 3u));
-                            let x7 = vec4<f32>(subgroupBroadcast(l3, 4u), subgroupBroadcast(l3, 5u), subgroupBroadcast(l3, 6u), subgroupBroadcast(l3, 7u));
-                            let x8 = vec4<f32>(subgroupBroadcast(l4, 0u), subgroupBroadcast(l4, 1u), subgroupBroadcast(l4, 2u), subgroupBroadcast(l4, 3u));
-                            let x9 = vec4<f32>(subgroupBroadcast(l4, 4u), subgroupBroadcast(l4, 5u), subgroupBroadcast(l4, 6u), subgroupBroadcast(l4, 7u));
-                            let x10 = vec4<f32>(subgroupBroadcast(l5, 0u), subgroupBroadcast(l5, 1u), subgroupBroadcast(l5, 2u), subgroupBroadcast(l5, 3u));
-                            let x11 = vec4<f32>(subgroupBroadcast(l5, 4u), subgroupBroadcast(l5, 5u), subgroupBroadcast(l5, 6u), subgroupBroadcast(l5, 7u));
-                            let x12 = vec4<f32>(subgroupBroadcast(l6, 0u), subgroupBroadcast(l6, 1u), subgroupBroadcast(l6, 2u), subgroupBroadcast(l6, 3u));
-                            let x13 = vec4<f32>(subgroupBroadcast(l6, 4u), subgroupBroadcast(l6, 5u), subgroupBroadcast(l6, 6u), subgroupBroadcast(l6, 7u));
-                            let x14 = vec4<f32>(subgroupBroadcast(l7, 0u), subgroupBroadcast(l7, 1u), subgroupBroadcast(l7, 2u), subgroupBroadcast(l7, 3u));
-                            let x15 = vec4<f32>(subgroupBroadcast(l7, 4u), subgroupBroadcast(l7, 5u), subgroupBroadcast(l7, 6u), subgroupBroadcast(l7, 7u));
+                            let l0 = scratch[xb + 0u + (sl & 7u)];
+                            let l1 = scratch[xb + 8u + (sl & 7u)];
+                            let l2 = scratch[xb + 16u + (sl & 7u)];
+                            let l3 = scratch[xb + 24u + (sl & 7u)];
+                            let l4 = scratch[xb + 32u + (sl & 7u)];
+                            let l5 = scratch[xb + 40u + (sl & 7u)];
+                            let l6 = scratch[xb + 48u + (sl & 7u)];
+                            let l7 = scratch[xb + 56u + (sl & 7u)];
+                            let x0 = bcast_lo(l0);
+                            let x1 = bcast_hi(l0);
+                            let x2 = bcast_lo(l1);
+                            let x3 = bcast_hi(l1);
+                            let x4 = bcast_lo(l2);
+                            let x5 = bcast_hi(l2);
+                            let x6 = bcast_lo(l3);
+                            let x7 = bcast_hi(l3);
+                            let x8 = bcast_lo(l4);
+                            let x9 = bcast_hi(l4);
+                            let x10 = bcast_lo(l5);
+                            let x11 = bcast_hi(l5);
+                            let x12 = bcast_lo(l6);
+                            let x13 = bcast_hi(l6);
+                            let x14 = bcast_lo(l7);
+                            let x15 = bcast_hi(l7);
                             for (var k = 0u; k < ROWS_PER_INV; k++) {
                                 let q = arena4[(rr[k].pbase + wi) >> 2u];
-                                let d0 = (dot(vec4<f32>(cb[k][q.x & 3u], cb[k][(q.x >> 2u) & 3u], cb[k][(q.x >> 4u) & 3u], cb[k][(q.x >> 6u) & 3u]), x0)
-                                    + dot(vec4<f32>(cb[k][(q.x >> 8u) & 3u], cb[k][(q.x >> 10u) & 3u], cb[k][(q.x >> 12u) & 3u], cb[k][(q.x >> 14u) & 3u]), x1))
-                                    + (dot(vec4<f32>(cb[k][(q.x >> 16u) & 3u], cb[k][(q.x >> 18u) & 3u], cb[k][(q.x >> 20u) & 3u], cb[k][(q.x >> 22u) & 3u]), x2)
-                                    + dot(vec4<f32>(cb[k][(q.x >> 24u) & 3u], cb[k][(q.x >> 26u) & 3u], cb[k][(q.x >> 28u) & 3u], cb[k][q.x >> 30u]), x3));
-                                let d1 = (dot(vec4<f32>(cb[k][q.y & 3u], cb[k][(q.y >> 2u) & 3u], cb[k][(q.y >> 4u) & 3u], cb[k][(q.y >> 6u) & 3u]), x4)
-                                    + dot(vec4<f32>(cb[k][(q.y >> 8u) & 3u], cb[k][(q.y >> 10u) & 3u], cb[k][(q.y >> 12u) & 3u], cb[k][(q.y >> 14u) & 3u]), x5))
-                                    + (dot(vec4<f32>(cb[k][(q.y >> 16u) & 3u], cb[k][(q.y >> 18u) & 3u], cb[k][(q.y >> 20u) & 3u], cb[k][(q.y >> 22u) & 3u]), x6)
-                                    + dot(vec4<f32>(cb[k][(q.y >> 24u) & 3u], cb[k][(q.y >> 26u) & 3u], cb[k][(q.y >> 28u) & 3u], cb[k][q.y >> 30u]), x7));
-                                let d2 = (dot(vec4<f32>(cb[k][q.z & 3u], cb[k][(q.z >> 2u) & 3u], cb[k][(q.z >> 4u) & 3u], cb[k][(q.z >> 6u) & 3u]), x8)
-                                    + dot(vec4<f32>(cb[k][(q.z >> 8u) & 3u], cb[k][(q.z >> 10u) & 3u], cb[k][(q.z >> 12u) & 3u], cb[k][(q.z >> 14u) & 3u]), x9))
-                                    + (dot(vec4<f32>(cb[k][(q.z >> 16u) & 3u], cb[k][(q.z >> 18u) & 3u], cb[k][(q.z >> 20u) & 3u], cb[k][(q.z >> 22u) & 3u]), x10)
-                                    + dot(vec4<f32>(cb[k][(q.z >> 24u) & 3u], cb[k][(q.z >> 26u) & 3u], cb[k][(q.z >> 28u) & 3u], cb[k][q.z >> 30u]), x11));
-                                let d3 = (dot(vec4<f32>(cb[k][q.w & 3u], cb[k][(q.w >> 2u) & 3u], cb[k][(q.w >> 4u) & 3u], cb[k][(q.w >> 6u) & 3u]), x12)
-                                    + dot(vec4<f32>(cb[k][(q.w >> 8u) & 3u], cb[k][(q.w >> 10u) & 3u], cb[k][(q.w >> 12u) & 3u], cb[k][(q.w >> 14u) & 3u]), x13))
-                                    + (dot(vec4<f32>(cb[k][(q.w >> 16u) & 3u], cb[k][(q.w >> 18u) & 3u], cb[k][(q.w >> 20u) & 3u], cb[k][(q.w >> 22u) & 3u]), x14)
-                                    + dot(vec4<f32>(cb[k][(q.w >> 24u) & 3u], cb[k][(q.w >> 26u) & 3u], cb[k][(q.w >> 28u) & 3u], cb[k][q.w >> 30u]), x15));
+                                let d0 = word2(k, q.x, x0, x1, x2, x3);
+                                let d1 = word2(k, q.y, x4, x5, x6, x7);
+                                let d2 = word2(k, q.z, x8, x9, x10, x11);
+                                let d3 = word2(k, q.w, x12, x13, x14, x15);
                                 gacc[k] += (d0 + d1) + (d2 + d3);
                             }
                         }
@@ -196,111 +157,42 @@ fn matvec_rows_sg(
                 } else {
                     for (var w = 0u; w < mp.group_words; w++) {
                         let wi = g * mp.group_words + w;
-                        let xb = (wi - g0 * mp.group_words) * per;
-                        // 4 and 2 bits: the word's activations as vec4s and its codes taken
-                        // with constant shifts, so no private array is indexed by a loop
-                        // variable (lavapipe keeps such arrays in memory: loading x through
-                        // one cost ~38% of these matvecs).
-                        if (BITS == 4u) {
-                            var x0: vec4<f32>;
-                            var x1: vec4<f32>;
-                            if (sg >= 8u) {
-                                // One load per lane, then broadcasts (no per-lane gathers
-                                // of the same 8 values).
-                                let xl = xw[xb + (sl & 7u)];
-                                x0 = vec4<f32>(subgroupBroadcast(xl, 0u), subgroupBroadcast(xl, 1u),
-                                               subgroupBroadcast(xl, 2u), subgroupBroadcast(xl, 3u));
-                                x1 = vec4<f32>(subgroupBroadcast(xl, 4u), subgroupBroadcast(xl, 5u),
-                                               subgroupBroadcast(xl, 6u), subgroupBroadcast(xl, 7u));
-                            } else {
-                                x0 = vec4<f32>(xw[xb], xw[xb + 1u], xw[xb + 2u], xw[xb + 3u]);
-                                x1 = vec4<f32>(xw[xb + 4u], xw[xb + 5u], xw[xb + 6u], xw[xb + 7u]);
-                            }
-                            for (var k = 0u; k < ROWS_PER_INV; k++) {
-                                let wd = arena[rr[k].pbase + wi];
-                                let a = vec4<f32>(cb[k][wd & 15u], cb[k][(wd >> 4u) & 15u],
-                                                  cb[k][(wd >> 8u) & 15u], cb[k][(wd >> 12u) & 15u]);
-                                let b = vec4<f32>(cb[k][(wd >> 16u) & 15u], cb[k][(wd >> 20u) & 15u],
-                                                  cb[k][(wd >> 24u) & 15u], cb[k][wd >> 28u]);
-                                gacc[k] += dot(a, x0) + dot(b, x1);
-                            }
-                            continue;
-                        }
-                        if (BITS == 2u) {
-                            var x0: vec4<f32>;
-                            var x1: vec4<f32>;
-                            var x2: vec4<f32>;
-                            var x3: vec4<f32>;
-                            if (sg >= 8u) {
-                                let xl = xw[xb + (sl & 7u)];
-                                let xh = xw[xb + 8u + (sl & 7u)];
-                                x0 = vec4<f32>(subgroupBroadcast(xl, 0u), subgroupBroadcast(xl, 1u),
-                                               subgroupBroadcast(xl, 2u), subgroupBroadcast(xl, 3u));
-                                x1 = vec4<f32>(subgroupBroadcast(xl, 4u), subgroupBroadcast(xl, 5u),
-                                               subgroupBroadcast(xl, 6u), subgroupBroadcast(xl, 7u));
-                                x2 = vec4<f32>(subgroupBroadcast(xh, 0u), subgroupBroadcast(xh, 1u),
-                                               subgroupBroadcast(xh, 2u), subgroupBroadcast(xh, 3u));
-                                x3 = vec4<f32>(subgroupBroadcast(xh, 4u), subgroupBroadcast(xh, 5u),
-                                               subgroupBroadcast(xh, 6u), subgroupBroadcast(xh, 7u));
-                            } else {
-                                x0 = vec4<f32>(xw[xb], xw[xb + 1u], xw[xb + 2u], xw[xb + 3u]);
-                                x1 = vec4<f32>(xw[xb + 4u], xw[xb + 5u], xw[xb + 6u], xw[xb + 7u]);
-                                x2 = vec4<f32>(xw[xb + 8u], xw[xb + 9u], xw[xb + 10u], xw[xb + 11u]);
-                                x3 = vec4<f32>(xw[xb + 12u], xw[xb + 13u], xw[xb + 14u], xw[xb + 15u]);
-                            }
-                            for (var k = 0u; k < ROWS_PER_INV; k++) {
-                                let wd = arena[rr[k].pbase + wi];
-                                let a = vec4<f32>(cb[k][wd & 3u], cb[k][(wd >> 2u) & 3u],
-                                                  cb[k][(wd >> 4u) & 3u], cb[k][(wd >> 6u) & 3u]);
-                                let b = vec4<f32>(cb[k][(wd >> 8u) & 3u], cb[k][(wd >> 10u) & 3u],
-                                                  cb[k][(wd >> 12u) & 3u], cb[k][(wd >> 14u) & 3u]);
-                                let c = vec4<f32>(cb[k][(wd >> 16u) & 3u], cb[k][(wd >> 18u) & 3u],
-                                                  cb[k][(wd >> 20u) & 3u], cb[k][(wd >> 22u) & 3u]);
-                                let e = vec4<f32>(cb[k][(wd >> 24u) & 3u], cb[k][(wd >> 26u) & 3u],
-                                                  cb[k][(wd >> 28u) & 3u], cb[k][wd >> 30u]);
-                                gacc[k] += (dot(a, x0) + dot(b, x1)) + (dot(c, x2) + dot(e, x3));
-                            }
-                            continue;
-                        }
-                        for (var j = 0u; j < per; j++) {
-                            xv[j] = xw[xb + j];
-                        }
-                        for (var k = 0u; k < ROWS_PER_INV; k++) {
-                            let word = arena[rr[k].pbase + wi];
-                            var d = 0.0;
-                            for (var j = 0u; j < per; j++) {
-                                let idx = (word >> (j * BITS)) & (ncb - 1u);
-                                var level: f32;
-                                if (BITS <= 4u) {
-                                    level = cb[k][idx & 15u];
-                                } else {
-                                    level = bitcast<f32>(arena[rr[k].cb + idx]);
-                                }
-                                d += level * xv[j];
-                            }
-                            gacc[k] += d;
-                        }
+                        gacc += rows_word_sg(wi, (wi - g0 * mp.group_words) * per, sl, sg);
                     }
                 }
-                for (var k = 0u; k < ROWS_PER_INV; k++) {
-                    acc[k] += norm_at(rr[k].nbase + g) * gacc[k];
-                }
-            }
-            if (!single) {
-                workgroupBarrier();
+                acc = rows_scaled(acc, g, gacc);
             }
         }
-        for (var k = 0u; k < ROWS_PER_INV; k++) {
-            if (first + k < mp.total_rows) {
-                yout[rr[k].out_at + tok * mp.y_tstride] = acc[k];
-            }
-        }
-        if (tok + 1u < mp.tokens) {
-            workgroupBarrier();
-        }
+        rows_done(first, tok, acc);
     }
 }
 
+// rows_word with subgroups of at least 8 at 4 and 2 bits: the activations as one
+// load per lane and broadcasts (no per-lane gathers of the same values).
+// (Subgroup-uniform where matvec_rows_sg calls it: see its filter.)
+@diagnostic(off, subgroup_uniformity)
+fn rows_word_sg(wi: u32, xb: u32, sl: u32, sg: u32) -> vec4<f32> {
+    if (sg < 8u || (BITS != 4u && BITS != 2u)) {
+        return rows_word(wi, xb);
+    }
+    let xl = scratch[xb + (sl & 7u)];
+    if (BITS == 4u) {
+        return rows_word4(wi, bcast_lo(xl), bcast_hi(xl));
+    }
+    let xh = scratch[xb + 8u + (sl & 7u)];
+    return rows_word2(wi, bcast_lo(xl), bcast_hi(xl), bcast_lo(xh), bcast_hi(xh));
+}
+
+// Lanes 0..3 and 4..7's values of `v`, broadcast to every lane.
+@diagnostic(off, subgroup_uniformity)
+fn bcast_lo(v: f32) -> vec4<f32> {
+    return vec4<f32>(subgroupBroadcast(v, 0u), subgroupBroadcast(v, 1u), subgroupBroadcast(v, 2u), subgroupBroadcast(v, 3u));
+}
+
+@diagnostic(off, subgroup_uniformity)
+fn bcast_hi(v: f32) -> vec4<f32> {
+    return vec4<f32>(subgroupBroadcast(v, 4u), subgroupBroadcast(v, 5u), subgroupBroadcast(v, 6u), subgroupBroadcast(v, 7u));
+}
 
 // ---------------------------------------------------------------- matvec_rows_sgb
 // Batched `matvec_rows_sg` (the prefill's and a batch pass's matvec on CPU
@@ -341,20 +233,11 @@ fn matvec_rows_sgb(
     @builtin(local_invocation_index) li: u32,
     @builtin(subgroup_invocation_id) sl: u32,
 ) {
-    let ncb = 1u << BITS;
     let per = 32u / BITS;
-    let wg = wid.x + wid.y * mp.grid_x;
-    let first = (wg * 64u + li) * ROWS_PER_INV;
+    let first = rows_first(wid, li);
     // As in matvec_rows_sg: a subgroup with no row of its own skips the sums.
     let live = subgroupAny(first < mp.total_rows);
-    var rr: array<RowRef, 4>;
-    var cb: array<array<f32, 16>, 4>;
-    for (var k = 0u; k < ROWS_PER_INV; k++) {
-        rr[k] = row_ref(min(first + k, mp.total_rows - 1u));
-        for (var i = 0u; i < min(ncb, 16u); i++) {
-            cb[k][i] = bitcast<f32>(arena[rr[k].cb + i]);
-        }
-    }
+    rows_load(first);
     let groups = mp.row_words / mp.group_words;
     let s = sl & 7u;
     for (var t0 = wid.z * mp.tb; t0 < mp.tokens; t0 += mp.tb * nwg.z) {
@@ -377,31 +260,31 @@ fn matvec_rows_sgb(
                 for (var k = 0u; k < ROWS_PER_INV; k++) {
                     let q = arena4[(rr[k].pbase + wi) >> 2u];
                     if (BITS == 4u) {
-                        lv[k * 8u + 0u] = vec4<f32>(cb[k][q.x & 15u], cb[k][(q.x >> 4u) & 15u], cb[k][(q.x >> 8u) & 15u], cb[k][(q.x >> 12u) & 15u]);
-                        lv[k * 8u + 1u] = vec4<f32>(cb[k][(q.x >> 16u) & 15u], cb[k][(q.x >> 20u) & 15u], cb[k][(q.x >> 24u) & 15u], cb[k][q.x >> 28u]);
-                        lv[k * 8u + 2u] = vec4<f32>(cb[k][q.y & 15u], cb[k][(q.y >> 4u) & 15u], cb[k][(q.y >> 8u) & 15u], cb[k][(q.y >> 12u) & 15u]);
-                        lv[k * 8u + 3u] = vec4<f32>(cb[k][(q.y >> 16u) & 15u], cb[k][(q.y >> 20u) & 15u], cb[k][(q.y >> 24u) & 15u], cb[k][q.y >> 28u]);
-                        lv[k * 8u + 4u] = vec4<f32>(cb[k][q.z & 15u], cb[k][(q.z >> 4u) & 15u], cb[k][(q.z >> 8u) & 15u], cb[k][(q.z >> 12u) & 15u]);
-                        lv[k * 8u + 5u] = vec4<f32>(cb[k][(q.z >> 16u) & 15u], cb[k][(q.z >> 20u) & 15u], cb[k][(q.z >> 24u) & 15u], cb[k][q.z >> 28u]);
-                        lv[k * 8u + 6u] = vec4<f32>(cb[k][q.w & 15u], cb[k][(q.w >> 4u) & 15u], cb[k][(q.w >> 8u) & 15u], cb[k][(q.w >> 12u) & 15u]);
-                        lv[k * 8u + 7u] = vec4<f32>(cb[k][(q.w >> 16u) & 15u], cb[k][(q.w >> 20u) & 15u], cb[k][(q.w >> 24u) & 15u], cb[k][q.w >> 28u]);
+                        lv[k * 8u + 0u] = levels4(k, q.x, 0u);
+                        lv[k * 8u + 1u] = levels4(k, q.x, 1u);
+                        lv[k * 8u + 2u] = levels4(k, q.y, 0u);
+                        lv[k * 8u + 3u] = levels4(k, q.y, 1u);
+                        lv[k * 8u + 4u] = levels4(k, q.z, 0u);
+                        lv[k * 8u + 5u] = levels4(k, q.z, 1u);
+                        lv[k * 8u + 6u] = levels4(k, q.w, 0u);
+                        lv[k * 8u + 7u] = levels4(k, q.w, 1u);
                     } else {
-                        lv[k * 16u + 0u] = vec4<f32>(cb[k][q.x & 3u], cb[k][(q.x >> 2u) & 3u], cb[k][(q.x >> 4u) & 3u], cb[k][(q.x >> 6u) & 3u]);
-                        lv[k * 16u + 1u] = vec4<f32>(cb[k][(q.x >> 8u) & 3u], cb[k][(q.x >> 10u) & 3u], cb[k][(q.x >> 12u) & 3u], cb[k][(q.x >> 14u) & 3u]);
-                        lv[k * 16u + 2u] = vec4<f32>(cb[k][(q.x >> 16u) & 3u], cb[k][(q.x >> 18u) & 3u], cb[k][(q.x >> 20u) & 3u], cb[k][(q.x >> 22u) & 3u]);
-                        lv[k * 16u + 3u] = vec4<f32>(cb[k][(q.x >> 24u) & 3u], cb[k][(q.x >> 26u) & 3u], cb[k][(q.x >> 28u) & 3u], cb[k][q.x >> 30u]);
-                        lv[k * 16u + 4u] = vec4<f32>(cb[k][q.y & 3u], cb[k][(q.y >> 2u) & 3u], cb[k][(q.y >> 4u) & 3u], cb[k][(q.y >> 6u) & 3u]);
-                        lv[k * 16u + 5u] = vec4<f32>(cb[k][(q.y >> 8u) & 3u], cb[k][(q.y >> 10u) & 3u], cb[k][(q.y >> 12u) & 3u], cb[k][(q.y >> 14u) & 3u]);
-                        lv[k * 16u + 6u] = vec4<f32>(cb[k][(q.y >> 16u) & 3u], cb[k][(q.y >> 18u) & 3u], cb[k][(q.y >> 20u) & 3u], cb[k][(q.y >> 22u) & 3u]);
-                        lv[k * 16u + 7u] = vec4<f32>(cb[k][(q.y >> 24u) & 3u], cb[k][(q.y >> 26u) & 3u], cb[k][(q.y >> 28u) & 3u], cb[k][q.y >> 30u]);
-                        lv[k * 16u + 8u] = vec4<f32>(cb[k][q.z & 3u], cb[k][(q.z >> 2u) & 3u], cb[k][(q.z >> 4u) & 3u], cb[k][(q.z >> 6u) & 3u]);
-                        lv[k * 16u + 9u] = vec4<f32>(cb[k][(q.z >> 8u) & 3u], cb[k][(q.z >> 10u) & 3u], cb[k][(q.z >> 12u) & 3u], cb[k][(q.z >> 14u) & 3u]);
-                        lv[k * 16u + 10u] = vec4<f32>(cb[k][(q.z >> 16u) & 3u], cb[k][(q.z >> 18u) & 3u], cb[k][(q.z >> 20u) & 3u], cb[k][(q.z >> 22u) & 3u]);
-                        lv[k * 16u + 11u] = vec4<f32>(cb[k][(q.z >> 24u) & 3u], cb[k][(q.z >> 26u) & 3u], cb[k][(q.z >> 28u) & 3u], cb[k][q.z >> 30u]);
-                        lv[k * 16u + 12u] = vec4<f32>(cb[k][q.w & 3u], cb[k][(q.w >> 2u) & 3u], cb[k][(q.w >> 4u) & 3u], cb[k][(q.w >> 6u) & 3u]);
-                        lv[k * 16u + 13u] = vec4<f32>(cb[k][(q.w >> 8u) & 3u], cb[k][(q.w >> 10u) & 3u], cb[k][(q.w >> 12u) & 3u], cb[k][(q.w >> 14u) & 3u]);
-                        lv[k * 16u + 14u] = vec4<f32>(cb[k][(q.w >> 16u) & 3u], cb[k][(q.w >> 18u) & 3u], cb[k][(q.w >> 20u) & 3u], cb[k][(q.w >> 22u) & 3u]);
-                        lv[k * 16u + 15u] = vec4<f32>(cb[k][(q.w >> 24u) & 3u], cb[k][(q.w >> 26u) & 3u], cb[k][(q.w >> 28u) & 3u], cb[k][q.w >> 30u]);
+                        lv[k * 16u + 0u] = levels2(k, q.x, 0u);
+                        lv[k * 16u + 1u] = levels2(k, q.x, 1u);
+                        lv[k * 16u + 2u] = levels2(k, q.x, 2u);
+                        lv[k * 16u + 3u] = levels2(k, q.x, 3u);
+                        lv[k * 16u + 4u] = levels2(k, q.y, 0u);
+                        lv[k * 16u + 5u] = levels2(k, q.y, 1u);
+                        lv[k * 16u + 6u] = levels2(k, q.y, 2u);
+                        lv[k * 16u + 7u] = levels2(k, q.y, 3u);
+                        lv[k * 16u + 8u] = levels2(k, q.z, 0u);
+                        lv[k * 16u + 9u] = levels2(k, q.z, 1u);
+                        lv[k * 16u + 10u] = levels2(k, q.z, 2u);
+                        lv[k * 16u + 11u] = levels2(k, q.z, 3u);
+                        lv[k * 16u + 12u] = levels2(k, q.w, 0u);
+                        lv[k * 16u + 13u] = levels2(k, q.w, 1u);
+                        lv[k * 16u + 14u] = levels2(k, q.w, 2u);
+                        lv[k * 16u + 15u] = levels2(k, q.w, 3u);
                     }
                 }
                 // Each input's activations broadcast once for the 4 rows.
@@ -456,11 +339,7 @@ fn matvec_rows_sgb(
             }
         }
         for (var t = 0u; t < tb; t++) {
-            for (var k = 0u; k < ROWS_PER_INV; k++) {
-                if (first + k < mp.total_rows) {
-                    yout[rr[k].out_at + (t0 + t) * mp.y_tstride] = acc[t][k];
-                }
-            }
+            rows_store(first, t0 + t, acc[t]);
         }
     }
 }

@@ -63,50 +63,6 @@ var<private> ta: u32;
 // common.wgsl's `scratch` (SCRATCH_LEN = CHUNK floats) is the FWHT buffer; reductions
 // use scratch[0..256] before the transforms use all of it.
 
-// Butterfly stages on values a0.. of one run (elements e + j·h, j < 8; e + j for 4
-// and 2) in registers, stored back to scratch: a pass's step for one run, its
-// values loaded by the caller (from scratch or z_init). Arguments are values, so
-// the run stays in registers (the compiler inlines these).
-fn put8(e: u32, h: u32, a0: f32, a1: f32, a2: f32, a3: f32, a4: f32, a5: f32, a6: f32, a7: f32) {
-    var v0 = a0;
-    var v1 = a1;
-    var v2 = a2;
-    var v3 = a3;
-    var v4 = a4;
-    var v5 = a5;
-    var v6 = a6;
-    var v7 = a7;
-    bfly8(&v0, &v1, &v2, &v3, &v4, &v5, &v6, &v7);
-    scratch[e] = v0;
-    scratch[e + h] = v1;
-    scratch[e + 2u * h] = v2;
-    scratch[e + 3u * h] = v3;
-    scratch[e + 4u * h] = v4;
-    scratch[e + 5u * h] = v5;
-    scratch[e + 6u * h] = v6;
-    scratch[e + 7u * h] = v7;
-}
-
-fn put4(e: u32, a0: f32, a1: f32, a2: f32, a3: f32) {
-    var v0 = a0;
-    var v1 = a1;
-    var v2 = a2;
-    var v3 = a3;
-    bfly4(&v0, &v1, &v2, &v3);
-    scratch[e] = v0;
-    scratch[e + 1u] = v1;
-    scratch[e + 2u] = v2;
-    scratch[e + 3u] = v3;
-}
-
-fn put2(e: u32, a0: f32, a1: f32) {
-    var v0 = a0;
-    var v1 = a1;
-    bfly(&v0, &v1);
-    scratch[e] = v0;
-    scratch[e + 1u] = v1;
-}
-
 // Unnormalised butterfly stages h = 1 .. n/2 on scratch[0..n], in place: passes
 // p0 .. p1 of fwht_passes(n) (0 and 32 for all). Call in uniform control flow
 // after a barrier that follows the loads; ends with a barrier.
@@ -130,9 +86,9 @@ fn fwht_shared(n: u32, li: u32, p0: u32, p1: u32) {
                 put8(e, 1u, scratch[e], scratch[e + 1u], scratch[e + 2u], scratch[e + 3u],
                      scratch[e + 4u], scratch[e + 5u], scratch[e + 6u], scratch[e + 7u]);
             } else if (m == 4u) {
-                put4(e, scratch[e], scratch[e + 1u], scratch[e + 2u], scratch[e + 3u]);
+                put4(e, 1u, scratch[e], scratch[e + 1u], scratch[e + 2u], scratch[e + 3u]);
             } else {
-                put2(e, scratch[e], scratch[e + 1u]);
+                put2(e, 1u, scratch[e], scratch[e + 1u]);
             }
         }
         workgroupBarrier();
@@ -180,9 +136,9 @@ fn fwht_first_z(n: u32, li: u32, rf: f32) {
             put8(e, 1u, z_init(e, rf), z_init(e + 1u, rf), z_init(e + 2u, rf), z_init(e + 3u, rf),
                  z_init(e + 4u, rf), z_init(e + 5u, rf), z_init(e + 6u, rf), z_init(e + 7u, rf));
         } else if (m == 4u) {
-            put4(e, z_init(e, rf), z_init(e + 1u, rf), z_init(e + 2u, rf), z_init(e + 3u, rf));
+            put4(e, 1u, z_init(e, rf), z_init(e + 1u, rf), z_init(e + 2u, rf), z_init(e + 3u, rf));
         } else {
-            put2(e, z_init(e, rf), z_init(e + 1u, rf));
+            put2(e, 1u, z_init(e, rf), z_init(e + 1u, rf));
         }
     }
     workgroupBarrier();
@@ -191,17 +147,7 @@ fn fwht_first_z(n: u32, li: u32, rf: f32) {
 // Run grp of the last pass (stage n / 8 on) in registers, into v.
 fn last_run(n: u32, grp: u32, v: ptr<function, array<f32, 8>>) -> u32 {
     let h0 = n / 8u;
-    let e = grp;
-    var v0 = scratch[e];
-    var v1 = scratch[e + h0];
-    var v2 = scratch[e + 2u * h0];
-    var v3 = scratch[e + 3u * h0];
-    var v4 = scratch[e + 4u * h0];
-    var v5 = scratch[e + 5u * h0];
-    var v6 = scratch[e + 6u * h0];
-    var v7 = scratch[e + 7u * h0];
-    bfly8(&v0, &v1, &v2, &v3, &v4, &v5, &v6, &v7);
-    *v = array<f32, 8>(v0, v1, v2, v3, v4, v5, v6, v7);
+    *v = run8(grp, h0);
     return h0;
 }
 

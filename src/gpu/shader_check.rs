@@ -115,11 +115,11 @@ mod tests {
             // scratch = CHUNK (4096) × 4.
             (mlp::SOURCE, "mlp", 16384),
             (engram::SOURCE, "conv", 0),
-            // xw 4096 × 4, lut 1024 × 4, red 64 × 4.
+            // scratch 4096 × 4, lut 1024 × 4, red 64 × 4.
             (cq::SOURCE, "matvec", 16384 + 4096 + 256),
-            // xw 4096 × 4.
+            // scratch 4096 × 4.
             (cq::SOURCE, "gather_many", 16384),
-            // xw 4096 × 4, red 64 × 4 (input_rms, inputs over one chunk), red_tb
+            // scratch 4096 × 4, red 64 × 4 (input_rms, inputs over one chunk), red_tb
             // 64 × MAX_TB (8) × 4 (inputs_rms, side by side).
             (cq::SOURCE, "prepare_inputs", 16384 + 256 + 2048),
             // Reads prepared inputs from a buffer: no workgroup memory (no barrier).
