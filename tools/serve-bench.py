@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Throughput of a running `cqlm serve`: N concurrent streams of greedy chat
 completions, each `--tokens` long; per-stream and aggregate tok/s, time to first
-token, p50/p99 latency between content chunks (a chunk a token while the client
-keeps up; the server joins the text that waited for a slower one), and the
+token, p50/p99 latency between content chunks (a chunk at most every
+`--stream-interval-ms` of the server, 1 ms by default, holding the tokens made
+meanwhile; a chunk a token with 0), and the
 decode rate of a stream from its first token to its last (what `cqlm bench`'s
 decode measures; at CPU speeds the inter-token gaps are below the HTTP
 stack's delivery granularity, so the rate is the comparable figure).

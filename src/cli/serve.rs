@@ -47,10 +47,17 @@ pub struct Args {
     /// The model id clients name (default: the archive's file stem, or cqlm-small).
     #[arg(long, value_name = "ID")]
     model_id: Option<String>,
+    /// Shortest time between two text chunks of a stream, in milliseconds: the
+    /// tokens of a faster stream go out together (the first at once, the last
+    /// with the end), which spares the server and the client a wakeup and a
+    /// parse per token (0: a chunk per token).
+    #[arg(long, value_name = "MS", default_value_t = 1.0)]
+    stream_interval_ms: f64,
 }
 
 pub fn run(a: Args) -> Result<()> {
     check_port(&a.host, a.port)?;
+    let stream_interval = interval(a.stream_interval_ms)?;
     let model = a.model.load()?;
     let model_id = a.model_id.clone().unwrap_or_else(|| a.model.id());
     // Every sequence a slot of one batched pass (CpuBatch or GpuBatch).
@@ -66,6 +73,7 @@ pub fn run(a: Args) -> Result<()> {
         max_tokens_cap: a.max_tokens_cap.map(|n| n as usize),
         cache_mb: a.cache_mb,
         model_id,
+        stream_interval,
     };
     let how = engine.batch.describe();
     cqlm::serve::serve(model, engine, opts, |addr| {
@@ -75,6 +83,14 @@ pub fn run(a: Args) -> Result<()> {
     })?;
     eprintln!("cqlm serve: stopped");
     Ok(())
+}
+
+/// `--stream-interval-ms` as a duration (finite, 0 to 1000 ms).
+fn interval(ms: f64) -> Result<std::time::Duration> {
+    if !(0.0..=1000.0).contains(&ms) {
+        anyhow::bail!("--stream-interval-ms must be between 0 and 1000, got {ms}");
+    }
+    Ok(std::time::Duration::from_secs_f64(ms / 1000.0))
 }
 
 /// Fail before the model loads when the address can't be listened on (a port in

@@ -24,6 +24,7 @@ use crate::session::tokenizer::{TextStream, TextTokenizer};
 use crate::session::{Generation, Next, Progress};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
+use std::time::Instant;
 
 /// Prompt tokens a slot feeds per pass.
 const PROMPT_CHUNK: usize = 64;
@@ -39,6 +40,8 @@ struct Active<'t> {
     next: Option<Next>,
     /// Whether the state after the whole prompt has been offered to the cache.
     prompt_kept: bool,
+    /// When text or logprobs last went out ([`deliver`]).
+    sent_at: Option<Instant>,
 }
 
 /// What becomes of a slot.
@@ -259,6 +262,7 @@ fn admit<'t>(
             feed: Vec::new(),
             next: None,
             prompt_kept: false,
+            sent_at: None,
         });
     }
     true
@@ -308,21 +312,31 @@ fn advance(a: &mut Active<'_>, batch: &mut dyn BatchEngine, k: usize) -> Result<
     Ok(())
 }
 
-/// Send the logprobs and text emitted since the last call, tick the token clock; say
-/// whether the slot goes on.
+/// Tick the token clock for the tokens emitted since the last call and send
+/// their logprobs and text, at most once per [`Shared::stream_interval`]
+/// (the first at once; what waits stays in the generation and goes out with a
+/// later call or the end); say whether the slot goes on.
 fn deliver(a: &mut Active<'_>, sh: &Shared) -> Slot {
     for _ in a.generation.take_emitted() {
         a.clock.tick(&sh.metrics);
     }
-    let logprobs = a.generation.take_logprobs();
-    if !logprobs.is_empty() && a.events.send(Event::Logprobs(logprobs)).is_err() {
-        return Slot::Gone;
+    let done = a.generation.is_done();
+    let due = done || a.sent_at.is_none_or(|t| t.elapsed() >= sh.stream_interval);
+    if due {
+        let logprobs = a.generation.take_logprobs();
+        let delta = a.generation.take_delta();
+        let sends = !logprobs.is_empty() || (a.stream_text && !delta.is_empty());
+        if !logprobs.is_empty() && a.events.send(Event::Logprobs(logprobs)).is_err() {
+            return Slot::Gone;
+        }
+        if a.stream_text && !delta.is_empty() && a.events.send(Event::Text(delta)).is_err() {
+            return Slot::Gone;
+        }
+        if sends {
+            a.sent_at = Some(Instant::now());
+        }
     }
-    let delta = a.generation.take_delta();
-    if a.stream_text && !delta.is_empty() && a.events.send(Event::Text(delta)).is_err() {
-        return Slot::Gone;
-    }
-    if a.generation.is_done() {
+    if done {
         Slot::Finished
     } else {
         Slot::Continue

@@ -109,6 +109,8 @@ pub(super) struct Shared {
     inflight: AtomicUsize,
     pub(super) stopping: AtomicBool,
     pub(super) metrics: Arc<Metrics>,
+    /// Shortest time between two text events of a stream.
+    pub(super) stream_interval: std::time::Duration,
 }
 
 impl Shared {
@@ -149,7 +151,8 @@ impl Queue {
     /// Start the batch loop over `batch` (its slots are the sequences that
     /// generate at once; `make` builds another after a pass panicked), with
     /// room for `max_queue` waiting jobs beyond them and a prompt cache of
-    /// `cache_bytes`; it counts what it runs in `metrics`.
+    /// `cache_bytes`, and at most one text event a stream per
+    /// `stream_interval`; it counts what it runs in `metrics`.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when the loop's thread cannot be started.
@@ -158,6 +161,7 @@ impl Queue {
         make: BatchFactory,
         max_queue: usize,
         cache_bytes: u64,
+        stream_interval: std::time::Duration,
         tok: Arc<TextTokenizer>,
         metrics: Arc<Metrics>,
     ) -> Result<Queue> {
@@ -168,6 +172,7 @@ impl Queue {
             inflight: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
             metrics,
+            stream_interval,
         });
         let sh = Arc::clone(&shared);
         std::thread::Builder::new()

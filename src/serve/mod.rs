@@ -74,6 +74,9 @@ pub struct ServeOptions {
     pub model_id: String,
     /// MiB of sequence states the prompt cache keeps (0: none).
     pub cache_mb: u64,
+    /// Shortest time between two text chunks of a stream (zero: a chunk per
+    /// token); a faster stream's tokens go out together.
+    pub stream_interval: std::time::Duration,
 }
 
 /// What every handler shares.
@@ -130,6 +133,7 @@ pub fn serve(
         engine.factory,
         opts.max_queue,
         opts.cache_mb << 20,
+        opts.stream_interval,
         Arc::clone(&tok),
         Arc::clone(&metrics),
     )?;

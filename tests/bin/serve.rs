@@ -553,3 +553,79 @@ fn a_worker_that_panics_is_replaced_and_the_server_keeps_serving() {
         assert_eq!(v["usage"]["completion_tokens"], 3, "{v}");
     }
 }
+
+/// The content deltas of a streamed chat completion, and its completion tokens.
+fn streamed_deltas(addr: &str, body: &Value) -> (Vec<String>, u64) {
+    let (status, _, b) = http(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        body.to_string().as_bytes(),
+    );
+    assert_eq!(status, 200, "{b}");
+    let mut deltas = Vec::new();
+    let mut used = 0;
+    for e in b.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        if e == "[DONE]" {
+            continue;
+        }
+        let v: Value = serde_json::from_str(e).unwrap();
+        if let Some(t) = v["choices"][0]["delta"]["content"]
+            .as_str()
+            .filter(|t| !t.is_empty())
+        {
+            deltas.push(t.to_string());
+        }
+        if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
+            used = n;
+        }
+    }
+    (deltas, used)
+}
+
+#[test]
+fn a_stream_faster_than_its_interval_sends_its_tokens_together_and_the_same_text() {
+    // --stream-interval-ms 0: a chunk per token that adds text; a long interval
+    // (here 1 s, longer than the whole generation): the first piece at once and
+    // the rest with the end, the same text and token count either way.
+    // (A repeated phrase: the built-in model answers it at length.)
+    let body = json!({"messages": [{"role": "user", "content": "the king ".repeat(24)}],
+        "max_tokens": 40, "temperature": 0, "stream": true, "stream_options": {"include_usage": true}});
+    let each = start(&["--stream-interval-ms", "0"]);
+    let (per_token, used) = streamed_deltas(&each.addr, &body);
+    let whole = post(
+        &each.addr,
+        "/v1/chat/completions",
+        &json!({"messages": body["messages"],
+        "max_tokens": 40, "temperature": 0}),
+    );
+    let text = whole.1["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(used >= 10, "{used} tokens: too short a stream to tell");
+    assert!(
+        per_token.len() as u64 >= used / 2,
+        "{} chunks for {used} tokens",
+        per_token.len()
+    );
+    assert_eq!(per_token.concat(), text);
+    let grouped = start(&["--stream-interval-ms", "1000"]);
+    let (together, used_together) = streamed_deltas(&grouped.addr, &body);
+    assert_eq!(used_together, used);
+    assert!(together.len() <= 2, "{together:?}");
+    assert_eq!(together.concat(), text);
+    // A bad interval is one error line naming the flag.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cqlm"))
+        .args(["serve", "--port", "0", "--stream-interval-ms", "2000"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("error:") && err.contains("--stream-interval-ms"),
+        "{err}"
+    );
+}
