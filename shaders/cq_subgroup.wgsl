@@ -98,19 +98,21 @@ fn matvec_rows_sg(
                     for (var w = 0u; w < mp.group_words; w += 4u) {
                         let wi = g * mp.group_words + w;
                         let xb = (wi - g0 * mp.group_words) * per;
+                        // The word's first 32 activations (all of a 4-bit quad's),
+                        // one load per lane and broadcasts.
+                        let l0 = scratch[xb + 0u + (sl & 7u)];
+                        let l1 = scratch[xb + 8u + (sl & 7u)];
+                        let l2 = scratch[xb + 16u + (sl & 7u)];
+                        let l3 = scratch[xb + 24u + (sl & 7u)];
+                        let x0 = bcast_lo(l0);
+                        let x1 = bcast_hi(l0);
+                        let x2 = bcast_lo(l1);
+                        let x3 = bcast_hi(l1);
+                        let x4 = bcast_lo(l2);
+                        let x5 = bcast_hi(l2);
+                        let x6 = bcast_lo(l3);
+                        let x7 = bcast_hi(l3);
                         if (BITS == 4u) {
-                            let l0 = scratch[xb + 0u + (sl & 7u)];
-                            let l1 = scratch[xb + 8u + (sl & 7u)];
-                            let l2 = scratch[xb + 16u + (sl & 7u)];
-                            let l3 = scratch[xb + 24u + (sl & 7u)];
-                            let x0 = bcast_lo(l0);
-                            let x1 = bcast_hi(l0);
-                            let x2 = bcast_lo(l1);
-                            let x3 = bcast_hi(l1);
-                            let x4 = bcast_lo(l2);
-                            let x5 = bcast_hi(l2);
-                            let x6 = bcast_lo(l3);
-                            let x7 = bcast_hi(l3);
                             for (var k = 0u; k < ROWS_PER_INV; k++) {
                                 let q = arena4[(rr[k].pbase + wi) >> 2u];
                                 let d0 = word4(k, q.x, x0, x1);
@@ -120,22 +122,11 @@ fn matvec_rows_sg(
                                 gacc[k] += (d0 + d1) + (d2 + d3);
                             }
                         } else {
-                            let l0 = scratch[xb + 0u + (sl & 7u)];
-                            let l1 = scratch[xb + 8u + (sl & 7u)];
-                            let l2 = scratch[xb + 16u + (sl & 7u)];
-                            let l3 = scratch[xb + 24u + (sl & 7u)];
+                            // A 2-bit quad holds 64: the other 32.
                             let l4 = scratch[xb + 32u + (sl & 7u)];
                             let l5 = scratch[xb + 40u + (sl & 7u)];
                             let l6 = scratch[xb + 48u + (sl & 7u)];
                             let l7 = scratch[xb + 56u + (sl & 7u)];
-                            let x0 = bcast_lo(l0);
-                            let x1 = bcast_hi(l0);
-                            let x2 = bcast_lo(l1);
-                            let x3 = bcast_hi(l1);
-                            let x4 = bcast_lo(l2);
-                            let x5 = bcast_hi(l2);
-                            let x6 = bcast_lo(l3);
-                            let x7 = bcast_hi(l3);
                             let x8 = bcast_lo(l4);
                             let x9 = bcast_hi(l4);
                             let x10 = bcast_lo(l5);
