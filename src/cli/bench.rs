@@ -155,6 +155,8 @@ pub fn run(a: Args) -> Result<()> {
             "alone_jobs": p.alone_jobs,
             "split_share": p.split_share(),
             "parts_taken_by_caller": p.parts_taken_by_caller,
+            "alone_under_load": p.alone_under_load,
+            "switches": p.switches,
         })
     });
     if a.json {
@@ -212,12 +214,14 @@ pub fn run(a: Args) -> Result<()> {
         println!("peak RSS  {:.1} MB", rss as f64 / 1e6);
         if let Some(p) = &pool_done {
             println!(
-                "threads   {} ({}); {:.0}% of {} pool jobs split over them, {} of their parts run by the caller because no other thread had claimed them (threads the OS had not run)",
+                "threads   {} ({}); {:.0}% of {} pool jobs split over them, {} of their parts run by the caller because no other thread had claimed them (threads the OS had not run); {} jobs run on one thread because the cores were all taken ({} turns between the two)",
                 p.threads,
                 Pool::why(),
                 p.split_share() * 100.0,
                 p.split_jobs + p.alone_jobs,
                 p.parts_taken_by_caller,
+                p.alone_under_load,
+                p.switches,
             );
         }
         if let Some(s) = &soak {

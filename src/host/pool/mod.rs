@@ -12,16 +12,24 @@
 //! to whatever else is runnable ([`YIELD`]), then sleeps, so an idle engine burns
 //! no CPU. The caller waits for parts under way in the same three stages.
 //!
+//! On a machine whose cores are all taken, splitting costs more than it gives
+//! (a helper that loses its core mid-part holds the job for a time slice): the
+//! pool then runs jobs on the caller alone, and splits a probe now and then
+//! until splitting pays again (`governor.rs`, which times split jobs against
+//! the caller's own part).
+//!
 //! Why not rayon: its workers go to sleep between the short jobs of a step, and
 //! waking them costs more than a 512×512 matvec (measured: splitting every matvec
 //! through rayon made `default` decode 12% slower than not splitting at all).
 //! Low-latency pools on crates.io (fork_union) build C++ and need `&mut` access.
 
+mod governor;
 mod runs;
 mod shared_slice;
 
 pub use shared_slice::SharedSlice;
 
+use governor::Governor;
 use std::cell::UnsafeCell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
@@ -140,6 +148,11 @@ pub struct PoolStats {
     /// Parts of split jobs that the caller ran because no helper had claimed
     /// them (helpers the OS had not scheduled, or asleep).
     pub parts_taken_by_caller: u64,
+    /// Of `alone_jobs`, those run alone because splitting did not pay (a
+    /// machine whose cores are all taken).
+    pub alone_under_load: u64,
+    /// Times the pool turned between splitting and running jobs alone.
+    pub switches: u64,
 }
 
 impl PoolStats {
@@ -151,6 +164,8 @@ impl PoolStats {
             split_jobs: self.split_jobs - before.split_jobs,
             alone_jobs: self.alone_jobs - before.alone_jobs,
             parts_taken_by_caller: self.parts_taken_by_caller - before.parts_taken_by_caller,
+            alone_under_load: self.alone_under_load - before.alone_under_load,
+            switches: self.switches - before.switches,
         }
     }
 
@@ -165,11 +180,20 @@ pub struct Pool {
     shared: Arc<Shared>,
     helpers: Vec<JoinHandle<()>>,
     /// Held while a job runs, with when a job last woke the sleeping
-    /// helpers; a second caller meanwhile runs its job alone.
-    busy: Mutex<Instant>,
+    /// helpers and whether jobs are split; a second caller meanwhile runs its
+    /// job alone.
+    busy: Mutex<RunState>,
     split_jobs: AtomicU64,
     alone_jobs: AtomicU64,
     taken_by_caller: AtomicU64,
+    alone_under_load: AtomicU64,
+    switches: AtomicU64,
+}
+
+/// What [`Pool::busy`] guards.
+struct RunState {
+    last_wake: Instant,
+    governor: Governor,
 }
 
 impl std::fmt::Debug for Pool {
@@ -221,10 +245,15 @@ impl Pool {
         Pool {
             shared,
             helpers,
-            busy: Mutex::new(Instant::now()),
+            busy: Mutex::new(RunState {
+                last_wake: Instant::now(),
+                governor: Governor::default(),
+            }),
             split_jobs: AtomicU64::new(0),
             alone_jobs: AtomicU64::new(0),
             taken_by_caller: AtomicU64::new(0),
+            alone_under_load: AtomicU64::new(0),
+            switches: AtomicU64::new(0),
         }
     }
 
@@ -265,6 +294,8 @@ impl Pool {
             split_jobs: self.split_jobs.load(Relaxed),
             alone_jobs: self.alone_jobs.load(Relaxed),
             parts_taken_by_caller: self.taken_by_caller.load(Relaxed),
+            alone_under_load: self.alone_under_load.load(Relaxed),
+            switches: self.switches.load(Relaxed),
         }
     }
 
@@ -283,8 +314,8 @@ impl Pool {
     /// and return when all are done: in parallel when the pool splits the job
     /// (the caller runs part 0 and every part no helper has claimed by then),
     /// else one after another on the caller (while another thread's job
-    /// runs). A part may
-    /// run on any of the pool's threads, never on two at once.
+    /// runs, or while the machine's cores are all taken: `governor.rs`). A
+    /// part may run on any of the pool's threads, never on two at once.
     ///
     /// # Panics
     /// Re-raises a panic of any part (after all parts have finished).
@@ -297,20 +328,37 @@ impl Pool {
             Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
             Err(TryLockError::WouldBlock) => None,
         };
-        let Some(mut last_wake) = guard.filter(|_| n > 1) else {
+        let Some(mut state) = guard.filter(|_| n > 1) else {
             self.alone_jobs.fetch_add(1, Relaxed);
             (0..n).for_each(f);
             return;
         };
+        if !state.governor.split_next() {
+            self.alone_jobs.fetch_add(1, Relaxed);
+            self.alone_under_load.fetch_add(1, Relaxed);
+            (0..n).for_each(f);
+            return;
+        }
         self.split_jobs.fetch_add(1, Relaxed);
-        let panicked = self.run_split(f, &mut last_wake);
-        drop(last_wake);
+        let RunState {
+            last_wake,
+            governor,
+        } = &mut *state;
+        let (panicked, wall, own) = self.run_split(f, last_wake);
+        let before = governor.switches;
+        governor.record(n, wall, own);
+        self.switches.fetch_add(governor.switches - before, Relaxed);
+        drop(state);
         assert!(!panicked, "a CPU pool job panicked");
     }
 
-    /// One job split over the pool (the caller holds `busy`); whether a part
-    /// panicked.
-    fn run_split(&self, f: &(dyn Fn(usize) + Sync), last_wake: &mut Instant) -> bool {
+    /// One job split over the pool (the caller holds `busy`): whether a part
+    /// panicked, the job's wall time and the time of the caller's own part.
+    fn run_split(
+        &self,
+        f: &(dyn Fn(usize) + Sync),
+        last_wake: &mut Instant,
+    ) -> (bool, Duration, Duration) {
         let start = Instant::now();
         let s = &*self.shared;
         // SAFETY: erasing the lifetime is sound because this function does not
@@ -335,6 +383,7 @@ impl Pool {
             s.wake.notify_all();
         }
         s.run_part(f, 0);
+        let own = start.elapsed();
         while let Some(part) = s.claim(generation) {
             self.taken_by_caller.fetch_add(1, Relaxed);
             s.run_part(f, part);
@@ -348,7 +397,7 @@ impl Pool {
             drop(l);
             s.caller_sleeping.store(false, SeqCst);
         }
-        s.panicked.swap(false, SeqCst)
+        (s.panicked.swap(false, SeqCst), start.elapsed(), own)
     }
 
     /// Split `0 .. n` into `threads()` contiguous ranges whose starts are multiples

@@ -213,3 +213,33 @@ fn a_panicking_part_is_raised_on_the_caller_and_the_pool_survives() {
     });
     assert_eq!(n.load(SeqCst), 2);
 }
+
+#[test]
+fn helpers_that_never_help_turn_the_pool_to_running_jobs_alone() {
+    // Held helpers claim nothing, so a split job takes as long as the caller
+    // alone (its part and the other): splitting does not pay, and after a
+    // window the pool runs jobs on the caller alone. Every part still runs
+    // once, held or not.
+    let pool = Pool::new(2);
+    let hits = AtomicUsize::new(0);
+    let work = |_p: usize| {
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_micros(20) {
+            std::hint::spin_loop();
+        }
+        hits.fetch_add(1, SeqCst);
+    };
+    pool.hold_helpers(true);
+    let jobs = 3 * governor::WINDOW as usize;
+    for _ in 0..jobs {
+        pool.run(&work);
+    }
+    let s = pool.stats();
+    assert!(s.switches >= 1 && s.alone_under_load > 0, "{s:?}");
+    assert_eq!(s.split_jobs + s.alone_jobs, jobs as u64);
+    pool.hold_helpers(false);
+    for _ in 0..jobs {
+        pool.run(&work);
+    }
+    assert_eq!(hits.load(SeqCst), 2 * 2 * jobs);
+}
