@@ -46,10 +46,18 @@ impl DeviceErrors {
         }
     }
 
-    /// Replace the kept error by `msg` (the same error, better named).
-    pub(crate) fn rename(&self, msg: &str) {
+    /// Name the kept error, raised by the last submit: `blamed` (the kernel
+    /// whose recording raises it) when known, else the submit in flight
+    /// (`… while running a submit of N dispatches, kernels …`).
+    pub(crate) fn attribute(&self, blamed: Option<String>) {
+        let running = self.in_flight.lock().ok().and_then(|r| *r);
         if let Ok(mut slot) = self.first.lock() {
-            *slot = Some(one_line(msg));
+            let named = match (blamed, running, slot.as_deref()) {
+                (Some(b), ..) => one_line(&b),
+                (None, Some(r), Some(msg)) => format!("{msg} (while running {r})"),
+                _ => return,
+            };
+            *slot = Some(named);
         }
     }
 
@@ -109,8 +117,22 @@ mod tests {
         );
         e.record("a later error");
         assert!(e.first().unwrap().starts_with("the GPU device was lost"));
-        e.rename("kernel `x`: named");
+        e.attribute(Some("kernel `x`:\n named".into()));
         assert_eq!(e.first().unwrap(), "kernel `x`: named");
+        // An error no single kernel's recording raises names the submit.
+        let oom = DeviceErrors::default();
+        oom.set_in_flight(Some(InFlight {
+            dispatches: 3,
+            first: "gather",
+            last: "matvec",
+        }));
+        oom.record("Out of Memory");
+        oom.attribute(None);
+        assert_eq!(
+            oom.first().unwrap(),
+            "Out of Memory (while running a submit of 3 dispatches, kernels `gather` to \
+             `matvec` (the device does not say which one))"
+        );
         let idle = DeviceErrors::default();
         idle.set_in_flight(Some(InFlight {
             dispatches: 1,

@@ -182,10 +182,8 @@ where
             hand_over(ctx, enc, ran);
         }
     }
-    if ctx.check_errors().is_err() && !ctx.errors.is_lost() {
-        if let Some(named) = blame(ctx, all) {
-            ctx.errors.rename(&named);
-        }
+    if ctx.errors.first().is_some() && !ctx.errors.is_lost() {
+        ctx.errors.attribute(blame(ctx, all));
     }
     ctx.check_errors()
 }
@@ -198,7 +196,9 @@ fn hand_over(ctx: &GpuContext, enc: wgpu::CommandEncoder, ran: Option<InFlight>)
         ctx.errors.set_in_flight(ran);
     }
     ctx.queue.submit([commands]);
-    if ctx.lose_after_submit.swap(false, Ordering::Relaxed) {
+    if ctx.lose_after_submit.load(Ordering::Relaxed)
+        && ctx.lose_after_submit.swap(false, Ordering::Relaxed)
+    {
         ctx.device.destroy();
     }
 }
@@ -208,7 +208,9 @@ fn hand_over(ctx: &GpuContext, enc: wgpu::CommandEncoder, ran: Option<InFlight>)
 /// each is recorded into its own encoder within error scopes and never
 /// submitted. Runs only after a submit raised an error (the device's own
 /// message names the encoder, not the kernel). `None` when no single dispatch
-/// raises one (an error of the submit as a whole).
+/// raises one (an error of the submit as a whole, such as memory running out
+/// at the submit: [`super::device_errors::DeviceErrors::attribute`] then
+/// names the submit).
 fn blame<'a>(ctx: &GpuContext, ops: impl Iterator<Item = Op<'a>>) -> Option<String> {
     let runs = ops.filter_map(|op| match op {
         Op::Run(d) => Some(d),

@@ -55,8 +55,6 @@ pub(super) struct Governor {
     jobs: u32,
     wall: Duration,
     alone_estimate: Duration,
-    /// Decisions that changed the mode.
-    pub(super) switches: u64,
 }
 
 impl Governor {
@@ -85,13 +83,13 @@ impl Governor {
     }
 
     /// A split job of `parts` parts took `wall`, the caller's own part `own`;
-    /// decide at the end of a window.
-    pub(super) fn record(&mut self, parts: usize, wall: Duration, own: Duration) {
+    /// decide at the end of a window. Whether the mode changed.
+    pub(super) fn record(&mut self, parts: usize, wall: Duration, own: Duration) -> bool {
         self.jobs += 1;
         self.wall += wall;
         self.alone_estimate += own * parts as u32;
         if self.jobs < if self.alone { PROBE_JOBS } else { WINDOW } {
-            return;
+            return false;
         }
         let ratio = self.wall.as_secs_f64() / self.alone_estimate.as_secs_f64().max(1e-12);
         let alone = ratio > PAYS;
@@ -116,8 +114,8 @@ impl Governor {
         if self.alone && !alone {
             self.paid = 0;
         }
-        if alone != self.alone {
-            self.switches += 1;
+        let switched = alone != self.alone;
+        if switched {
             log::debug!(
                 "CPU pool: split jobs took {:.2} of the time alone would: {}",
                 ratio,
@@ -135,6 +133,7 @@ impl Governor {
         self.jobs = 0;
         self.wall = Duration::ZERO;
         self.alone_estimate = Duration::ZERO;
+        switched
     }
 }
 
@@ -144,19 +143,21 @@ mod tests {
 
     /// `jobs` split jobs of 2 parts, each `own` µs on the caller and `wall` µs
     /// in all.
-    fn split_jobs(g: &mut Governor, jobs: u32, own: u64, wall: u64) {
-        for _ in 0..jobs {
-            g.record(2, Duration::from_micros(wall), Duration::from_micros(own));
-        }
+    /// Mode changes among them.
+    fn split_jobs(g: &mut Governor, jobs: u32, own: u64, wall: u64) -> u32 {
+        (0..jobs)
+            .filter(|_| g.record(2, Duration::from_micros(wall), Duration::from_micros(own)))
+            .count() as u32
     }
 
     #[test]
     fn jobs_run_alone_while_splitting_does_not_pay_and_probe_bursts_bring_it_back() {
         let mut g = Governor::default();
+        let mut switches = 0;
         assert!(g.split_next() && !g.is_alone());
-        split_jobs(&mut g, WINDOW, 20, 12);
+        switches += split_jobs(&mut g, WINDOW, 20, 12);
         assert!(!g.is_alone(), "12 µs split against 40 alone: split");
-        split_jobs(&mut g, WINDOW, 20, 35);
+        switches += split_jobs(&mut g, WINDOW, 20, 35);
         assert!(g.is_alone(), "35 against 40: alone");
         // Alone: no job is split before the probe interval has passed.
         assert_eq!((0..1000).filter(|_| g.split_next()).count(), 0);
@@ -166,7 +167,7 @@ mod tests {
             (0..1000).filter(|_| g.split_next()).count(),
             PROBE_JOBS as usize
         );
-        split_jobs(&mut g, PROBE_JOBS, 20, 60);
+        switches += split_jobs(&mut g, PROBE_JOBS, 20, 60);
         assert!(g.is_alone(), "probes that stall: stay alone");
         assert!(
             g.next_probe.is_some_and(|t| t > Instant::now()),
@@ -177,9 +178,9 @@ mod tests {
             PROBE_INTERVAL * 2,
             "after a burst that did not pay"
         );
-        split_jobs(&mut g, PROBE_JOBS, 20, 11);
+        switches += split_jobs(&mut g, PROBE_JOBS, 20, 11);
         assert!(!g.is_alone(), "probes that pay: split again");
-        assert_eq!(g.switches, 2);
+        assert_eq!(switches, 2);
         // A return that does not last a window doubles the interval again.
         split_jobs(&mut g, WINDOW, 20, 35);
         assert!(g.is_alone());

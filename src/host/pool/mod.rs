@@ -345,9 +345,9 @@ impl Pool {
             governor,
         } = &mut *state;
         let (panicked, wall, own) = self.run_split(f, last_wake);
-        let before = governor.switches;
-        governor.record(n, wall, own);
-        self.switches.fetch_add(governor.switches - before, Relaxed);
+        if governor.record(n, wall, own) {
+            self.switches.fetch_add(1, Relaxed);
+        }
         drop(state);
         assert!(!panicked, "a CPU pool job panicked");
     }
